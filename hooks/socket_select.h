@@ -1,0 +1,51 @@
+// The socket-select hook backend (user side): finds an application's SO_REUSEPORT
+// sockets, fills a policy's executor array with them, and attaches the policy's program
+// to their group.
+//
+// Design: executors are sockets syrupd holds duplicates of, so it can always reach the
+// group to swap or detach a program. Attaching a program to a group replaces the
+// previous one in a single pointer swap in the kernel (reuseport_attach_prog), which is
+// what makes a live policy upgrade atomic: every datagram is seen by either the old or
+// the new program, and both have full executor arrays. Invariants: all executors of one
+// policy are in one group (same protocol, address and port); the executor order is the
+// order the application passed them in, or for --pid the ascending fd number inside the
+// target process.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "unique_fd.h"
+
+namespace syrup::socket_select {
+
+struct Executors {
+  std::vector<UniqueFd> sockets;
+  std::vector<int> source_fds;  // fd numbers in the owning process (for --pid), for messages
+  int protocol = 0;             // IPPROTO_UDP or IPPROTO_TCP
+  uint16_t port = 0;
+  std::string address;          // bound address, e.g. "127.0.0.1" or "::"
+  // Identity of the reuseport group: "udp/127.0.0.1:9000".
+  std::string group() const;
+};
+
+// Validates sockets passed by an application. 0 or -errno with `err`.
+int from_fds(std::vector<UniqueFd> fds, Executors& out, std::string& err);
+
+// Takes the SO_REUSEPORT sockets of process `pid` bound to `port` (protocol: IPPROTO_UDP,
+// IPPROTO_TCP, or 0 for UDP first, then TCP). Needs ptrace-level access to `pid`.
+int from_pid(pid_t pid, uint16_t port, int protocol, Executors& out, std::string& err);
+
+// Puts executor i in slot i of the REUSEPORT_SOCKARRAY `map_fd`.
+int fill(const Executors& ex, int map_fd, std::string& err);
+
+// Attaches `prog_fd` to the group (atomically replacing any program there).
+int attach(const Executors& ex, int prog_fd, std::string& err);
+
+// Detaches whatever program the group has; the kernel's hash decides again.
+int detach(const Executors& ex, std::string& err);
+
+}  // namespace syrup::socket_select

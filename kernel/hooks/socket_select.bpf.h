@@ -1,0 +1,71 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * The socket-select hook wrapper: included by syrupd after the policy source, it turns
+ * the policy's syr_schedule() into an SK_REUSEPORT program attached to the
+ * application's SO_REUSEPORT group.
+ *
+ * Invariants:
+ *  - the only way to drop an input is the policy returning SYR_DROP; an index past the
+ *    executors, or a slot whose socket is gone, falls back to the kernel's hash choice;
+ *  - every decision is counted in syr_stats (see abi.h for the slot layout);
+ *  - executors are the application's sockets in syr_executors, slot i = executor i,
+ *    filled by syrupd before the program is attached.
+ */
+#ifndef SYRUP_HOOK_SOCKET_SELECT_H
+#define SYRUP_HOOK_SOCKET_SELECT_H
+
+struct {
+	__uint(type, BPF_MAP_TYPE_REUSEPORT_SOCKARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, SYR_MAX_EXECUTORS);
+} syr_executors SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, SYR_STAT_SLOTS);
+} syr_stats SEC(".maps");
+
+static __always_inline void syr_count(__u32 slot)
+{
+	__u64 *c = bpf_map_lookup_elem(&syr_stats, &slot);
+
+	if (c)
+		*c += 1; /* per-CPU slot: no atomic needed */
+}
+
+SEC("sk_reuseport")
+int syr_socket_select(struct sk_reuseport_md *md)
+{
+	struct syr_input in = {
+		.data = md->data,
+		.data_end = md->data_end,
+		.len = md->len,
+		.hash = md->hash,
+		.ip_protocol = md->ip_protocol,
+		.ctx = md,
+	};
+	__u32 idx = syr_schedule(&in);
+
+	if (idx == SYR_DROP) {
+		syr_count(SYR_STAT_DROP);
+		return SK_DROP;
+	}
+	if (idx == SYR_PASS) {
+		syr_count(SYR_STAT_PASS);
+		return SK_PASS;
+	}
+	if (idx >= syr_num_executors || idx >= SYR_MAX_EXECUTORS ||
+	    bpf_sk_select_reuseport(md, &syr_executors, &idx, 0) != 0) {
+		syr_count(SYR_STAT_FALLBACK);
+		return SK_PASS; /* nothing selected: the kernel hashes */
+	}
+	syr_count(SYR_STAT_EXECUTOR_BASE + idx);
+	return SK_PASS;
+}
+
+char _license[] SEC("license") = "Dual BSD/GPL";
+
+#endif

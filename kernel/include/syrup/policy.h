@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * The policy header: the only header a Syrup policy needs. See docs/policy-abi.md.
+ *
+ * A policy is one matching function from an input to an executor:
+ *
+ *     #include <syrup/policy.h>
+ *
+ *     static __u32 next;
+ *
+ *     SYR_POLICY(struct syr_input *in)
+ *     {
+ *         return __sync_fetch_and_add(&next, 1) % syr_num_executors;
+ *     }
+ *
+ * It returns an executor index in [0, syr_num_executors), SYR_PASS (the kernel's own
+ * choice) or SYR_DROP. syrupd compiles it together with the wrapper of the hook it is
+ * deployed at (kernel/hooks/), which turns the index into the hook's action and keeps
+ * statistics. Inputs are read through syr_read*() and syr_ptr(), which check bounds, so
+ * a policy never needs its own packet bounds checks.
+ *
+ * Invariants the header keeps:
+ *  - every helper is static inline: a policy compiles to exactly one BPF program;
+ *  - deploy-time parameters are `const volatile` read-only data (SYR_PARAM), set by syrupd
+ *    before load, so the verifier sees them as constants;
+ *  - maps declared with SYR_ARRAY/SYR_HASH are shared by name between all policies of one
+ *    application and with the application itself (libsyrup's syr_map_open()).
+ */
+#ifndef SYRUP_POLICY_H
+#define SYRUP_POLICY_H
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include <syrup/abi.h>
+
+#if !defined(SYR_HOOK_SOCKET_SELECT) && !defined(SYR_HOOK_XDP) && !defined(SYR_HOOK_THREAD)
+#error "a Syrup policy is compiled by syrupd for one hook (SYR_HOOK_* is not defined)"
+#endif
+
+/* What a packet-hook policy matches. Offset 0 is the first byte of the L4 header
+ * (the UDP or TCP header), as in the Syrup design: for a UDP datagram, the payload
+ * starts at offset 8. */
+struct syr_input {
+	void *data;     /* first byte of the L4 header */
+	void *data_end; /* end of the directly readable (linear) bytes */
+	__u32 len;      /* bytes from data to the end of the packet, linear or not */
+	__u32 hash;     /* the kernel's flow hash of the 5-tuple */
+	__u32 ip_protocol; /* IPPROTO_UDP or IPPROTO_TCP */
+	void *ctx;      /* the hook's context; used by syr_read() */
+};
+
+/* The matching function. Use as: SYR_POLICY(struct syr_input *in) { ... } */
+#define SYR_POLICY static __always_inline __u32 syr_schedule
+
+/* A deploy-time parameter: `SYR_PARAM(__u32, scan_type, 2);` declares a constant that
+ * defaults to 2 and that `deploy --param scan_type=3` overrides. */
+#define SYR_PARAM(type, name, dflt) const volatile type name = (dflt)
+
+/* Number of executors the policy was deployed with (always at least 1). */
+const volatile __u32 syr_num_executors = 1;
+
+/* Maps. Arrays are mmap'able so the application writes hints with a plain store. */
+#define SYR_ARRAY(name, value_type, entries)                                         \
+	struct {                                                                       \
+		__uint(type, BPF_MAP_TYPE_ARRAY);                                      \
+		__uint(map_flags, BPF_F_MMAPABLE);                                     \
+		__type(key, __u32);                                                    \
+		__type(value, value_type);                                             \
+		__uint(max_entries, entries);                                          \
+	} name SEC(".maps")
+
+#define SYR_HASH(name, key_type, value_type, entries)                                \
+	struct {                                                                       \
+		__uint(type, BPF_MAP_TYPE_HASH);                                       \
+		__type(key, key_type);                                                 \
+		__type(value, value_type);                                             \
+		__uint(max_entries, entries);                                          \
+	} name SEC(".maps")
+
+#define SYR_PERCPU_ARRAY(name, value_type, entries)                                  \
+	struct {                                                                       \
+		__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);                               \
+		__type(key, __u32);                                                    \
+		__type(value, value_type);                                             \
+		__uint(max_entries, entries);                                          \
+	} name SEC(".maps")
+
+/* Bounds-checked reads: 0 on success, -1 when [off, off+len) is outside the input. */
+static __always_inline int syr_read(const struct syr_input *in, __u32 off, void *dst, __u32 len)
+{
+	if (off > in->len || len > in->len - off)
+		return -1;
+#if defined(SYR_HOOK_SOCKET_SELECT)
+	/* In sk_reuseport programs this helper reads relative to the L4 header and
+	 * handles non-linear data. */
+	return bpf_skb_load_bytes(in->ctx, off, dst, len) ? -1 : 0;
+#elif defined(SYR_HOOK_XDP)
+	return bpf_xdp_load_bytes(in->ctx, (__u32)(in->data - (void *)(long)((struct xdp_md *)in->ctx)->data) + off,
+				  dst, len) ? -1 : 0;
+#else
+	return -1;
+#endif
+}
+
+#define SYR_DEFINE_READ(bits)                                                        \
+	static __always_inline int syr_read_u##bits(const struct syr_input *in, __u32 off, \
+						    __u##bits *v)                      \
+	{                                                                              \
+		return syr_read(in, off, v, sizeof(*v));                               \
+	}
+SYR_DEFINE_READ(8)
+SYR_DEFINE_READ(16)
+SYR_DEFINE_READ(32)
+SYR_DEFINE_READ(64)
+#undef SYR_DEFINE_READ
+
+/* A pointer to `len` directly readable bytes at `off`, or NULL. Cheaper than syr_read()
+ * but only covers the linear part of the packet. `len` must be a constant. */
+#define syr_ptr(in, off, len)                                                         \
+	({                                                                             \
+		void *__p = (in)->data + (off);                                        \
+		(__p + (len) > (in)->data_end) ? (void *)0 : __p;                      \
+	})
+
+static __always_inline __u32 syr_random(void) { return bpf_get_prandom_u32(); }
+static __always_inline __u32 syr_cpu(void) { return bpf_get_smp_processor_id(); }
+
+/* Map access, named for what it does. */
+#define syr_map_lookup(map, key) bpf_map_lookup_elem(map, key)
+#define syr_map_update(map, key, value) bpf_map_update_elem(map, key, value, BPF_ANY)
+
+#endif /* SYRUP_POLICY_H */

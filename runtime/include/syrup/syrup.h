@@ -1,0 +1,129 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * libsyrup: deploy Syrup policies from an application and talk to their maps.
+ *
+ * Every call that can fail returns 0 (or a non-negative id/fd) on success and a
+ * negative errno on failure; syr_last_error() then returns the full message, including
+ * the compiler's diagnostics or the verifier's log. The application needs no capability:
+ * syrupd does the privileged work and identifies the caller by its Unix credentials.
+ *
+ * Thread safety: calls may be made from any thread; the last error is per thread.
+ */
+#ifndef SYRUP_SYRUP_H
+#define SYRUP_SYRUP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <syrup/abi.h> /* SYR_PASS, SYR_DROP, SYR_MAX_EXECUTORS */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum syr_hook {
+	SYR_HOOK_SOCKET_SELECT = 1, /* SO_REUSEPORT group: datagram/connection -> socket */
+	SYR_HOOK_XDP = 2,           /* packet -> core or AF_XDP socket */
+	SYR_HOOK_THREAD = 3,        /* thread -> core */
+};
+
+/* A deploy-time parameter of the policy (a SYR_PARAM in its source). */
+struct syr_param {
+	const char *name;
+	uint64_t value;
+};
+
+/*
+ * Options of syr_deploy_policy(). Zero-initialise, set .sz = sizeof(struct
+ * syr_deploy_opts), then fill what you need; fields added later keep older callers
+ * working.
+ */
+struct syr_deploy_opts {
+	size_t sz;
+	/* Application the policy belongs to; policies of one application share maps.
+	 * Default: syr_set_app(), else the SYRUP_APP environment variable, else the
+	 * program's name. */
+	const char *app;
+	/* Executors for the socket-select hook: the application's SO_REUSEPORT sockets of
+	 * one group, executor i = fds[i]. They are passed to syrupd with the request. */
+	const int *fds;
+	size_t n_fds;
+	/* Instead of fds: take the sockets of process `pid` bound to `port` (root, or the
+	 * process's owner, only). Executor order: ascending fd number in that process. */
+	int pid;
+	uint16_t port;
+	/* Values for the policy's SYR_PARAMs. */
+	const struct syr_param *params;
+	size_t n_params;
+	/* Keep the policy after the deploying process exits (default: removed with it). */
+	bool persist;
+	/* Name shown for the policy (default: the file name of `path`). */
+	const char *name;
+};
+
+/* Compiles the policy at `path` for `hook` and deploys it. Returns the policy id (> 0)
+ * or a negative errno. Deploying to a socket group that already has a policy of the
+ * same application replaces it atomically. */
+int syr_deploy_policy(const char *path, enum syr_hook hook, const struct syr_deploy_opts *opts);
+
+/* Same, with the policy's source text in memory; `name` is used in diagnostics. */
+int syr_deploy_policy_source(const char *source, size_t len, const char *name,
+			     enum syr_hook hook, const struct syr_deploy_opts *opts);
+
+/* Removes a policy; the hook returns to the kernel's default behaviour. */
+int syr_remove_policy(int policy_id);
+
+/* The message of the calling thread's last failure ("" if none): syrupd's error, the
+ * compiler's diagnostics with file and line, or the tail of the verifier log. */
+const char *syr_last_error(void);
+
+/* Sets the default application name for this process. */
+int syr_set_app(const char *app);
+
+/* Opens a map of the default application by name. Returns a map fd or -errno. */
+int syr_map_open(const char *name);
+/* Same, for a named application. */
+int syr_map_open_app(const char *app, const char *name);
+
+int syr_map_lookup_elem(int map_fd, const void *key, void *value);
+int syr_map_update_elem(int map_fd, const void *key, const void *value, uint64_t flags);
+
+/* The mmap fast path for array maps declared with SYR_ARRAY (BPF_F_MMAPABLE):
+ * after syr_map_mmap(), a hint is a plain store to syr_array_elem(). */
+struct syr_mapped_array {
+	void *base;
+	size_t mapped_len;
+	uint32_t value_size;
+	uint32_t stride; /* bytes between elements (value_size rounded up to 8) */
+	uint32_t max_entries;
+};
+
+int syr_map_mmap(int map_fd, struct syr_mapped_array *out);
+void syr_map_munmap(struct syr_mapped_array *arr);
+
+static inline void *syr_array_elem(const struct syr_mapped_array *arr, uint32_t index)
+{
+	return (char *)arr->base + (size_t)index * arr->stride;
+}
+
+/* Stores a 64-bit hint into element `index` of a mapped __u64 array (no syscall). */
+static inline void syr_hint_set(const struct syr_mapped_array *arr, uint32_t index, uint64_t value)
+{
+	__atomic_store_n((uint64_t *)syr_array_elem(arr, index), value, __ATOMIC_RELAXED);
+}
+
+static inline uint64_t syr_hint_get(const struct syr_mapped_array *arr, uint32_t index)
+{
+	return __atomic_load_n((uint64_t *)syr_array_elem(arr, index), __ATOMIC_RELAXED);
+}
+
+/* Path of the control socket used: SYRUP_SOCKET from the environment, else
+ * /run/syrup/syrupd.sock. */
+const char *syr_socket_path(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SYRUP_SYRUP_H */

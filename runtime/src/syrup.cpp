@@ -1,0 +1,210 @@
+// libsyrup: the C API of runtime/include/syrup/syrup.h over the control protocol.
+//
+// Each call opens its own short connection to syrupd, so the library keeps no shared
+// connection state and is safe from any thread; the only per-thread state is the last
+// error message. Policy lifetime is tied to the deploying process (syrupd watches it),
+// not to a connection.
+#include "syrup/syrup.h"
+
+#include <bpf/bpf.h>
+#include <errno.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <string>
+
+#include "client.h"
+
+namespace {
+
+thread_local std::string g_last_error;
+std::mutex g_app_mu;
+std::string g_app;
+
+int fail(int err, std::string msg) {
+  g_last_error = std::move(msg);
+  return err;
+}
+
+std::string default_app() {
+  std::lock_guard lk(g_app_mu);
+  if (!g_app.empty()) return g_app;
+  if (const char* e = std::getenv("SYRUP_APP"); e && *e) return e;
+  return program_invocation_short_name;
+}
+
+const char* hook_name(enum syr_hook hook) {
+  switch (hook) {
+    case SYR_HOOK_SOCKET_SELECT: return "socket-select";
+    case SYR_HOOK_XDP: return "xdp";
+    case SYR_HOOK_THREAD: return "thread";
+  }
+  return nullptr;
+}
+
+// One request/response with syrupd; the response's fds are returned through `resp`.
+int rpc(const nlohmann::json& req, syrup::Message& resp, std::span<const int> fds = {}) {
+  syrup::Client c;
+  int r = c.connect(syr_socket_path());
+  if (r) return fail(r, c.error());
+  r = c.call(req, resp, fds);
+  if (r) return fail(r, c.error());
+  std::string err;
+  r = syrup::response_status(resp, err);
+  if (r) return fail(r, err);
+  g_last_error.clear();
+  return 0;
+}
+
+// Options are read up to the size the caller compiled against (libbpf's OPTS idiom).
+bool opts_has(const syr_deploy_opts* o, size_t end) { return o && o->sz >= end; }
+#define OPT(o, field, dflt) \
+  (opts_has(o, offsetof(syr_deploy_opts, field) + sizeof((o)->field)) ? (o)->field : (dflt))
+
+}  // namespace
+
+extern "C" {
+
+const char* syr_socket_path(void) {
+  const char* e = std::getenv("SYRUP_SOCKET");
+  return e && *e ? e : syrup::proto::kDefaultSocket;
+}
+
+const char* syr_last_error(void) { return g_last_error.c_str(); }
+
+int syr_set_app(const char* app) {
+  if (!app || !*app) return fail(-EINVAL, "application name is empty");
+  std::lock_guard lk(g_app_mu);
+  g_app = app;
+  return 0;
+}
+
+int syr_deploy_policy_source(const char* source, size_t len, const char* name,
+                             enum syr_hook hook, const struct syr_deploy_opts* opts) {
+  if (!source) return fail(-EINVAL, "policy source is NULL");
+  if (opts && opts->sz < offsetof(syr_deploy_opts, app))
+    return fail(-EINVAL, "syr_deploy_opts.sz is not set (use sizeof(struct syr_deploy_opts))");
+  const char* hn = hook_name(hook);
+  if (!hn) return fail(-EINVAL, "unknown hook " + std::to_string(static_cast<int>(hook)));
+
+  const char* app = OPT(opts, app, nullptr);
+  const char* shown = OPT(opts, name, nullptr);
+  nlohmann::json req = {
+      {"op", "deploy"},
+      {"hook", hn},
+      {"app", app && *app ? std::string(app) : default_app()},
+      {"name", shown && *shown ? shown : (name ? name : "policy.c")},
+      {"source_name", name ? name : "policy.c"},
+      {"source", std::string(source, len)},
+      {"persist", OPT(opts, persist, false)},
+  };
+  const syr_param* params = OPT(opts, params, nullptr);
+  size_t n_params = OPT(opts, n_params, 0);
+  if (n_params && !params) return fail(-EINVAL, "n_params is set but params is NULL");
+  nlohmann::json pj = nlohmann::json::object();
+  for (size_t i = 0; i < n_params; i++) {
+    if (!params[i].name) return fail(-EINVAL, "parameter " + std::to_string(i) + " has no name");
+    pj[params[i].name] = params[i].value;
+  }
+  req["params"] = pj;
+
+  const int* fds = OPT(opts, fds, nullptr);
+  size_t n_fds = OPT(opts, n_fds, 0);
+  int pid = OPT(opts, pid, 0);
+  uint16_t port = OPT(opts, port, 0);
+  if (n_fds && !fds) return fail(-EINVAL, "n_fds is set but fds is NULL");
+  if (n_fds > SYR_MAX_EXECUTORS)
+    return fail(-E2BIG, "at most " + std::to_string(SYR_MAX_EXECUTORS) + " executors per policy");
+  if (pid > 0) {
+    req["pid"] = pid;
+    req["port"] = port;
+  }
+  syrup::Message resp;
+  int r = rpc(req, resp, std::span<const int>(fds, fds ? n_fds : 0));
+  if (r) return r;
+  return resp.body.value("id", -EIO);
+}
+
+int syr_deploy_policy(const char* path, enum syr_hook hook, const struct syr_deploy_opts* opts) {
+  if (!path) return fail(-EINVAL, "policy path is NULL");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    int e = errno ? errno : ENOENT;
+    return fail(-e, std::string("cannot read policy file ") + path + ": " + std::strerror(e));
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string src = ss.str();
+  return syr_deploy_policy_source(src.data(), src.size(), path, hook, opts);
+}
+
+int syr_remove_policy(int policy_id) {
+  syrup::Message resp;
+  return rpc({{"op", "remove"}, {"id", policy_id}}, resp);
+}
+
+int syr_map_open_app(const char* app, const char* name) {
+  if (!name || !*name) return fail(-EINVAL, "map name is empty");
+  syrup::Message resp;
+  int r = rpc({{"op", "map_open"}, {"app", app && *app ? std::string(app) : default_app()},
+               {"map", name}},
+              resp);
+  if (r) return r;
+  if (resp.fds.size() != 1) return fail(-EPROTO, "syrupd answered map_open without a map fd");
+  return resp.fds[0].release();
+}
+
+int syr_map_open(const char* name) { return syr_map_open_app(nullptr, name); }
+
+int syr_map_lookup_elem(int map_fd, const void* key, void* value) {
+  if (bpf_map_lookup_elem(map_fd, key, value) < 0) {
+    int e = errno;
+    return fail(-e, std::string("map lookup failed: ") + std::strerror(e));
+  }
+  return 0;
+}
+
+int syr_map_update_elem(int map_fd, const void* key, const void* value, uint64_t flags) {
+  if (bpf_map_update_elem(map_fd, key, value, flags) < 0) {
+    int e = errno;
+    return fail(-e, std::string("map update failed: ") + std::strerror(e));
+  }
+  return 0;
+}
+
+int syr_map_mmap(int map_fd, struct syr_mapped_array* out) {
+  if (!out) return fail(-EINVAL, "out is NULL");
+  bpf_map_info info{};
+  uint32_t len = sizeof info;
+  if (bpf_map_get_info_by_fd(map_fd, &info, &len) < 0) {
+    int e = errno;
+    return fail(-e, std::string("not a BPF map fd: ") + std::strerror(e));
+  }
+  if (info.type != BPF_MAP_TYPE_ARRAY || !(info.map_flags & BPF_F_MMAPABLE))
+    return fail(-EOPNOTSUPP, std::string("map '") + info.name +
+                                 "' is not an mmap'able array (declare it with SYR_ARRAY)");
+  size_t stride = (info.value_size + 7) & ~size_t{7};
+  size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  size_t mlen = (stride * info.max_entries + page - 1) / page * page;
+  void* p = mmap(nullptr, mlen, PROT_READ | PROT_WRITE, MAP_SHARED, map_fd, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    return fail(-e, std::string("mmap of map '") + info.name + "' failed: " + std::strerror(e));
+  }
+  *out = {p, mlen, info.value_size, static_cast<uint32_t>(stride), info.max_entries};
+  return 0;
+}
+
+void syr_map_munmap(struct syr_mapped_array* arr) {
+  if (arr && arr->base) {
+    munmap(arr->base, arr->mapped_len);
+    arr->base = nullptr;
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs everything Syrup needs to build, run and test on Debian 12 (bookworm), as root,
+# non-interactively. Idempotent: packages already present are left alone.
+# Suites are always named: libbpf 1.4 comes from bookworm-backports, the rest from bookworm.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup-deps: must run as root (apt-get install)" >&2
+  exit 1
+fi
+
+BOOKWORM_PKGS=(
+  build-essential cmake ninja-build pkg-config git
+  clang-19 llvm-19 lld-19
+  libelf-dev zlib1g-dev
+  libxdp-dev xdp-tools bpftool
+  libyaml-cpp-dev libgflags-dev libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libssl-dev
+  iproute2 procps
+)
+BACKPORTS_PKGS=(libbpf-dev libbpf1)
+
+backports_list=/etc/apt/sources.list.d/syrup-bookworm-backports.list
+if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+  echo "deb http://deb.debian.org/debian bookworm-backports main" > "$backports_list"
+  need_update=1
+fi
+
+missing=()
+for p in "${BOOKWORM_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+libbpf_ver=$(dpkg-query -W -f='${Version}' libbpf-dev 2>/dev/null || true)
+need_libbpf=0
+if [ -z "$libbpf_ver" ] || dpkg --compare-versions "$libbpf_ver" lt 1:1.4; then need_libbpf=1; fi
+
+if [ ${#missing[@]} -eq 0 ] && [ $need_libbpf -eq 0 ]; then
+  echo "setup-deps: all packages present"
+  exit 0
+fi
+
+# Third-party sources on some images are unreachable; an index that fails to download
+# must not stop the install of Debian's own packages.
+apt-get update -o Acquire::Retries=3 || echo "setup-deps: apt-get update reported errors (continuing)" >&2
+if [ $need_libbpf -eq 1 ]; then
+  apt-get install -y -q -t bookworm-backports "${BACKPORTS_PKGS[@]}"
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get install -y -q -t bookworm "${missing[@]}"
+fi
+echo "setup-deps: done"

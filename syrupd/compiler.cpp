@@ -1,0 +1,198 @@
+#include "compiler.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "log.h"
+#include "pins.h"
+#include "unique_fd.h"
+
+extern char** environ;
+
+namespace syrup {
+namespace fs = std::filesystem;
+namespace {
+
+std::vector<std::string> clang_flags(const CompilerConfig& c, const std::string& hook_define) {
+  return {"-g", "-O2", "-target", "bpf", "-mcpu=v3", "-D__TARGET_ARCH_x86",
+          "-D" + hook_define, "-I" + c.kernel_dir + "/include", "-I" + c.kernel_dir + "/hooks",
+          "-I" + c.multiarch_include, "-Wall", "-Wno-unused-function",
+          "-fno-color-diagnostics", "-fno-caret-diagnostics"};
+}
+
+// Runs argv, returns exit status (or -errno), with stdout+stderr collected in `output`.
+int run(const std::vector<std::string>& argv, std::string& output, int timeout_ms) {
+  int pipefd[2];
+  if (pipe2(pipefd, O_CLOEXEC) < 0) return -errno;
+  UniqueFd rd(pipefd[0]), wr(pipefd[1]);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, wr.get(), 1);
+  posix_spawn_file_actions_adddup2(&fa, wr.get(), 2);
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid;
+  int r = posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (r != 0) return -r;
+  wr.reset();
+
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  char buf[4096];
+  bool timed_out = false;
+  for (;;) {
+    int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    deadline - std::chrono::steady_clock::now())
+                                    .count());
+    if (left <= 0) {
+      timed_out = true;
+      kill(pid, SIGKILL);
+      break;
+    }
+    pollfd p{rd.get(), POLLIN, 0};
+    int pr = poll(&p, 1, left);
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) continue;
+    ssize_t n = read(rd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    if (output.size() < (1u << 20)) output.append(buf, static_cast<size_t>(n));
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) {
+    output += "\nsyrupd: the policy compiler did not finish in time and was stopped\n";
+    return -ETIMEDOUT;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::string sha256_hex(const std::string& data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned i = 0; i < len; i++) {
+    out += hex[md[i] >> 4];
+    out += hex[md[i] & 15];
+  }
+  return out;
+}
+
+int Compiler::init(const CompilerConfig& cfg, std::string& error) {
+  cfg_ = cfg;
+  if (access(cfg_.clang.c_str(), X_OK) != 0) {
+    error = "policy compiler '" + cfg_.clang + "' is not an executable (install clang-19 or set --clang)";
+    return -ENOENT;
+  }
+  if (access((cfg_.kernel_dir + "/include/syrup/policy.h").c_str(), R_OK) != 0) {
+    error = "policy header not found under '" + cfg_.kernel_dir + "/include' (set --kernel_dir)";
+    return -ENOENT;
+  }
+  std::string version;
+  int r = run({cfg_.clang, "--version"}, version, 10000);
+  if (r != 0) {
+    error = "'" + cfg_.clang + " --version' failed: " + version;
+    return -ENOEXEC;
+  }
+  // Identity: compiler version, flags and every header a policy can pull in from us.
+  std::string id = version;
+  for (auto& f : clang_flags(cfg_, "")) id += f + '\n';
+  std::vector<fs::path> headers;
+  for (auto& e : fs::recursive_directory_iterator(cfg_.kernel_dir))
+    if (e.is_regular_file() && e.path().extension() == ".h") headers.push_back(e.path());
+  std::sort(headers.begin(), headers.end());
+  for (auto& h : headers) id += h.string() + '\n' + read_file(h);
+  identity_ = sha256_hex(id);
+  for (auto* sub : {"/obj", "/src"}) {
+    std::error_code ec;
+    fs::create_directories(cfg_.cache_dir + sub, ec);
+    if (ec) {
+      error = "cannot create cache directory " + cfg_.cache_dir + sub + ": " + ec.message();
+      return -ec.value();
+    }
+  }
+  log(LogLevel::kInfo, "policy compiler: %s (%s)", cfg_.clang.c_str(),
+      version.substr(0, version.find('\n')).c_str());
+  return 0;
+}
+
+CompileResult Compiler::compile(const CompileJob& job) {
+  CompileResult res;
+  // The display name is used verbatim in a #line directive: keep it a plain string.
+  std::string shown;
+  for (char c : job.display_name) shown += (c == '"' || c == '\\' || c == '\n') ? '_' : c;
+  if (shown.empty()) shown = "policy.c";
+
+  std::string tu = "#include <syrup/policy.h>\n#line 1 \"" + shown + "\"\n" + job.source +
+                   "\n#line 1 \"<syrup:" + job.wrapper + ">\"\n#include \"" + job.wrapper + "\"\n";
+  std::string key = sha256_hex(identity_ + '\0' + job.hook_define + '\0' + tu);
+  std::string obj = cfg_.cache_dir + "/obj/" + key + ".o";
+  if (access(obj.c_str(), R_OK) == 0) {
+    res.object_path = obj;
+    res.cached = true;
+    return res;
+  }
+
+  std::string src = cfg_.cache_dir + "/src/" + key + ".c";
+  {
+    std::ofstream out(src, std::ios::binary | std::ios::trunc);
+    out << tu;
+    if (!out) {
+      res.err = -EIO;
+      res.diagnostics = "syrupd: cannot write " + src;
+      return res;
+    }
+  }
+  std::string tmp = obj + ".tmp." + std::to_string(getpid());
+  auto argv = clang_flags(cfg_, job.hook_define);
+  argv.insert(argv.begin(), cfg_.clang);
+  argv.insert(argv.end(), {"-c", src, "-o", tmp});
+  int r = run(argv, res.diagnostics, cfg_.timeout_ms);
+  unlink(src.c_str());
+  if (r != 0) {
+    unlink(tmp.c_str());
+    res.err = r < 0 ? r : -EINVAL;
+    if (r < 0 && res.diagnostics.empty())
+      res.diagnostics = "syrupd: cannot run " + cfg_.clang + ": " + std::strerror(-r);
+    return res;
+  }
+  if (rename(tmp.c_str(), obj.c_str()) < 0) {
+    res.err = -errno;
+    unlink(tmp.c_str());
+    res.diagnostics = "syrupd: cannot store compiled object: " + std::string(std::strerror(errno));
+    return res;
+  }
+  res.object_path = obj;
+  return res;
+}
+
+}  // namespace syrup

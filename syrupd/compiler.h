@@ -1,0 +1,58 @@
+// The policy compiler driver: wraps a policy's source into a hook's program and runs
+// clang on it, caching objects by content.
+//
+// Design: the translation unit syrupd compiles is
+//     #include <syrup/policy.h>
+//     #line 1 "<the user's file name>"
+//     <the policy source>
+//     #include "<hook wrapper>.bpf.h"
+// so diagnostics name the user's file and line. Objects are cached under
+// <cache_dir>/obj/<sha256>.o where the key covers the compiler's identity, its flags,
+// the contents of every header a policy can include, the hook and the source: a warm
+// deploy of the same source skips clang entirely. Invariant: a cache entry is written to
+// a temporary name and renamed, so a reader never sees a partial object.
+#pragma once
+
+#include <string>
+
+namespace syrup {
+
+struct CompilerConfig {
+  std::string clang = "/usr/bin/clang-19";
+  std::string kernel_dir;  // holds include/syrup/*.h and hooks/*.bpf.h
+  std::string cache_dir = "/var/cache/syrup";
+  std::string multiarch_include = "/usr/include/x86_64-linux-gnu";
+  int timeout_ms = 60000;
+};
+
+struct CompileJob {
+  std::string source;
+  std::string display_name;  // shown in diagnostics
+  std::string hook_define;   // e.g. SYR_HOOK_SOCKET_SELECT
+  std::string wrapper;       // e.g. socket_select.bpf.h
+};
+
+struct CompileResult {
+  int err = 0;               // 0 or -errno
+  std::string object_path;   // on success
+  std::string diagnostics;   // clang's stderr (errors, or warnings on success)
+  bool cached = false;
+};
+
+class Compiler {
+ public:
+  // Checks the compiler and headers exist and computes their identity. 0 or -errno,
+  // with `error` saying what is missing.
+  int init(const CompilerConfig& cfg, std::string& error);
+  CompileResult compile(const CompileJob& job);
+  const CompilerConfig& config() const { return cfg_; }
+
+ private:
+  CompilerConfig cfg_;
+  std::string identity_;  // digest of compiler version, flags and headers
+};
+
+// Hex SHA-256 of `data`.
+std::string sha256_hex(const std::string& data);
+
+}  // namespace syrup

@@ -1,0 +1,631 @@
+#include "daemon.h"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/file.h>
+#include <sys/mount.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "log.h"
+#include "pins.h"
+#include "syrup/abi.h"
+
+namespace syrup {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr int kRecvTimeoutSec = 5;
+
+json ok(json extra = json::object()) {
+  extra["ok"] = true;
+  return extra;
+}
+
+struct HookInfo {
+  const char* name;
+  const char* define;
+  const char* wrapper;
+  bool available;
+};
+constexpr HookInfo kHooks[] = {
+    {"socket-select", "SYR_HOOK_SOCKET_SELECT", "socket_select.bpf.h", true},
+    {"xdp", "SYR_HOOK_XDP", "xdp.bpf.h", false},
+    {"thread", "SYR_HOOK_THREAD", "thread.bpf.h", false},
+};
+
+const HookInfo* find_hook(const std::string& name) {
+  for (auto& h : kHooks)
+    if (name == h.name) return &h;
+  return nullptr;
+}
+
+int ensure_bpffs() {
+  struct statfs sf;
+  if (statfs("/sys/fs/bpf", &sf) == 0 && sf.f_type == BPF_FS_MAGIC) return 0;
+  if (mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0755") < 0) return -errno;
+  log(LogLevel::kInfo, "mounted bpffs at /sys/fs/bpf");
+  return 0;
+}
+
+uid_t process_uid(pid_t pid) {
+  struct stat st;
+  std::string p = "/proc/" + std::to_string(pid);
+  return stat(p.c_str(), &st) == 0 ? st.st_uid : static_cast<uid_t>(-1);
+}
+
+std::string hex(const unsigned char* p, size_t n) {
+  static const char* h = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; i++) {
+    if (i) s += ' ';
+    s += h[p[i] >> 4];
+    s += h[p[i] & 15];
+  }
+  return s;
+}
+
+json as_number(const unsigned char* p, size_t n) {
+  switch (n) {
+    case 1: return p[0];
+    case 2: { uint16_t v; std::memcpy(&v, p, 2); return v; }
+    case 4: { uint32_t v; std::memcpy(&v, p, 4); return v; }
+    case 8: { uint64_t v; std::memcpy(&v, p, 8); return v; }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+int Daemon::init(const DaemonConfig& cfg) {
+  cfg_ = cfg;
+  if (geteuid() != 0) {
+    log(LogLevel::kError, "syrupd must run as root (it loads BPF programs and takes sockets)");
+    return -EPERM;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  loader_init();
+  int r = ensure_bpffs();
+  if (r) {
+    log(LogLevel::kError, "bpffs is not mounted at /sys/fs/bpf and mounting it failed: %s",
+        std::strerror(-r));
+    return r;
+  }
+  pins::set_root(cfg_.bpffs_root);
+
+  // One daemon per control socket: the lock is held for the daemon's lifetime.
+  fs::path sock(cfg_.socket_path);
+  std::error_code ec;
+  fs::create_directories(sock.parent_path(), ec);
+  std::string lock_path = cfg_.socket_path + ".lock";
+  lock_fd_.reset(open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!lock_fd_ || flock(lock_fd_.get(), LOCK_EX | LOCK_NB) < 0) {
+    log(LogLevel::kError, "another syrupd is already serving %s (lock %s is held)",
+        cfg_.socket_path.c_str(), lock_path.c_str());
+    return -EBUSY;
+  }
+
+  // Pins left by a syrupd that did not shut down cleanly: nothing can own them now.
+  std::string apps = pins::root() + "/apps";
+  if (fs::exists(apps, ec) && !fs::is_empty(apps, ec)) {
+    log(LogLevel::kWarn,
+        "found pins of a previous syrupd under %s; removing them (a policy it left attached "
+        "stays on its socket group until the group closes)",
+        apps.c_str());
+    pins::remove_tree(apps);
+  }
+  if ((r = pins::make_dirs(apps))) {
+    log(LogLevel::kError, "cannot create %s: %s", apps.c_str(), std::strerror(-r));
+    return r;
+  }
+
+  std::string err;
+  if ((r = compiler_.init(cfg_.compiler, err))) {
+    log(LogLevel::kError, "%s", err.c_str());
+    return r;
+  }
+
+  listen_fd_.reset(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (cfg_.socket_path.size() >= sizeof addr.sun_path) {
+    log(LogLevel::kError, "socket path too long: %s", cfg_.socket_path.c_str());
+    return -ENAMETOOLONG;
+  }
+  std::strcpy(addr.sun_path, cfg_.socket_path.c_str());
+  unlink(cfg_.socket_path.c_str());  // stale: we hold the lock, so no daemon serves it
+  if (bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0 ||
+      listen(listen_fd_.get(), 64) < 0) {
+    int e = errno;
+    log(LogLevel::kError, "cannot listen on %s: %s", cfg_.socket_path.c_str(), std::strerror(e));
+    return -e;
+  }
+  // Anyone may connect; what they may do is decided per request from SO_PEERCRED.
+  chmod(cfg_.socket_path.c_str(), 0666);
+
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGHUP);
+  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  signal_fd_.reset(signalfd(-1, &mask, SFD_CLOEXEC));
+  epoll_fd_.reset(epoll_create1(EPOLL_CLOEXEC));
+  for (int fd : {listen_fd_.get(), signal_fd_.get()}) {
+    epoll_event ev{EPOLLIN, {.fd = fd}};
+    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev);
+  }
+  log(LogLevel::kInfo, "serving on %s, pins under %s", cfg_.socket_path.c_str(),
+      pins::root().c_str());
+  return 0;
+}
+
+int Daemon::run() {
+  epoll_event evs[32];
+  for (;;) {
+    int n = epoll_wait(epoll_fd_.get(), evs, 32, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      log(LogLevel::kError, "epoll_wait: %s", std::strerror(errno));
+      break;
+    }
+    bool stop = false;
+    for (int i = 0; i < n; i++) {
+      int fd = evs[i].data.fd;
+      if (fd == listen_fd_.get()) {
+        accept_client();
+      } else if (fd == signal_fd_.get()) {
+        signalfd_siginfo si;
+        if (read(fd, &si, sizeof si) != sizeof si) continue;
+        if (si.ssi_signo == SIGHUP) {
+          log(LogLevel::kInfo, "SIGHUP: nothing to reload (no --config)");
+          continue;
+        }
+        log(LogLevel::kInfo, "%s: shutting down", strsignal(static_cast<int>(si.ssi_signo)));
+        stop = true;
+      } else if (clients_.count(fd)) {
+        serve_client(fd);
+      } else {
+        owner_exited(fd);
+      }
+    }
+    if (stop) break;
+  }
+  std::vector<int> ids;
+  for (auto& [id, p] : policies_) ids.push_back(id);
+  for (int id : ids) remove_policy(id, true, "syrupd is shutting down");
+  unlink(cfg_.socket_path.c_str());
+  return 0;
+}
+
+void Daemon::accept_client() {
+  for (;;) {
+    int c = accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) return;
+    timeval tv{kRecvTimeoutSec, 0};
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    epoll_event ev{EPOLLIN, {.fd = c}};
+    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, c, &ev);
+    clients_.emplace(c, UniqueFd(c));
+  }
+}
+
+void Daemon::serve_client(int fd) {
+  auto drop = [&] {
+    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+    clients_.erase(fd);
+  };
+  ucred cred{};
+  socklen_t cl = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) return drop();
+  Caller caller{cred.pid, cred.uid, cred.gid};
+
+  proto::Message req;
+  std::string why;
+  int r = proto::recv_message(fd, req, &why);
+  if (r == -ENODATA) return drop();
+  if (r) {
+    log(LogLevel::kWarn, "pid %d uid %u: bad request: %s", caller.pid, caller.uid,
+        r == -EPROTO ? why.c_str() : std::strerror(-r));
+    if (r == -EPROTO) proto::send_message(fd, proto::error_response(EPROTO, "bad request: " + why));
+    return drop();  // the stream cannot be resynchronised
+  }
+  Response resp = handle(caller, req);
+  if (proto::send_message(fd, resp.body, resp.fds)) drop();
+}
+
+Daemon::Response Daemon::handle(const Caller& caller, proto::Message& req) {
+  const json& b = req.body;
+  std::string op = b.contains("op") && b["op"].is_string() ? b["op"].get<std::string>() : "";
+  log(LogLevel::kDebug, "pid %d uid %u: %s", caller.pid, caller.uid, op.c_str());
+  try {
+    if (op == "ping") return {ok({{"version", proto::kVersion}, {"pid", getpid()}})};
+    if (op == "deploy") return deploy(caller, req);
+    if (op == "remove") return remove(caller, b);
+    if (op == "list") return list(caller);
+    if (op == "stats") return stats(caller, b);
+    if (op == "map_open") return map_open(caller, b);
+    if (op == "map_dump") return map_dump(caller, b);
+  } catch (const json::exception& e) {
+    return {proto::error_response(EINVAL, std::string("malformed request: ") + e.what())};
+  }
+  return {proto::error_response(EOPNOTSUPP, "unknown request '" + op +
+                                                "' (known: ping, deploy, remove, list, stats, "
+                                                "map_open, map_dump)")};
+}
+
+std::string Daemon::may_use_app(const Caller& caller, const std::string& app) const {
+  auto it = app_owner_.find(app);
+  if (it == app_owner_.end() || caller.admin() || it->second == caller.uid) return {};
+  return "application '" + app + "' belongs to uid " + std::to_string(it->second);
+}
+
+Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
+  const json& b = req.body;
+  auto str = [&](const char* k) {
+    return b.contains(k) && b[k].is_string() ? b[k].get<std::string>() : std::string();
+  };
+  std::string hook = str("hook"), app = str("app"), source = str("source");
+  std::string name = str("name"), source_name = str("source_name");
+  if (name.empty()) name = source_name.empty() ? "policy.c" : source_name;
+  if (source_name.empty()) source_name = name;
+  if (auto slash = name.rfind('/'); slash != std::string::npos) name = name.substr(slash + 1);
+
+  const HookInfo* hi = find_hook(hook);
+  if (!hi)
+    return {proto::error_response(EINVAL, "unknown hook '" + hook +
+                                              "' (known: socket-select, xdp, thread)")};
+  if (!hi->available)
+    return {proto::error_response(EOPNOTSUPP, "the " + hook + " hook is not available in this syrupd yet")};
+  if (std::string why = pins::validate_name("application", app); !why.empty())
+    return {proto::error_response(EINVAL, why)};
+  if (source.empty()) return {proto::error_response(EINVAL, "the policy source is empty")};
+  if (source.size() > cfg_.max_source_bytes)
+    return {proto::error_response(EFBIG, "policy source is " + std::to_string(source.size()) +
+                                             " bytes; the limit is " +
+                                             std::to_string(cfg_.max_source_bytes))};
+  if (source.find('\0') != std::string::npos)
+    return {proto::error_response(EINVAL, "policy source contains NUL bytes: not C source text")};
+  if (std::string why = may_use_app(caller, app); !why.empty())
+    return {proto::error_response(EPERM, why)};
+
+  std::map<std::string, uint64_t> params;
+  if (b.contains("params")) {
+    if (!b["params"].is_object()) return {proto::error_response(EINVAL, "params must be an object")};
+    for (auto& [k, v] : b["params"].items()) {
+      if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
+        return {proto::error_response(EINVAL, "parameter '" + k + "' must be a non-negative integer")};
+      params[k] = v.get<uint64_t>();
+    }
+  }
+  bool persist = b.value("persist", false);
+
+  // Executors: the sockets passed with the request, or those of --pid.
+  socket_select::Executors ex;
+  std::string err;
+  pid_t owner = caller.pid;
+  if (b.contains("pid")) {
+    pid_t pid = b["pid"].get<pid_t>();
+    uint16_t port = b.value("port", 0);
+    std::string proto_s = b.value("protocol", std::string());
+    int proto = proto_s == "tcp" ? IPPROTO_TCP : proto_s == "udp" ? IPPROTO_UDP : 0;
+    if (!proto_s.empty() && !proto)
+      return {proto::error_response(EINVAL, "protocol must be 'udp' or 'tcp'")};
+    uid_t owner_uid = process_uid(pid);
+    if (owner_uid == static_cast<uid_t>(-1))
+      return {proto::error_response(ESRCH, "no process " + std::to_string(pid))};
+    if (!caller.admin() && owner_uid != caller.uid)
+      return {proto::error_response(EPERM, "process " + std::to_string(pid) + " belongs to uid " +
+                                               std::to_string(owner_uid) + ", not to the caller")};
+    if (int r = socket_select::from_pid(pid, port, proto, ex, err))
+      return {proto::error_response(-r, err)};
+    owner = pid;  // the scheduled process, not the tool that asked
+  } else if (int r = socket_select::from_fds(std::move(req.fds), ex, err)) {
+    return {proto::error_response(-r, err)};
+  }
+
+  // One policy per socket group: the same application replaces, another is refused.
+  Policy* old = nullptr;
+  for (auto& [id, p] : policies_) {
+    if (p->executors.group() != ex.group()) continue;
+    if (p->app != app)
+      return {proto::error_response(EBUSY, ex.group() + " is scheduled by application '" + p->app +
+                                               "' (policy " + std::to_string(id) + ")")};
+    old = p.get();
+  }
+
+  CompileResult cr = compiler_.compile({source, source_name, hi->define, hi->wrapper});
+  if (cr.err) {
+    std::string first;
+    if (auto pos = cr.diagnostics.find("error:"); pos != std::string::npos) {
+      size_t ls = cr.diagnostics.rfind('\n', pos);
+      ls = ls == std::string::npos ? 0 : ls + 1;
+      first = cr.diagnostics.substr(ls, cr.diagnostics.find('\n', pos) - ls);
+    }
+    return {proto::error_response(-cr.err,
+                                  "policy " + name + " does not compile" +
+                                      (first.empty() ? std::string() : ": " + first),
+                                  cr.diagnostics)};
+  }
+
+  auto pol = std::make_unique<Policy>();
+  pol->id = next_id_++;
+  pol->app = app;
+  pol->hook = hook;
+  pol->name = name;
+  pol->uid = caller.uid;
+  pol->params = params;
+  pol->created = time(nullptr);
+
+  // Plan: load+pin -> fill executors -> attach -> retire the replaced policy.
+  // Each failure undoes the earlier steps in reverse order.
+  LoadFailure lf;
+  LoadSpec spec{cr.object_path, app, pol->id, name, static_cast<uint32_t>(ex.sockets.size()), params};
+  bool new_app = !app_owner_.count(app);
+  if (new_app) app_owner_[app] = caller.uid;
+  (void)new_app;
+  // Undoes what a failed deploy may have left: new map pins, and the app entry itself.
+  auto undo_app = [&] { gc_app(app); };
+  if (int r = load_policy(spec, pol->loaded, lf)) {
+    undo_app();
+    return {proto::error_response(-r, lf.message, lf.log)};
+  }
+  int exec_fd = pol->loaded->map_fd(SYR_EXECUTORS_MAP);
+  if (int r = socket_select::fill(ex, exec_fd, err)) {
+    pol->loaded->unpin();
+    pol->loaded.reset();
+    undo_app();
+    return {proto::error_response(-r, err)};
+  }
+  if (int r = socket_select::attach(ex, pol->loaded->prog_fd(), err)) {
+    pol->loaded->unpin();
+    pol->loaded.reset();
+    undo_app();
+    return {proto::error_response(-r, err)};
+  }
+  pol->executors = std::move(ex);
+
+  json resp = {{"id", pol->id},
+               {"executors", pol->executors.sockets.size()},
+               {"group", pol->executors.group()},
+               {"cached", cr.cached}};
+  if (!cr.diagnostics.empty()) resp["warnings"] = cr.diagnostics;
+  if (old) {
+    resp["replaced"] = old->id;
+    remove_policy(old->id, false, "replaced");
+  }
+  if (!persist) {
+    pol->owner_pid = owner;
+    pol->owner_pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, owner, 0)));
+    if (pol->owner_pidfd) {
+      epoll_event ev{EPOLLIN, {.fd = pol->owner_pidfd.get()}};
+      epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, pol->owner_pidfd.get(), &ev);
+    }
+  }
+  log(LogLevel::kInfo, "deployed policy %d (%s) for app '%s' on %s, %zu executors%s", pol->id,
+      name.c_str(), app.c_str(), pol->executors.group().c_str(), pol->executors.sockets.size(),
+      cr.cached ? " (cached object)" : "");
+  int id = pol->id;
+  policies_.emplace(id, std::move(pol));
+  gc_app(app);
+  return {ok(resp)};
+}
+
+void Daemon::remove_policy(int id, bool detach_hook, const char* why) {
+  auto it = policies_.find(id);
+  if (it == policies_.end()) return;
+  Policy& p = *it->second;
+  if (detach_hook) {
+    std::string err;
+    if (socket_select::detach(p.executors, err))
+      log(LogLevel::kWarn, "policy %d: %s", id, err.c_str());
+  }
+  if (p.owner_pidfd) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, p.owner_pidfd.get(), nullptr);
+  if (p.loaded) p.loaded->unpin();
+  std::string app = p.app;
+  log(LogLevel::kInfo, "removed policy %d (%s) of app '%s': %s", id, p.name.c_str(), app.c_str(), why);
+  policies_.erase(it);
+  gc_app(app);
+}
+
+void Daemon::gc_app(const std::string& app) {
+  bool any = false;
+  std::map<std::string, bool> used;
+  for (auto& [id, p] : policies_) {
+    if (p->app != app) continue;
+    any = true;
+    for (auto& m : p->loaded->user_maps) used[m] = true;
+  }
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(pins::app_maps_dir(app), ec))
+    if (!used.count(e.path().filename().string())) unlink(e.path().c_str());
+  if (!any) {
+    pins::remove_tree(pins::app_dir(app));
+    app_owner_.erase(app);
+  }
+}
+
+void Daemon::owner_exited(int pidfd) {
+  std::vector<int> ids;
+  for (auto& [id, p] : policies_)
+    if (p->owner_pidfd.get() == pidfd) ids.push_back(id);
+  for (int id : ids) {
+    std::string why = "owner process " + std::to_string(policies_[id]->owner_pid) + " exited";
+    remove_policy(id, true, why.c_str());
+  }
+  if (ids.empty()) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, pidfd, nullptr);
+}
+
+Daemon::Response Daemon::remove(const Caller& caller, const json& req) {
+  if (!req.contains("id") || !req["id"].is_number_integer())
+    return {proto::error_response(EINVAL, "remove needs a policy id")};
+  int id = req["id"].get<int>();
+  auto it = policies_.find(id);
+  if (it == policies_.end())
+    return {proto::error_response(ENOENT, "no policy " + std::to_string(id))};
+  if (!caller.admin() && it->second->uid != caller.uid)
+    return {proto::error_response(EPERM, "policy " + std::to_string(id) + " belongs to uid " +
+                                             std::to_string(it->second->uid))};
+  remove_policy(id, true, ("removed by pid " + std::to_string(caller.pid)).c_str());
+  return {ok({{"id", id}})};
+}
+
+json Daemon::describe(const Policy& p) const {
+  bpf_prog_info info{};
+  uint32_t len = sizeof info;
+  bpf_prog_get_info_by_fd(p.loaded->prog_fd(), &info, &len);
+  return {{"id", p.id},
+          {"app", p.app},
+          {"hook", p.hook},
+          {"name", p.name},
+          {"uid", p.uid},
+          {"owner_pid", p.owner_pid},
+          {"persist", p.owner_pid == 0},
+          {"group", p.executors.group()},
+          {"executors", p.executors.sockets.size()},
+          {"params", p.params},
+          {"prog_id", info.id},
+          {"created", p.created},
+          {"pin", pins::policy_dir(p.app, p.id)}};
+}
+
+Daemon::Response Daemon::list(const Caller&) {
+  json arr = json::array();
+  for (auto& [id, p] : policies_) arr.push_back(describe(*p));
+  return {ok({{"policies", arr}})};
+}
+
+json Daemon::policy_stats(const Policy& p) const {
+  int fd = p.loaded->map_fd(SYR_STATS_MAP);
+  int ncpu = libbpf_num_possible_cpus();
+  std::vector<uint64_t> vals(static_cast<size_t>(ncpu > 0 ? ncpu : 1));
+  auto slot = [&](uint32_t k) {
+    uint64_t sum = 0;
+    if (bpf_map_lookup_elem(fd, &k, vals.data()) == 0)
+      for (auto v : vals) sum += v;
+    return sum;
+  };
+  json execs = json::array();
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < p.executors.sockets.size(); i++) {
+    uint64_t v = slot(SYR_STAT_EXECUTOR_BASE + i);
+    execs.push_back(v);
+    total += v;
+  }
+  uint64_t pass = slot(SYR_STAT_PASS), drop = slot(SYR_STAT_DROP), fb = slot(SYR_STAT_FALLBACK);
+  bpf_prog_info info{};
+  uint32_t len = sizeof info;
+  bpf_prog_get_info_by_fd(p.loaded->prog_fd(), &info, &len);
+  return {{"id", p.id},           {"app", p.app},      {"name", p.name},
+          {"executors", execs},   {"pass", pass},      {"drop", drop},
+          {"fallback", fb},       {"decisions", total + pass + drop + fb},
+          {"run_cnt", info.run_cnt}, {"run_time_ns", info.run_time_ns}};
+}
+
+Daemon::Response Daemon::stats(const Caller&, const json& req) {
+  json arr = json::array();
+  if (req.contains("id") && !req["id"].is_null()) {
+    int id = req["id"].get<int>();
+    auto it = policies_.find(id);
+    if (it == policies_.end()) return {proto::error_response(ENOENT, "no policy " + std::to_string(id))};
+    arr.push_back(policy_stats(*it->second));
+  } else {
+    for (auto& [id, p] : policies_) arr.push_back(policy_stats(*p));
+  }
+  return {ok({{"stats", arr}})};
+}
+
+Daemon::Response Daemon::map_open(const Caller& caller, const json& req) {
+  std::string app = req.value("app", std::string()), map = req.value("map", std::string());
+  for (auto [kind, v] : {std::pair{"application", &app}, std::pair{"map", &map}})
+    if (std::string why = pins::validate_name(kind, *v); !why.empty())
+      return {proto::error_response(EINVAL, why)};
+  if (!app_owner_.count(app))
+    return {proto::error_response(ENOENT, "no application '" + app + "' (it has no deployed policy)")};
+  if (std::string why = may_use_app(caller, app); !why.empty())
+    return {proto::error_response(EPERM, why)};
+  std::string path = pins::app_map(app, map);
+  UniqueFd fd(bpf_obj_get(path.c_str()));
+  if (!fd)
+    return {proto::error_response(ENOENT, "application '" + app + "' has no map '" + map +
+                                              "' (maps exist while a deployed policy declares them)")};
+  bpf_map_info info{};
+  uint32_t len = sizeof info;
+  bpf_map_get_info_by_fd(fd.get(), &info, &len);
+  Response r{ok({{"map", map},
+                 {"type", libbpf_bpf_map_type_str(static_cast<bpf_map_type>(info.type))},
+                 {"key_size", info.key_size},
+                 {"value_size", info.value_size},
+                 {"max_entries", info.max_entries},
+                 {"flags", info.map_flags}})};
+  r.fds.push_back(fd.get());
+  r.owned_fds.push_back(std::move(fd));
+  return r;
+}
+
+Daemon::Response Daemon::map_dump(const Caller& caller, const json& req) {
+  std::string app = req.value("app", std::string()), map = req.value("map", std::string());
+  size_t limit = req.value("limit", 4096);
+  for (auto [kind, v] : {std::pair{"application", &app}, std::pair{"map", &map}})
+    if (std::string why = pins::validate_name(kind, *v); !why.empty())
+      return {proto::error_response(EINVAL, why)};
+  if (std::string why = may_use_app(caller, app); !why.empty())
+    return {proto::error_response(EPERM, why)};
+  UniqueFd fd(bpf_obj_get(pins::app_map(app, map).c_str()));
+  if (!fd)
+    return {proto::error_response(ENOENT, "application '" + app + "' has no map '" + map + "'")};
+  bpf_map_info info{};
+  uint32_t len = sizeof info;
+  bpf_map_get_info_by_fd(fd.get(), &info, &len);
+  bool percpu = info.type == BPF_MAP_TYPE_PERCPU_ARRAY || info.type == BPF_MAP_TYPE_PERCPU_HASH ||
+                info.type == BPF_MAP_TYPE_LRU_PERCPU_HASH;
+  size_t ncpu = percpu ? static_cast<size_t>(libbpf_num_possible_cpus()) : 1;
+  size_t vstride = percpu ? (info.value_size + 7) / 8 * 8 : info.value_size;
+  std::vector<unsigned char> key(info.key_size), next(info.key_size), val(vstride * ncpu);
+  json entries = json::array();
+  bool first = true, truncated = false;
+  while (bpf_map_get_next_key(fd.get(), first ? nullptr : key.data(), next.data()) == 0) {
+    first = false;
+    key = next;
+    if (entries.size() >= limit) {
+      truncated = true;
+      break;
+    }
+    if (bpf_map_lookup_elem(fd.get(), key.data(), val.data()) != 0) continue;
+    json e = {{"key", hex(key.data(), key.size())}};
+    if (auto k = as_number(key.data(), key.size()); !k.is_null()) e["key_int"] = k;
+    if (percpu) {
+      json per = json::array();
+      for (size_t c = 0; c < ncpu; c++) per.push_back(hex(&val[c * vstride], info.value_size));
+      e["values"] = per;
+    } else {
+      e["value"] = hex(val.data(), val.size());
+      if (auto v = as_number(val.data(), val.size()); !v.is_null()) e["value_int"] = v;
+    }
+    entries.push_back(e);
+  }
+  return {ok({{"app", app},
+              {"map", map},
+              {"type", libbpf_bpf_map_type_str(static_cast<bpf_map_type>(info.type))},
+              {"entries", entries},
+              {"truncated", truncated}})};
+}
+
+}  // namespace syrup

@@ -1,0 +1,104 @@
+// syrupd's core: the control socket, the registry of deployed policies, and the request
+// handlers (docs/protocol.md).
+//
+// Design: one thread, one epoll loop over the listening socket, client connections, a
+// signalfd and one pidfd per policy owner. Requests are served one at a time, so the
+// registry needs no locks; a slow client cannot wedge the loop for longer than the
+// receive timeout. Invariants the registry keeps:
+//  - every registered policy is loaded, pinned and attached; a deploy that fails at any
+//    step leaves the kernel and bpffs as they were, and the policy already deployed on
+//    that group keeps running;
+//  - at most one policy per socket group; deploying again to a group of the same
+//    application replaces the old one with a single atomic attach;
+//  - an application is owned by the uid that first deployed for it;
+//  - a policy whose owner process exits is removed unless it was deployed to persist;
+//  - an application's map pins exist exactly while some policy of that application
+//    declares the map.
+#pragma once
+
+#include <sys/types.h>
+
+#include <ctime>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compiler.h"
+#include "loader.h"
+#include "protocol.h"
+#include "socket_select.h"
+
+namespace syrup {
+
+struct Caller {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  bool admin() const { return uid == 0; }
+};
+
+struct Policy {
+  int id = 0;
+  std::string app;
+  std::string hook;
+  std::string name;
+  uid_t uid = 0;
+  pid_t owner_pid = 0;  // 0 when the policy persists
+  UniqueFd owner_pidfd;
+  std::map<std::string, uint64_t> params;
+  socket_select::Executors executors;
+  std::unique_ptr<LoadedPolicy> loaded;
+  time_t created = 0;
+};
+
+struct DaemonConfig {
+  std::string socket_path;
+  CompilerConfig compiler;
+  std::string bpffs_root;
+  size_t max_source_bytes = 1 << 20;
+};
+
+class Daemon {
+ public:
+  // Mounts bpffs if needed, creates the pin root, binds the control socket. 0 or -errno.
+  int init(const DaemonConfig& cfg);
+  // Serves until SIGINT/SIGTERM, then removes every policy. Returns the exit code.
+  int run();
+
+ private:
+  struct Response {
+    nlohmann::json body;
+    std::vector<int> fds;  // borrowed: valid until the response is sent
+    std::vector<UniqueFd> owned_fds;
+  };
+
+  void accept_client();
+  void serve_client(int fd);
+  Response handle(const Caller& caller, proto::Message& req);
+  Response deploy(const Caller& caller, proto::Message& req);
+  Response remove(const Caller& caller, const nlohmann::json& req);
+  Response list(const Caller& caller);
+  Response stats(const Caller& caller, const nlohmann::json& req);
+  Response map_open(const Caller& caller, const nlohmann::json& req);
+  Response map_dump(const Caller& caller, const nlohmann::json& req);
+
+  // Detaches (if `detach_hook`), unpins and forgets a policy; cleans its app's pins.
+  void remove_policy(int id, bool detach_hook, const char* why);
+  void owner_exited(int pidfd);
+  void gc_app(const std::string& app);
+  nlohmann::json describe(const Policy& p) const;
+  nlohmann::json policy_stats(const Policy& p) const;
+  // "" if `caller` may act on application `app`, else why not.
+  std::string may_use_app(const Caller& caller, const std::string& app) const;
+
+  DaemonConfig cfg_;
+  Compiler compiler_;
+  UniqueFd listen_fd_, epoll_fd_, signal_fd_, lock_fd_;
+  std::map<int, UniqueFd> clients_;
+  std::map<int, std::unique_ptr<Policy>> policies_;
+  std::map<std::string, uid_t> app_owner_;
+  int next_id_ = 1;
+};
+
+}  // namespace syrup

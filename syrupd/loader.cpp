@@ -1,0 +1,250 @@
+#include "loader.h"
+
+#include <bpf/btf.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstring>
+
+#include "log.h"
+#include "pins.h"
+#include "syrup/abi.h"
+
+namespace syrup {
+namespace {
+
+std::string* g_capture = nullptr;  // syrupd serves one request at a time
+
+int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list ap) {
+  char buf[8192];
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  if (g_capture && level != LIBBPF_DEBUG) g_capture->append(buf);
+  if (level == LIBBPF_DEBUG) return 0;
+  // Without a capture (start-up, shutdown) libbpf's warnings still reach the log.
+  if (!g_capture) {
+    std::string line(buf);
+    while (!line.empty() && line.back() == '\n') line.pop_back();
+    log(LogLevel::kWarn, "%s", line.c_str());
+  }
+  return 0;
+}
+
+struct CaptureScope {
+  explicit CaptureScope(std::string* s) { g_capture = s; }
+  ~CaptureScope() { g_capture = nullptr; }
+};
+
+bool is_system_map(const char* name) {
+  return std::strncmp(name, SYR_SYSTEM_PREFIX, std::strlen(SYR_SYSTEM_PREFIX)) == 0;
+}
+
+// Writes `value` into the .rodata variable `name`. 0, -ENOENT if the policy has no such
+// variable, -EINVAL if it is not an integer of 1, 2, 4 or 8 bytes.
+int set_rodata(bpf_object* obj, const std::string& name, uint64_t value) {
+  bpf_map* rodata = nullptr;
+  bpf_map* m;
+  bpf_object__for_each_map(m, obj) {
+    const char* n = bpf_map__name(m);
+    if (bpf_map__is_internal(m) && std::strstr(n, ".rodata") && !std::strstr(n, ".str")) rodata = m;
+  }
+  const btf* b = bpf_object__btf(obj);
+  if (!rodata || !b) return -ENOENT;
+  size_t size = 0;
+  auto* data = static_cast<char*>(bpf_map__initial_value(rodata, &size));
+  int sec_id = btf__find_by_name_kind(b, ".rodata", BTF_KIND_DATASEC);
+  if (!data || sec_id < 0) return -ENOENT;
+  const btf_type* sec = btf__type_by_id(b, sec_id);
+  const btf_var_secinfo* vs = btf_var_secinfos(sec);
+  for (unsigned i = 0; i < btf_vlen(sec); i++, vs++) {
+    const btf_type* var = btf__type_by_id(b, vs->type);
+    if (name != btf__name_by_offset(b, var->name_off)) continue;
+    const btf_type* t = btf__type_by_id(b, btf__resolve_type(b, var->type));
+    if (!t || !(btf_is_int(t) || btf_is_enum(t)) || vs->offset + vs->size > size) return -EINVAL;
+    switch (vs->size) {
+      case 1: { uint8_t v = static_cast<uint8_t>(value); std::memcpy(data + vs->offset, &v, 1); break; }
+      case 2: { uint16_t v = static_cast<uint16_t>(value); std::memcpy(data + vs->offset, &v, 2); break; }
+      case 4: { uint32_t v = static_cast<uint32_t>(value); std::memcpy(data + vs->offset, &v, 4); break; }
+      case 8: std::memcpy(data + vs->offset, &value, 8); break;
+      default: return -EINVAL;
+    }
+    return 0;
+  }
+  return -ENOENT;
+}
+
+// The verifier's log, as libbpf printed it between its BEGIN/END markers.
+std::string verifier_log(const std::string& captured) {
+  const std::string begin = "-- BEGIN PROG LOAD LOG --", end = "-- END PROG LOAD LOG --";
+  size_t b = captured.rfind(begin);
+  if (b == std::string::npos) return {};
+  b = captured.find('\n', b);
+  size_t e = captured.find(end, b);
+  if (b == std::string::npos) return {};
+  return captured.substr(b + 1, e == std::string::npos ? std::string::npos : e - b - 1);
+}
+
+// The verifier's reason: the last line that is not statistics or a register dump.
+std::string verifier_reason(const std::string& vlog) {
+  std::string reason;
+  size_t pos = 0;
+  while (pos < vlog.size()) {
+    size_t nl = vlog.find('\n', pos);
+    std::string line = vlog.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+    pos = nl == std::string::npos ? vlog.size() : nl + 1;
+    if (line.empty() || line.starts_with("processed ") || line.starts_with("verification time") ||
+        line.starts_with("stack depth") || line.starts_with("mark_precise") ||
+        (line.size() > 0 && (std::isdigit(static_cast<unsigned char>(line[0])) || line[0] == ';' || line[0] == ' ')))
+      continue;
+    reason = line;
+  }
+  return reason;
+}
+
+}  // namespace
+
+std::string tail_lines(const std::string& text, size_t max_lines) {
+  size_t pos = text.size();
+  if (pos && text[pos - 1] == '\n') pos--;
+  size_t n = 0;
+  while (pos > 0) {
+    size_t nl = text.rfind('\n', pos - 1);
+    if (nl == std::string::npos) return text;
+    if (++n >= max_lines) return text.substr(nl + 1);
+    pos = nl;
+  }
+  return text;
+}
+
+void loader_init() { libbpf_set_print(libbpf_print); }
+
+LoadedPolicy::~LoadedPolicy() {
+  if (obj) bpf_object__close(obj);
+}
+
+int LoadedPolicy::map_fd(const char* name) const {
+  bpf_map* m = bpf_object__find_map_by_name(obj, name);
+  return m ? bpf_map__fd(m) : -ENOENT;
+}
+
+void LoadedPolicy::unpin() {
+  unlink(pins::policy_prog(app, policy_id).c_str());
+  unlink(pins::policy_map(app, policy_id, SYR_EXECUTORS_MAP).c_str());
+  unlink(pins::policy_map(app, policy_id, SYR_STATS_MAP).c_str());
+  rmdir(pins::policy_dir(app, policy_id).c_str());
+}
+
+int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFailure& fail) {
+  std::string captured;
+  CaptureScope capture(&captured);
+  auto p = std::make_unique<LoadedPolicy>();
+  p->app = spec.app;
+  p->policy_id = spec.policy_id;
+
+  std::string objname = "syr_" + std::to_string(spec.policy_id);
+  LIBBPF_OPTS(bpf_object_open_opts, oopts, .object_name = objname.c_str());
+  p->obj = bpf_object__open_file(spec.object_path.c_str(), &oopts);
+  if (!p->obj) {
+    int e = -errno;
+    p->obj = nullptr;
+    fail.message = "cannot open the compiled policy: " + std::string(std::strerror(-e));
+    fail.log = captured;
+    return e;
+  }
+
+  int nprogs = 0;
+  bpf_program* prog;
+  bpf_object__for_each_program(prog, p->obj) {
+    nprogs++;
+    p->prog = prog;
+  }
+  if (nprogs != 1) {
+    fail.message = "policy " + spec.policy_name +
+                   " defines BPF programs of its own (a policy is one SYR_POLICY function)";
+    return -EINVAL;
+  }
+
+  // Read-only parameters.
+  if (int r = set_rodata(p->obj, SYR_NUM_EXECUTORS_VAR, spec.num_executors); r) {
+    fail.message = "compiled policy has no syr_num_executors (was it built with <syrup/policy.h>?)";
+    return r;
+  }
+  for (auto& [name, value] : spec.params) {
+    if (is_system_map(name.c_str())) {
+      fail.message = "parameter '" + name + "' is reserved (names starting with syr_ belong to Syrup)";
+      return -EINVAL;
+    }
+    int r = set_rodata(p->obj, name, value);
+    if (r == -ENOENT) {
+      fail.message = "policy " + spec.policy_name + " has no parameter '" + name +
+                     "' (declare it with SYR_PARAM)";
+      return r;
+    }
+    if (r) {
+      fail.message = "parameter '" + name + "' is not an integer of 1, 2, 4 or 8 bytes";
+      return r;
+    }
+  }
+
+  // Application maps: shared by name through the application's pin directory.
+  bpf_map* m;
+  bpf_object__for_each_map(m, p->obj) {
+    const char* name = bpf_map__name(m);
+    if (bpf_map__is_internal(m)) continue;
+    if (is_system_map(name)) {
+      if (std::strcmp(name, SYR_EXECUTORS_MAP) && std::strcmp(name, SYR_STATS_MAP)) {
+        fail.message = std::string("map name '") + name + "' is reserved (names starting with syr_ belong to Syrup)";
+        return -EINVAL;
+      }
+      continue;
+    }
+    if (std::string why = pins::validate_name("map", name); !why.empty()) {
+      fail.message = why;
+      return -EINVAL;
+    }
+    if (int r = pins::make_dirs(pins::app_maps_dir(spec.app)); r) {
+      fail.message = "cannot create " + pins::app_maps_dir(spec.app) + ": " + std::strerror(-r);
+      return r;
+    }
+    bpf_map__set_pin_path(m, pins::app_map(spec.app, name).c_str());
+    p->user_maps.emplace_back(name);
+  }
+
+  int r = bpf_object__load(p->obj);
+  if (r) {
+    std::string vlog = verifier_log(captured);
+    if (!vlog.empty()) {
+      std::string reason = verifier_reason(vlog);
+      fail.message = "the verifier rejected policy " + spec.policy_name +
+                     (reason.empty() ? std::string() : ": " + reason);
+      fail.log = tail_lines(vlog, 30);
+    } else {
+      fail.message = "loading policy " + spec.policy_name + " failed: " + std::strerror(-r);
+      fail.log = tail_lines(captured, 30);
+    }
+    return r;
+  }
+
+  // Pin what a later syrupd (or bpftool) needs to find this policy.
+  std::string dir = pins::policy_dir(spec.app, spec.policy_id);
+  if ((r = pins::make_dirs(dir)) ||
+      (r = bpf_program__pin(p->prog, pins::policy_prog(spec.app, spec.policy_id).c_str()))) {
+    fail.message = "cannot pin policy under " + dir + ": " + std::strerror(-r);
+    p->unpin();
+    return r;
+  }
+  for (const char* sys : {SYR_EXECUTORS_MAP, SYR_STATS_MAP}) {
+    bpf_map* sm = bpf_object__find_map_by_name(p->obj, sys);
+    if (!sm) continue;
+    if ((r = bpf_map__pin(sm, pins::policy_map(spec.app, spec.policy_id, sys).c_str()))) {
+      fail.message = std::string("cannot pin ") + sys + " under " + dir + ": " + std::strerror(-r);
+      p->unpin();
+      return r;
+    }
+  }
+  out = std::move(p);
+  return 0;
+}
+
+}  // namespace syrup

@@ -1,0 +1,60 @@
+// The loader: turns a compiled policy object into a loaded, pinned BPF program.
+//
+// Steps, each undone in reverse if a later one fails: open the object; set its
+// read-only parameters (syr_num_executors and the policy's SYR_PARAMs); point each user
+// map at the application's pin (libbpf reuses an existing pin of that name, or creates
+// the map and pins it); load (verifier); pin the program and the hook's system maps
+// under the policy's directory. Invariants: user maps are exactly the non-internal maps
+// whose names do not start with "syr_"; a failed load leaves no pin behind; libbpf's
+// messages during a load are captured and returned to the caller, never lost.
+#pragma once
+
+#include <bpf/libbpf.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace syrup {
+
+struct LoadSpec {
+  std::string object_path;
+  std::string app;
+  int policy_id = 0;
+  std::string policy_name;  // for messages
+  uint32_t num_executors = 1;
+  std::map<std::string, uint64_t> params;
+};
+
+struct LoadFailure {
+  std::string message;  // one paragraph: what went wrong, with the verifier's reason
+  std::string log;      // the relevant tail of the verifier log or libbpf's messages
+};
+
+class LoadedPolicy {
+ public:
+  ~LoadedPolicy();
+  bpf_object* obj = nullptr;
+  bpf_program* prog = nullptr;
+  std::vector<std::string> user_maps;  // names of the application maps it uses
+  std::string app;
+  int policy_id = 0;
+
+  int prog_fd() const { return bpf_program__fd(prog); }
+  int map_fd(const char* name) const;
+  // Removes the pins of the program and system maps (not the application's maps).
+  void unpin();
+};
+
+// Installs the libbpf print callback that load() captures from. Call once.
+void loader_init();
+
+// 0 or -errno with `fail` filled.
+int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFailure& fail);
+
+// Byte-exact tail of the last `max_lines` lines of `text`.
+std::string tail_lines(const std::string& text, size_t max_lines);
+
+}  // namespace syrup

@@ -1,0 +1,66 @@
+// syrupd: the Syrup daemon. Compiles, loads, attaches and keeps the scheduling policies
+// applications deploy through libsyrup or syrupctl (see README.md and docs/).
+#include <gflags/gflags.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "daemon.h"
+#include "log.h"
+#include "protocol.h"
+
+DEFINE_string(socket, syrup::proto::kDefaultSocket, "Unix socket to serve the control protocol on");
+DEFINE_string(bpffs_root, "/sys/fs/bpf/syrup", "bpffs directory for Syrup's pins (docs/pin-layout.md)");
+DEFINE_string(clang, "/usr/bin/clang-19", "clang used to compile policies to BPF");
+DEFINE_string(kernel_dir, "",
+              "directory with include/syrup/policy.h and hooks/*.bpf.h (default: the source "
+              "tree's kernel/ when run from a build tree, else the installed copy)");
+DEFINE_string(cache_dir, "/var/cache/syrup", "where compiled policy objects are cached by content");
+DEFINE_string(log_level, "info", "debug, info, warn or error");
+DEFINE_uint64(max_source_bytes, 1 << 20, "largest policy source accepted, in bytes");
+
+namespace {
+
+std::string default_kernel_dir() {
+  namespace fs = std::filesystem;
+  for (const char* d : {SYRUP_SOURCE_KERNEL_DIR, SYRUP_INSTALL_KERNEL_DIR})
+    if (fs::exists(std::string(d) + "/include/syrup/policy.h")) return d;
+  return SYRUP_INSTALL_KERNEL_DIR;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "the Syrup daemon: deploys user-defined scheduling policies.\n\n"
+      "Usage: syrupd [--socket PATH] [--bpffs_root DIR] [--clang PATH] [--log_level LEVEL]\n\n"
+      "Runs as root in the foreground; logs to stderr. SIGINT/SIGTERM remove every\n"
+      "deployed policy and exit. Talk to it with syrupctl or libsyrup.");
+  gflags::SetVersionString("0.1.0");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (argc > 1) {
+    std::fprintf(stderr, "syrupd: unexpected argument '%s' (see --help)\n", argv[1]);
+    return 2;
+  }
+  syrup::LogLevel level;
+  if (!syrup::parse_log_level(FLAGS_log_level, level)) {
+    std::fprintf(stderr, "syrupd: --log_level must be debug, info, warn or error\n");
+    return 2;
+  }
+  syrup::set_log_level(level);
+
+  syrup::DaemonConfig cfg;
+  cfg.socket_path = FLAGS_socket;
+  cfg.bpffs_root = FLAGS_bpffs_root;
+  cfg.max_source_bytes = FLAGS_max_source_bytes;
+  cfg.compiler.clang = FLAGS_clang;
+  cfg.compiler.kernel_dir = FLAGS_kernel_dir.empty() ? default_kernel_dir() : FLAGS_kernel_dir;
+  cfg.compiler.cache_dir = FLAGS_cache_dir;
+  cfg.compiler.multiarch_include = SYRUP_MULTIARCH_INCLUDE;
+
+  syrup::Daemon d;
+  if (int r = d.init(cfg); r) return 1;
+  return d.run();
+}

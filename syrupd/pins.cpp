@@ -1,0 +1,55 @@
+#include "pins.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <filesystem>
+
+namespace syrup::pins {
+namespace {
+std::string g_root = "/sys/fs/bpf/syrup";
+}
+
+void set_root(std::string root) { g_root = std::move(root); }
+const std::string& root() { return g_root; }
+
+std::string app_dir(std::string_view app) { return g_root + "/apps/" + std::string(app); }
+std::string app_maps_dir(std::string_view app) { return app_dir(app) + "/maps"; }
+std::string app_map(std::string_view app, std::string_view map) {
+  return app_maps_dir(app) + "/" + std::string(map);
+}
+std::string policy_dir(std::string_view app, int id) {
+  return app_dir(app) + "/policies/" + std::to_string(id);
+}
+std::string policy_prog(std::string_view app, int id) { return policy_dir(app, id) + "/prog"; }
+std::string policy_map(std::string_view app, int id, std::string_view map) {
+  return policy_dir(app, id) + "/" + std::string(map);
+}
+
+std::string validate_name(std::string_view kind, std::string_view name) {
+  if (name.empty()) return std::string(kind) + " name is empty";
+  if (name.size() > 64) return std::string(kind) + " name is longer than 64 characters";
+  if (name[0] == '.') return std::string(kind) + " name may not start with '.'";
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.';
+    if (!ok)
+      return std::string(kind) + " name '" + std::string(name) +
+             "' has a character outside [A-Za-z0-9_.-]";
+  }
+  return {};
+}
+
+int make_dirs(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  return ec ? -ec.value() : 0;
+}
+
+int remove_tree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  return ec ? -ec.value() : 0;
+}
+
+}  // namespace syrup::pins

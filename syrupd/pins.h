@@ -1,0 +1,37 @@
+// The bpffs pin layout, in one place (docs/pin-layout.md is its reference):
+//
+//   <root>/                                   --bpffs_root, default /sys/fs/bpf/syrup
+//   <root>/apps/<app>/maps/<map>              an application's maps, shared by name by all
+//                                             its policies and by the application itself
+//   <root>/apps/<app>/policies/<id>/prog      the hook program of policy <id>
+//   <root>/apps/<app>/policies/<id>/<sysmap>  its system maps (syr_executors, syr_stats)
+//
+// Invariants: every path syrupd pins or unpins comes from these functions; names are
+// validated (validate_name) before they reach them, so no path leaves <root>.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace syrup::pins {
+
+void set_root(std::string root);
+const std::string& root();
+
+std::string app_dir(std::string_view app);
+std::string app_maps_dir(std::string_view app);
+std::string app_map(std::string_view app, std::string_view map);
+std::string policy_dir(std::string_view app, int id);
+std::string policy_prog(std::string_view app, int id);
+std::string policy_map(std::string_view app, int id, std::string_view map);
+
+// Application and map names: 1..64 of [A-Za-z0-9_.-], not starting with '.'.
+// Returns "" if valid, else why not.
+std::string validate_name(std::string_view kind, std::string_view name);
+
+// mkdir -p inside bpffs. 0 or -errno.
+int make_dirs(const std::string& path);
+// Removes a directory tree of pins (unpinning every object in it). 0 or -errno.
+int remove_tree(const std::string& path);
+
+}  // namespace syrup::pins

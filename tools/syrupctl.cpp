@@ -1,0 +1,259 @@
+// syrupctl: the operator's command line for syrupd.
+//
+// Exit codes: 0 success; 1 syrupd refused or failed the request (its message is printed);
+// 2 usage error; 3 syrupd could not be reached.
+#include <gflags/gflags.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "client.h"
+#include "protocol.h"
+
+DEFINE_string(socket, "", "syrupd's control socket (default: $SYRUP_SOCKET or /run/syrup/syrupd.sock)");
+DEFINE_bool(json, false, "print syrupd's answer as JSON, for scripts");
+DEFINE_string(hook, "socket-select", "deploy: the hook (socket-select, xdp, thread)");
+DEFINE_int32(pid, 0, "deploy: the process whose sockets to schedule");
+DEFINE_int32(port, 0, "deploy: the port its SO_REUSEPORT sockets are bound to");
+DEFINE_string(protocol, "", "deploy: udp or tcp (default: udp if the process has both)");
+DEFINE_string(app, "", "application name (deploy: default the process's name; map: required)");
+DEFINE_string(params, "", "deploy: policy parameters, NAME=VALUE[,NAME=VALUE...]");
+DEFINE_bool(persist, false, "deploy: keep the policy when the process exits");
+DEFINE_int32(limit, 4096, "map dump: most entries to print");
+
+namespace {
+
+constexpr int kExitFailed = 1, kExitUsage = 2, kExitUnreachable = 3;
+
+const char* kUsage =
+    "control the Syrup daemon.\n\n"
+    "Usage:\n"
+    "  syrupctl deploy --hook socket-select --pid PID --port PORT [--protocol udp|tcp]\n"
+    "                  [--app NAME] [--params K=V,...] [--persist] POLICY.c\n"
+    "  syrupctl remove ID\n"
+    "  syrupctl list\n"
+    "  syrupctl stats [ID]\n"
+    "  syrupctl map dump --app APP MAP\n"
+    "  syrupctl ping\n\n"
+    "Global: --json (machine-readable output), --socket PATH.\n"
+    "Exit codes: 0 ok, 1 syrupd refused or failed, 2 usage, 3 syrupd unreachable.";
+
+int usage(const std::string& why) {
+  std::fprintf(stderr, "syrupctl: %s\n(see syrupctl --help)\n", why.c_str());
+  return kExitUsage;
+}
+
+std::string socket_path() {
+  if (!FLAGS_socket.empty()) return FLAGS_socket;
+  const char* e = std::getenv("SYRUP_SOCKET");
+  return e && *e ? e : syrup::proto::kDefaultSocket;
+}
+
+// Sends `req`; on success returns 0 with the body in `out`, else prints and returns the
+// exit code.
+int call(const nlohmann::json& req, nlohmann::json& out) {
+  syrup::Client c;
+  if (c.connect(socket_path())) {
+    std::fprintf(stderr, "syrupctl: %s\n", c.error().c_str());
+    return kExitUnreachable;
+  }
+  syrup::Message resp;
+  if (c.call(req, resp)) {
+    std::fprintf(stderr, "syrupctl: %s\n", c.error().c_str());
+    return kExitUnreachable;
+  }
+  out = resp.body;
+  std::string err;
+  if (syrup::response_status(resp, err)) {
+    if (FLAGS_json)
+      std::cout << out.dump(2) << "\n";
+    else
+      std::fprintf(stderr, "syrupctl: %s\n", err.c_str());
+    return kExitFailed;
+  }
+  return 0;
+}
+
+std::string process_name(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
+  std::string s;
+  std::getline(in, s);
+  std::string out;
+  for (char c : s) out += (isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
+  return out.empty() ? "app" : out;
+}
+
+int cmd_deploy(const std::vector<std::string>& args) {
+  if (args.size() != 1) return usage("deploy takes exactly one POLICY.c");
+  if (FLAGS_pid <= 0 || FLAGS_port <= 0 || FLAGS_port > 65535)
+    return usage("deploy from the command line needs --pid PID and --port PORT "
+                 "(applications deploy with libsyrup and pass their sockets)");
+  std::ifstream in(args[0], std::ios::binary);
+  if (!in) {
+    std::fprintf(stderr, "syrupctl: cannot read policy file %s: %s\n", args[0].c_str(), std::strerror(errno));
+    return kExitFailed;
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json params = nlohmann::json::object();
+  std::stringstream ps(FLAGS_params);
+  for (std::string kv; std::getline(ps, kv, ',');) {
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) return usage("--params entries are NAME=VALUE, got '" + kv + "'");
+    try {
+      size_t used = 0;
+      unsigned long long v = std::stoull(kv.substr(eq + 1), &used, 0);
+      if (used != kv.size() - eq - 1) throw std::invalid_argument("trailing");
+      params[kv.substr(0, eq)] = v;
+    } catch (const std::exception&) {
+      return usage("parameter value of '" + kv.substr(0, eq) + "' is not a non-negative integer");
+    }
+  }
+  nlohmann::json req = {{"op", "deploy"},
+                        {"hook", FLAGS_hook},
+                        {"app", FLAGS_app.empty() ? process_name(FLAGS_pid) : FLAGS_app},
+                        {"name", args[0]},
+                        {"source_name", args[0]},
+                        {"source", ss.str()},
+                        {"pid", FLAGS_pid},
+                        {"port", FLAGS_port},
+                        {"params", params},
+                        {"persist", FLAGS_persist}};
+  if (!FLAGS_protocol.empty()) req["protocol"] = FLAGS_protocol;
+  nlohmann::json out;
+  if (int r = call(req, out)) return r;
+  if (FLAGS_json) {
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::printf("deployed policy %d (%s) on %s with %d executors%s\n", out["id"].get<int>(),
+                args[0].c_str(), out["group"].get<std::string>().c_str(), out["executors"].get<int>(),
+                out.contains("replaced") ? (" (replaced policy " + std::to_string(out["replaced"].get<int>()) + ")").c_str() : "");
+    if (out.contains("warnings")) std::fprintf(stderr, "%s", out["warnings"].get<std::string>().c_str());
+  }
+  return 0;
+}
+
+int parse_id(const std::string& s, int& id) {
+  try {
+    size_t used = 0;
+    id = std::stoi(s, &used);
+    return used == s.size() && id > 0 ? 0 : -1;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+int cmd_remove(const std::vector<std::string>& args) {
+  int id;
+  if (args.size() != 1 || parse_id(args[0], id)) return usage("remove takes one policy ID");
+  nlohmann::json out;
+  if (int r = call({{"op", "remove"}, {"id", id}}, out)) return r;
+  if (FLAGS_json) std::cout << out.dump(2) << "\n";
+  else std::printf("removed policy %d\n", id);
+  return 0;
+}
+
+int cmd_list(const std::vector<std::string>& args) {
+  if (!args.empty()) return usage("list takes no arguments");
+  nlohmann::json out;
+  if (int r = call({{"op", "list"}}, out)) return r;
+  if (FLAGS_json) {
+    std::cout << out["policies"].dump(2) << "\n";
+    return 0;
+  }
+  if (out["policies"].empty()) {
+    std::printf("no policies deployed\n");
+    return 0;
+  }
+  std::printf("%-4s %-16s %-14s %-18s %-24s %-5s %-8s %s\n", "ID", "APP", "HOOK", "POLICY", "GROUP",
+              "EXEC", "OWNER", "PROG");
+  for (auto& p : out["policies"]) {
+    std::string owner = p["persist"].get<bool>() ? "persist" : std::to_string(p["owner_pid"].get<int>());
+    std::printf("%-4d %-16s %-14s %-18s %-24s %-5d %-8s %u\n", p["id"].get<int>(),
+                p["app"].get<std::string>().c_str(), p["hook"].get<std::string>().c_str(),
+                p["name"].get<std::string>().c_str(), p["group"].get<std::string>().c_str(),
+                p["executors"].get<int>(), owner.c_str(), p["prog_id"].get<unsigned>());
+  }
+  return 0;
+}
+
+int cmd_stats(const std::vector<std::string>& args) {
+  nlohmann::json req = {{"op", "stats"}};
+  int id;
+  if (args.size() > 1 || (args.size() == 1 && parse_id(args[0], id))) return usage("stats takes at most one policy ID");
+  if (args.size() == 1) req["id"] = id;
+  nlohmann::json out;
+  if (int r = call(req, out)) return r;
+  if (FLAGS_json) {
+    std::cout << out["stats"].dump(2) << "\n";
+    return 0;
+  }
+  for (auto& s : out["stats"]) {
+    std::printf("policy %d (%s, app %s): %llu decisions\n", s["id"].get<int>(),
+                s["name"].get<std::string>().c_str(), s["app"].get<std::string>().c_str(),
+                s["decisions"].get<unsigned long long>());
+    int i = 0;
+    for (auto& v : s["executors"]) std::printf("  executor %-3d %llu\n", i++, v.get<unsigned long long>());
+    std::printf("  pass         %llu\n  drop         %llu\n  fallback     %llu\n",
+                s["pass"].get<unsigned long long>(), s["drop"].get<unsigned long long>(),
+                s["fallback"].get<unsigned long long>());
+    if (s["run_cnt"].get<unsigned long long>() > 0)
+      std::printf("  cost         %.1f ns/decision (kernel.bpf_stats_enabled)\n",
+                  double(s["run_time_ns"].get<unsigned long long>()) / double(s["run_cnt"].get<unsigned long long>()));
+  }
+  return 0;
+}
+
+int cmd_map(const std::vector<std::string>& args) {
+  if (args.size() != 2 || args[0] != "dump") return usage("usage: syrupctl map dump --app APP MAP");
+  if (FLAGS_app.empty()) return usage("map dump needs --app APP");
+  nlohmann::json out;
+  if (int r = call({{"op", "map_dump"}, {"app", FLAGS_app}, {"map", args[1]}, {"limit", FLAGS_limit}}, out)) return r;
+  if (FLAGS_json) {
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("map %s of app %s (%s), %zu entries%s\n", args[1].c_str(), FLAGS_app.c_str(),
+              out["type"].get<std::string>().c_str(), out["entries"].size(),
+              out["truncated"].get<bool>() ? " (truncated, see --limit)" : "");
+  for (auto& e : out["entries"]) {
+    std::string k = e.contains("key_int") ? e["key_int"].dump() : e["key"].get<std::string>();
+    std::string v = e.contains("value_int") ? e["value_int"].dump()
+                    : e.contains("value")   ? e["value"].get<std::string>()
+                                            : e["values"].dump();
+    std::printf("  %-12s %s\n", k.c_str(), v.c_str());
+  }
+  return 0;
+}
+
+int cmd_ping(const std::vector<std::string>&) {
+  nlohmann::json out;
+  if (int r = call({{"op", "ping"}}, out)) return r;
+  if (FLAGS_json) std::cout << out.dump(2) << "\n";
+  else std::printf("syrupd (pid %d) is serving %s\n", out["pid"].get<int>(), socket_path().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(kUsage);
+  gflags::SetVersionString("0.1.0");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (argc < 2) return usage("missing command (deploy, remove, list, stats, map, ping)");
+  std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (cmd == "deploy") return cmd_deploy(args);
+  if (cmd == "remove") return cmd_remove(args);
+  if (cmd == "list") return cmd_list(args);
+  if (cmd == "stats") return cmd_stats(args);
+  if (cmd == "map") return cmd_map(args);
+  if (cmd == "ping") return cmd_ping(args);
+  return usage("unknown command '" + cmd + "'");
+}

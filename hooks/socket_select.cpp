@@ -201,6 +201,20 @@ int fill(const Executors& ex, int map_fd, std::string& err) {
   return 0;
 }
 
+void release(int map_fd) {
+  for (uint32_t i = 0; i < SYR_MAX_EXECUTORS; i++) bpf_map_delete_elem(map_fd, &i);
+}
+
+bool same_sockets(const Executors& a, const Executors& b) {
+  if (a.sockets.size() != b.sockets.size()) return false;
+  for (size_t i = 0; i < a.sockets.size(); i++) {
+    struct stat sa, sb;
+    if (fstat(a.sockets[i].get(), &sa) || fstat(b.sockets[i].get(), &sb) || sa.st_ino != sb.st_ino)
+      return false;
+  }
+  return true;
+}
+
 int attach(const Executors& ex, int prog_fd, std::string& err) {
   if (setsockopt(ex.sockets.at(0).get(), SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, &prog_fd,
                  sizeof prog_fd) < 0) {

@@ -39,8 +39,17 @@ int from_fds(std::vector<UniqueFd> fds, Executors& out, std::string& err);
 // IPPROTO_TCP, or 0 for UDP first, then TCP). Needs ptrace-level access to `pid`.
 int from_pid(pid_t pid, uint16_t port, int protocol, Executors& out, std::string& err);
 
-// Puts executor i in slot i of the REUSEPORT_SOCKARRAY `map_fd`.
+// Puts executor i in slot i of the REUSEPORT_SOCKARRAY `map_fd`. A socket can be in
+// only one such map at a time (the kernel answers EBUSY otherwise), which is why a
+// replacement policy reuses its predecessor's executor map.
 int fill(const Executors& ex, int map_fd, std::string& err);
+
+// Empties slots [0, SYR_MAX_EXECUTORS) of `map_fd`, releasing the sockets at once (the
+// kernel would otherwise release them only when the map is freed, later).
+void release(int map_fd);
+
+// True if both hold the same sockets in the same order.
+bool same_sockets(const Executors& a, const Executors& b);
 
 // Attaches `prog_fd` to the group (atomically replacing any program there).
 int attach(const Executors& ex, int prog_fd, std::string& err);

@@ -130,6 +130,9 @@ int Compiler::init(const CompilerConfig& cfg, std::string& error) {
   for (auto& e : fs::recursive_directory_iterator(cfg_.kernel_dir))
     if (e.is_regular_file() && e.path().extension() == ".h") headers.push_back(e.path());
   std::sort(headers.begin(), headers.end());
+  // The system headers <syrup/policy.h> pulls in are part of what a policy compiles to.
+  for (const char* sys : {"linux/bpf.h", "bpf/bpf_helpers.h", "bpf/bpf_helper_defs.h", "bpf/bpf_endian.h"})
+    headers.push_back(fs::path("/usr/include") / sys);
   for (auto& h : headers) id += h.string() + '\n' + read_file(h);
   identity_ = sha256_hex(id);
   for (auto* sub : {"/obj", "/src"}) {
@@ -153,7 +156,7 @@ CompileResult Compiler::compile(const CompileJob& job) {
   if (shown.empty()) shown = "policy.c";
 
   std::string tu = "#include <syrup/policy.h>\n#line 1 \"" + shown + "\"\n" + job.source +
-                   "\n#line 1 \"<syrup:" + job.wrapper + ">\"\n#include \"" + job.wrapper + "\"\n";
+                   "\n#include \"" + job.wrapper + "\"\n";
   std::string key = sha256_hex(identity_ + '\0' + job.hook_define + '\0' + tu);
   std::string obj = cfg_.cache_dir + "/obj/" + key + ".o";
   if (access(obj.c_str(), R_OK) == 0) {

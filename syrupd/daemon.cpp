@@ -124,10 +124,22 @@ int Daemon::init(const DaemonConfig& cfg) {
   // Pins left by a syrupd that did not shut down cleanly: nothing can own them now.
   std::string apps = pins::root() + "/apps";
   if (fs::exists(apps, ec) && !fs::is_empty(apps, ec)) {
+    // Their programs may still be attached to socket groups, which syrupd cannot reach
+    // without a socket. Emptying their executor maps makes those programs fall back to
+    // the kernel's hash and frees the sockets for a new deploy.
+    int released = 0;
+    for (auto& e : fs::recursive_directory_iterator(apps, ec)) {
+      if (e.path().filename() != SYR_EXECUTORS_MAP) continue;
+      UniqueFd m(bpf_obj_get(e.path().c_str()));
+      if (m) {
+        socket_select::release(m.get());
+        released++;
+      }
+    }
     log(LogLevel::kWarn,
-        "found pins of a previous syrupd under %s; removing them (a policy it left attached "
-        "stays on its socket group until the group closes)",
-        apps.c_str());
+        "found pins of a previous syrupd under %s; released the sockets of %d policies it "
+        "left behind (their groups use the kernel's hash until deployed to again) and removed the pins",
+        apps.c_str(), released);
     pins::remove_tree(apps);
   }
   if ((r = pins::make_dirs(apps))) {
@@ -323,7 +335,11 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
   pid_t owner = caller.pid;
   if (b.contains("pid")) {
     pid_t pid = b["pid"].get<pid_t>();
-    uint16_t port = b.value("port", 0);
+    int port_in = b.value("port", 0);
+    if (pid <= 0) return {proto::error_response(EINVAL, "pid must be positive")};
+    if (port_in <= 0 || port_in > 65535)
+      return {proto::error_response(EINVAL, "port must be in 1..65535")};
+    uint16_t port = static_cast<uint16_t>(port_in);
     std::string proto_s = b.value("protocol", std::string());
     int proto = proto_s == "tcp" ? IPPROTO_TCP : proto_s == "udp" ? IPPROTO_UDP : 0;
     if (!proto_s.empty() && !proto)
@@ -373,28 +389,52 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
   pol->uid = caller.uid;
   pol->params = params;
   pol->created = time(nullptr);
+  if (!persist) {
+    // Watched from now on, so an owner that exits mid-deploy is not missed.
+    pol->owner_pid = owner;
+    pol->owner_pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, owner, 0)));
+    if (!pol->owner_pidfd)
+      return {proto::error_response(ESRCH, "process " + std::to_string(owner) +
+                                               " exited before its policy was deployed")};
+  }
 
-  // Plan: load+pin -> fill executors -> attach -> retire the replaced policy.
-  // Each failure undoes the earlier steps in reverse order.
+  // Plan: load+pin -> fill executors -> attach -> register -> retire the replaced policy.
+  // Each failure undoes the earlier steps in reverse order. A replacement shares the old
+  // policy's executor map (a socket can be in one such map only), so when the sockets are
+  // the same the swap is the attach alone: one atomic pointer exchange in the kernel.
+  if (!app_owner_.count(app)) app_owner_[app] = caller.uid;
+  auto undo_app = [&] { gc_app(app); };  // new map pins, and a new app entry
   LoadFailure lf;
   LoadSpec spec{cr.object_path, app, pol->id, name, static_cast<uint32_t>(ex.sockets.size()), params};
-  bool new_app = !app_owner_.count(app);
-  if (new_app) app_owner_[app] = caller.uid;
-  (void)new_app;
-  // Undoes what a failed deploy may have left: new map pins, and the app entry itself.
-  auto undo_app = [&] { gc_app(app); };
+  if (old) spec.reuse_executors_fd = old->loaded->map_fd(SYR_EXECUTORS_MAP);
   if (int r = load_policy(spec, pol->loaded, lf)) {
     undo_app();
     return {proto::error_response(-r, lf.message, lf.log)};
   }
   int exec_fd = pol->loaded->map_fd(SYR_EXECUTORS_MAP);
-  if (int r = socket_select::fill(ex, exec_fd, err)) {
-    pol->loaded->unpin();
-    pol->loaded.reset();
-    undo_app();
-    return {proto::error_response(-r, err)};
+  bool refilled = !old || !socket_select::same_sockets(old->executors, ex);
+  auto undo_fill = [&] {
+    if (!refilled) return;
+    socket_select::release(exec_fd);
+    if (old) {
+      std::string ignored;
+      socket_select::fill(old->executors, exec_fd, ignored);
+    }
+  };
+  if (refilled) {
+    // A different set of sockets: until the attach below, the old program may find a
+    // slot empty and leave that datagram to the kernel's hash (never a drop).
+    if (old) socket_select::release(exec_fd);
+    if (int r = socket_select::fill(ex, exec_fd, err)) {
+      undo_fill();
+      pol->loaded->unpin();
+      pol->loaded.reset();
+      undo_app();
+      return {proto::error_response(-r, err)};
+    }
   }
   if (int r = socket_select::attach(ex, pol->loaded->prog_fd(), err)) {
+    undo_fill();
     pol->loaded->unpin();
     pol->loaded.reset();
     undo_app();
@@ -407,23 +447,19 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
                {"group", pol->executors.group()},
                {"cached", cr.cached}};
   if (!cr.diagnostics.empty()) resp["warnings"] = cr.diagnostics;
-  if (old) {
-    resp["replaced"] = old->id;
-    remove_policy(old->id, false, "replaced");
-  }
-  if (!persist) {
-    pol->owner_pid = owner;
-    pol->owner_pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, owner, 0)));
-    if (pol->owner_pidfd) {
-      epoll_event ev{EPOLLIN, {.fd = pol->owner_pidfd.get()}};
-      epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, pol->owner_pidfd.get(), &ev);
-    }
+  if (pol->owner_pidfd) {
+    epoll_event ev{EPOLLIN, {.fd = pol->owner_pidfd.get()}};
+    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, pol->owner_pidfd.get(), &ev);
   }
   log(LogLevel::kInfo, "deployed policy %d (%s) for app '%s' on %s, %zu executors%s", pol->id,
       name.c_str(), app.c_str(), pol->executors.group().c_str(), pol->executors.sockets.size(),
       cr.cached ? " (cached object)" : "");
   int id = pol->id;
   policies_.emplace(id, std::move(pol));
+  if (old) {
+    resp["replaced"] = old->id;
+    remove_policy(old->id, false, ("replaced by policy " + std::to_string(id)).c_str());
+  }
   gc_app(app);
   return {ok(resp)};
 }
@@ -433,9 +469,12 @@ void Daemon::remove_policy(int id, bool detach_hook, const char* why) {
   if (it == policies_.end()) return;
   Policy& p = *it->second;
   if (detach_hook) {
+    // A replaced policy's executor map lives on in its successor: only a real removal
+    // detaches and releases the sockets (at once, so the group can be deployed to again).
     std::string err;
     if (socket_select::detach(p.executors, err))
       log(LogLevel::kWarn, "policy %d: %s", id, err.c_str());
+    if (p.loaded) socket_select::release(p.loaded->map_fd(SYR_EXECUTORS_MAP));
   }
   if (p.owner_pidfd) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, p.owner_pidfd.get(), nullptr);
   if (p.loaded) p.loaded->unpin();
@@ -480,7 +519,8 @@ Daemon::Response Daemon::remove(const Caller& caller, const json& req) {
   auto it = policies_.find(id);
   if (it == policies_.end())
     return {proto::error_response(ENOENT, "no policy " + std::to_string(id))};
-  if (!caller.admin() && it->second->uid != caller.uid)
+  if (!caller.admin() && it->second->uid != caller.uid &&
+      !may_use_app(caller, it->second->app).empty())
     return {proto::error_response(EPERM, "policy " + std::to_string(id) + " belongs to uid " +
                                              std::to_string(it->second->uid))};
   remove_policy(id, true, ("removed by pid " + std::to_string(caller.pid)).c_str());
@@ -506,9 +546,14 @@ json Daemon::describe(const Policy& p) const {
           {"pin", pins::policy_dir(p.app, p.id)}};
 }
 
-Daemon::Response Daemon::list(const Caller&) {
+bool Daemon::visible(const Caller& caller, const Policy& p) const {
+  return caller.admin() || p.uid == caller.uid || may_use_app(caller, p.app).empty();
+}
+
+Daemon::Response Daemon::list(const Caller& caller) {
   json arr = json::array();
-  for (auto& [id, p] : policies_) arr.push_back(describe(*p));
+  for (auto& [id, p] : policies_)
+    if (visible(caller, *p)) arr.push_back(describe(*p));
   return {ok({{"policies", arr}})};
 }
 
@@ -539,15 +584,17 @@ json Daemon::policy_stats(const Policy& p) const {
           {"run_cnt", info.run_cnt}, {"run_time_ns", info.run_time_ns}};
 }
 
-Daemon::Response Daemon::stats(const Caller&, const json& req) {
+Daemon::Response Daemon::stats(const Caller& caller, const json& req) {
   json arr = json::array();
   if (req.contains("id") && !req["id"].is_null()) {
     int id = req["id"].get<int>();
     auto it = policies_.find(id);
-    if (it == policies_.end()) return {proto::error_response(ENOENT, "no policy " + std::to_string(id))};
+    if (it == policies_.end() || !visible(caller, *it->second))
+      return {proto::error_response(ENOENT, "no policy " + std::to_string(id))};
     arr.push_back(policy_stats(*it->second));
   } else {
-    for (auto& [id, p] : policies_) arr.push_back(policy_stats(*p));
+    for (auto& [id, p] : policies_)
+      if (visible(caller, *p)) arr.push_back(policy_stats(*p));
   }
   return {ok({{"stats", arr}})};
 }
@@ -586,6 +633,8 @@ Daemon::Response Daemon::map_dump(const Caller& caller, const json& req) {
   for (auto [kind, v] : {std::pair{"application", &app}, std::pair{"map", &map}})
     if (std::string why = pins::validate_name(kind, *v); !why.empty())
       return {proto::error_response(EINVAL, why)};
+  if (!app_owner_.count(app))
+    return {proto::error_response(ENOENT, "no application '" + app + "' (it has no deployed policy)")};
   if (std::string why = may_use_app(caller, app); !why.empty())
     return {proto::error_response(EPERM, why)};
   UniqueFd fd(bpf_obj_get(pins::app_map(app, map).c_str()));

@@ -91,6 +91,8 @@ class Daemon {
   nlohmann::json policy_stats(const Policy& p) const;
   // "" if `caller` may act on application `app`, else why not.
   std::string may_use_app(const Caller& caller, const std::string& app) const;
+  // Whether `caller` may see `p` in list and stats: its own, its applications', or root.
+  bool visible(const Caller& caller, const Policy& p) const;
 
   DaemonConfig cfg_;
   Compiler compiler_;

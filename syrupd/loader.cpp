@@ -47,7 +47,8 @@ int set_rodata(bpf_object* obj, const std::string& name, uint64_t value) {
   bpf_map* m;
   bpf_object__for_each_map(m, obj) {
     const char* n = bpf_map__name(m);
-    if (bpf_map__is_internal(m) && std::strstr(n, ".rodata") && !std::strstr(n, ".str")) rodata = m;
+    std::string_view sv(n);
+    if (bpf_map__is_internal(m) && sv.ends_with(".rodata")) rodata = m;
   }
   const btf* b = bpf_object__btf(obj);
   if (!rodata || !b) return -ENOENT;
@@ -62,6 +63,7 @@ int set_rodata(bpf_object* obj, const std::string& name, uint64_t value) {
     if (name != btf__name_by_offset(b, var->name_off)) continue;
     const btf_type* t = btf__type_by_id(b, btf__resolve_type(b, var->type));
     if (!t || !(btf_is_int(t) || btf_is_enum(t)) || vs->offset + vs->size > size) return -EINVAL;
+    if (vs->size < 8 && (value >> (vs->size * 8)) != 0) return -ERANGE;
     switch (vs->size) {
       case 1: { uint8_t v = static_cast<uint8_t>(value); std::memcpy(data + vs->offset, &v, 1); break; }
       case 2: { uint16_t v = static_cast<uint16_t>(value); std::memcpy(data + vs->offset, &v, 2); break; }
@@ -93,10 +95,13 @@ std::string verifier_reason(const std::string& vlog) {
     size_t nl = vlog.find('\n', pos);
     std::string line = vlog.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
     pos = nl == std::string::npos ? vlog.size() : nl + 1;
-    if (line.empty() || line.starts_with("processed ") || line.starts_with("verification time") ||
-        line.starts_with("stack depth") || line.starts_with("mark_precise") ||
-        (line.size() > 0 && (std::isdigit(static_cast<unsigned char>(line[0])) || line[0] == ';' || line[0] == ' ')))
-      continue;
+    static constexpr std::string_view kNoise[] = {
+        "processed ", "verification time", "stack depth", "mark_precise", "old state", "cur state",
+        "from ", "last_idx", "frame", "func#", "regs=", "parent ", "live regs", "Func#"};
+    bool noise = line.empty() || std::isdigit(static_cast<unsigned char>(line[0])) ||
+                 line[0] == ';' || line[0] == ' ';
+    for (auto n : kNoise) noise = noise || line.starts_with(n);
+    if (noise) continue;
     reason = line;
   }
   return reason;
@@ -181,6 +186,10 @@ int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFa
                      "' (declare it with SYR_PARAM)";
       return r;
     }
+    if (r == -ERANGE) {
+      fail.message = "value " + std::to_string(value) + " of parameter '" + name + "' does not fit its type";
+      return r;
+    }
     if (r) {
       fail.message = "parameter '" + name + "' is not an integer of 1, 2, 4 or 8 bytes";
       return r;
@@ -196,6 +205,12 @@ int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFa
       if (std::strcmp(name, SYR_EXECUTORS_MAP) && std::strcmp(name, SYR_STATS_MAP)) {
         fail.message = std::string("map name '") + name + "' is reserved (names starting with syr_ belong to Syrup)";
         return -EINVAL;
+      }
+      if (!std::strcmp(name, SYR_EXECUTORS_MAP) && spec.reuse_executors_fd >= 0) {
+        if (int r = bpf_map__reuse_fd(m, spec.reuse_executors_fd)) {
+          fail.message = "cannot share the replaced policy's executor map: " + std::string(std::strerror(-r));
+          return r;
+        }
       }
       continue;
     }

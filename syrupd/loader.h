@@ -26,6 +26,8 @@ struct LoadSpec {
   std::string policy_name;  // for messages
   uint32_t num_executors = 1;
   std::map<std::string, uint64_t> params;
+  // When replacing a policy: its executor map, shared by the new program (-1: none).
+  int reuse_executors_fd = -1;
 };
 
 struct LoadFailure {

@@ -3,6 +3,8 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <endian.h>
+
 #include <cerrno>
 #include <cstring>
 
@@ -48,7 +50,7 @@ int send_message(int sock, const nlohmann::json& body, std::span<const int> fds)
   if (fds.size() > kMaxFds) return -E2BIG;
   std::string payload = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (payload.size() > kMaxPayload) return -EMSGSIZE;
-  Header h{kMagic, static_cast<uint32_t>(payload.size())};
+  Header h{htole32(kMagic), htole32(static_cast<uint32_t>(payload.size()))};
 
   iovec iov[2] = {{&h, sizeof h}, {payload.data(), payload.size()}};
   msghdr msg{};
@@ -117,6 +119,8 @@ int recv_message(int sock, Message& out, std::string* err) {
     int rr = read_all(sock, reinterpret_cast<char*>(&h) + r, sizeof h - r);
     if (rr) return rr == -EPROTO ? fail("connection closed inside a frame header") : rr;
   }
+  h.magic = le32toh(h.magic);
+  h.length = le32toh(h.length);
   if (h.magic != kMagic) return fail("bad frame magic (not a Syrup control message)");
   if (h.length > kMaxPayload) return fail("frame larger than the 4 MiB limit");
   std::string payload(h.length, '\0');

@@ -21,7 +21,7 @@ namespace syrup::proto {
 
 inline constexpr uint32_t kMagic = 0x31525953;  // "SYR1" in little-endian byte order
 inline constexpr uint32_t kMaxPayload = 4u << 20;
-inline constexpr size_t kMaxFds = 256;
+inline constexpr size_t kMaxFds = 253;  // SCM_MAX_FD: the kernel's limit per message
 inline constexpr int kVersion = 1;
 
 inline constexpr const char* kDefaultSocket = "/run/syrup/syrupd.sock";

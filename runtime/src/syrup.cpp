@@ -35,7 +35,12 @@ std::string default_app() {
   std::lock_guard lk(g_app_mu);
   if (!g_app.empty()) return g_app;
   if (const char* e = std::getenv("SYRUP_APP"); e && *e) return e;
-  return program_invocation_short_name;
+  // The program's name, made a valid application name (see docs/protocol.md).
+  std::string n;
+  for (const char* p = program_invocation_short_name; *p && n.size() < 64; p++)
+    n += (isalnum(static_cast<unsigned char>(*p)) || *p == '-' || *p == '_' || *p == '.') ? *p : '_';
+  if (n.empty() || n[0] == '.') n = "app" + n;
+  return n.substr(0, 64);
 }
 
 const char* hook_name(enum syr_hook hook) {
@@ -118,8 +123,9 @@ int syr_deploy_policy_source(const char* source, size_t len, const char* name,
   int pid = OPT(opts, pid, 0);
   uint16_t port = OPT(opts, port, 0);
   if (n_fds && !fds) return fail(-EINVAL, "n_fds is set but fds is NULL");
-  if (n_fds > SYR_MAX_EXECUTORS)
-    return fail(-E2BIG, "at most " + std::to_string(SYR_MAX_EXECUTORS) + " executors per policy");
+  if (n_fds > syrup::proto::kMaxFds)
+    return fail(-E2BIG, "at most " + std::to_string(syrup::proto::kMaxFds) +
+                            " sockets can be passed in one deploy (the kernel's SCM_MAX_FD)");
   if (pid > 0) {
     req["pid"] = pid;
     req["port"] = port;
@@ -127,6 +133,11 @@ int syr_deploy_policy_source(const char* source, size_t len, const char* name,
   syrup::Message resp;
   int r = rpc(req, resp, std::span<const int>(fds, fds ? n_fds : 0));
   if (r) return r;
+  {
+    // The first application this process deploys for becomes its default (syr_map_open).
+    std::lock_guard lk(g_app_mu);
+    if (g_app.empty()) g_app = req["app"].get<std::string>();
+  }
   return resp.body.value("id", -EIO);
 }
 

@@ -55,7 +55,8 @@ struct syr_input {
 #define SYR_POLICY static __always_inline __u32 syr_schedule
 
 /* A deploy-time parameter: `SYR_PARAM(__u32, scan_type, 2);` declares a constant that
- * defaults to 2 and that `deploy --param scan_type=3` overrides. */
+ * defaults to 2 and that `syrupctl deploy --params scan_type=3` (or syr_deploy_opts.params)
+ * overrides. A value that does not fit the type is refused at deploy. */
 #define SYR_PARAM(type, name, dflt) const volatile type name = (dflt)
 
 /* Number of executors the policy was deployed with (always at least 1). */

@@ -78,7 +78,9 @@ int syr_remove_policy(int policy_id);
  * compiler's diagnostics with file and line, or the tail of the verifier log. */
 const char *syr_last_error(void);
 
-/* Sets the default application name for this process. */
+/* Sets the default application name for this process. Without it, the default is the
+ * application of the process's first successful deploy, else SYRUP_APP, else the
+ * program's name. */
 int syr_set_app(const char *app);
 
 /* Opens a map of the default application by name. Returns a map fd or -errno. */

@@ -1,0 +1,275 @@
+// The shared pieces of syrup_bench (see harness.h): the private syrupd, BPF run-time
+// statistics, and UDP groups with their load generator.
+#include "harness.h"
+
+#include <arpa/inet.h>
+#include <bpf/bpf.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace syrup_bench {
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr auto kDaemonStartTimeout = 10s;
+constexpr auto kDaemonStopTimeout = 5s;
+
+int errno_or(int fallback) { return errno ? -errno : fallback; }
+
+bool can_connect(const std::string& path) {
+  Fd s(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  return s && connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+int PrivateDaemon::start(const std::string& syrupd_path) {
+  if (access(syrupd_path.c_str(), X_OK) != 0) {
+    std::fprintf(stderr, "syrup_bench: no syrupd at %s (build it: ninja -C build syrupd)\n",
+                 syrupd_path.c_str());
+    return -ENOENT;
+  }
+  char tmpl[] = "/tmp/syrup-bench-XXXXXX";
+  if (!mkdtemp(tmpl)) {
+    int e = errno;
+    std::fprintf(stderr, "syrup_bench: cannot create a temporary directory: %s\n", std::strerror(e));
+    return -e;
+  }
+  tmp_dir_ = tmpl;
+  socket_ = tmp_dir_ + "/syrupd.sock";
+  log_path_ = tmp_dir_ + "/syrupd.log";
+  bpffs_root_ = "/sys/fs/bpf/syrup-bench-" + std::to_string(getpid());
+  std::string cache = tmp_dir_ + "/cache";
+
+  // Everything the child needs is prepared before fork: it only calls async-signal-safe
+  // functions.
+  std::vector<std::string> args = {syrupd_path, "--socket", socket_, "--bpffs_root", bpffs_root_,
+                                   "--cache_dir", cache};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    int e = errno;
+    std::fprintf(stderr, "syrup_bench: fork: %s\n", std::strerror(e));
+    stop();
+    return -e;
+  }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
+    int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (log >= 0) {
+      dup2(log, STDOUT_FILENO);
+      dup2(log, STDERR_FILENO);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  pid_ = pid;
+
+  auto deadline = std::chrono::steady_clock::now() + kDaemonStartTimeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = 0;
+      std::fprintf(stderr, "syrup_bench: syrupd exited at start-up; its log:\n%s",
+                   read_text(log_path_).c_str());
+      stop();
+      return -ECHILD;
+    }
+    if (can_connect(socket_)) return 0;
+    std::this_thread::sleep_for(10ms);
+  }
+  std::fprintf(stderr, "syrup_bench: syrupd did not listen on %s in time; its log:\n%s",
+               socket_.c_str(), read_text(log_path_).c_str());
+  stop();
+  return -ETIMEDOUT;
+}
+
+void PrivateDaemon::stop() {
+  if (pid_ > 0) {
+    kill(pid_, SIGTERM);
+    auto deadline = std::chrono::steady_clock::now() + kDaemonStopTimeout;
+    int status;
+    while (waitpid(pid_, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::fprintf(stderr, "syrup_bench: syrupd ignored SIGTERM; killing it\n");
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    pid_ = 0;
+  }
+  std::error_code ec;
+  if (!tmp_dir_.empty()) fs::remove_all(tmp_dir_, ec);
+  if (!bpffs_root_.empty()) fs::remove_all(bpffs_root_, ec);
+  tmp_dir_.clear();
+  bpffs_root_.clear();
+}
+
+int enable_bpf_stats(Fd& out) {
+  int fd = bpf_enable_stats(BPF_STATS_RUN_TIME);
+  if (fd < 0) {
+    int e = errno_or(fd);
+    std::fprintf(stderr, "syrup_bench: cannot enable BPF run-time statistics: %s\n", std::strerror(-e));
+    return e;
+  }
+  out.reset(fd);
+  return 0;
+}
+
+int prog_stats(int prog_fd, ProgStats& out) {
+  bpf_prog_info info{};
+  uint32_t len = sizeof info;
+  if (bpf_prog_get_info_by_fd(prog_fd, &info, &len) < 0) return errno_or(-EIO);
+  out = {info.run_cnt, info.run_time_ns};
+  return 0;
+}
+
+int UdpGroup::open(size_t n) {
+  members_.clear();
+  received_.assign(n, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (size_t i = 0; i < n; i++) {
+    Fd s(socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    int one = 1;
+    if (!s || setsockopt(s.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) < 0 ||
+        bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
+      return errno_or(-EIO);
+    if (i == 0) {  // the first bind picks a free port; the others join its group
+      socklen_t al = sizeof addr;
+      if (getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr), &al) < 0) return errno_or(-EIO);
+      port_ = ntohs(addr.sin_port);
+    }
+    members_.push_back(std::move(s));
+  }
+  client_.reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!client_ || connect(client_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
+    return errno_or(-EIO);
+  return 0;
+}
+
+std::vector<int> UdpGroup::member_fds() const {
+  std::vector<int> fds;
+  for (auto& m : members_) fds.push_back(m.get());
+  return fds;
+}
+
+uint64_t UdpGroup::total_received() const {
+  uint64_t t = 0;
+  for (auto r : received_) t += r;
+  return t;
+}
+
+void UdpGroup::drain() {
+  constexpr unsigned kBatch = 64;
+  char bufs[kBatch][64];
+  iovec iov[kBatch];
+  mmsghdr msgs[kBatch] = {};
+  for (unsigned i = 0; i < kBatch; i++) {
+    iov[i] = {bufs[i], sizeof bufs[i]};
+    msgs[i].msg_hdr.msg_iov = &iov[i];
+    msgs[i].msg_hdr.msg_iovlen = 1;
+  }
+  for (size_t m = 0; m < members_.size(); m++) {
+    int r;
+    while ((r = recvmmsg(members_[m].get(), msgs, kBatch, MSG_DONTWAIT, nullptr)) > 0)
+      received_[m] += static_cast<uint64_t>(r);
+  }
+}
+
+int UdpGroup::send(uint32_t count) {
+  constexpr uint32_t kBatch = 64;
+  struct Payload {
+    uint32_t type;  // read by sita at payload offset 0 (UDP offset 8)
+    uint32_t seq;
+    uint64_t pad;
+  };
+  static_assert(sizeof(Payload) == 16);
+  Payload payload[kBatch];
+  iovec iov[kBatch];
+  mmsghdr msgs[kBatch] = {};
+  for (uint32_t i = 0; i < kBatch; i++) {
+    iov[i] = {&payload[i], sizeof payload[i]};
+    msgs[i].msg_hdr.msg_iov = &iov[i];
+    msgs[i].msg_hdr.msg_iovlen = 1;
+  }
+  uint64_t expected = total_received() + count;
+  for (uint32_t sent = 0; sent < count;) {
+    uint32_t n = std::min(kBatch, count - sent);
+    for (uint32_t i = 0; i < n; i++) {
+      uint32_t seq = next_seq_ + i;
+      payload[i] = {seq % 4, seq, 0};
+    }
+    int r = sendmmsg(client_.get(), msgs, n, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+    sent += static_cast<uint32_t>(r);
+    next_seq_ += static_cast<uint32_t>(r);
+    drain();
+  }
+  // Datagrams still in flight (softirq work deferred to ksoftirqd): wait while they keep
+  // arriving. A datagram the kernel dropped was still scheduled, so this is only tidiness.
+  std::vector<pollfd> pfds;
+  for (auto& m : members_) pfds.push_back({m.get(), POLLIN, 0});
+  while (total_received() < expected && poll(pfds.data(), pfds.size(), 50) > 0) drain();
+  return 0;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
+  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+}
+
+void print_target(const char* what, double value, const char* unit, const char* bound, bool met) {
+  std::printf("  %-30s %9.2f %-12s %-10s %s\n", what, value, unit, bound, met ? "ok" : "MISSED");
+}
+
+}  // namespace syrup_bench

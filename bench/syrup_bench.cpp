@@ -1,0 +1,193 @@
+// syrup_bench: Syrup's benchmarks (see README.md).
+//
+//   syrup_bench [all|decision|hint|deploy] [--out PATH] [--datagrams N] [--rounds N] ...
+//
+// Design: runs as root. It starts a private syrupd found next to its own executable
+// (its own socket, bpffs root and cache under fresh temporary paths) and points libsyrup
+// at it with SYRUP_SOCKET, turns on the kernel's BPF run-time statistics for the
+// decision benchmark (BPF_ENABLE_STATS: off again when the process exits), runs the
+// benchmarks asked for, each printing its table, and writes every result to --out as
+// JSON. On any exit, including SIGINT/SIGTERM/SIGHUP (caught by a thread that waits for
+// them), syrupd is stopped with SIGTERM and its directories are removed.
+#include <gflags/gflags.h>
+#include <signal.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "harness.h"
+
+DEFINE_string(out, "bench/results/latest.json", "where to write the results as JSON");
+DEFINE_uint32(datagrams, 200000, "decision: datagrams per measured run");
+DEFINE_uint32(rounds, 5, "decision and hint: interleaved rounds (medians are reported)");
+DEFINE_uint64(hints, 10000000, "hint: mmap'ed stores per round");
+DEFINE_uint64(syscalls, 100000, "hint: bpf(BPF_MAP_UPDATE_ELEM) calls per round");
+DEFINE_uint32(deploys, 20, "deploy: cold and warm deploys each");
+DEFINE_string(policies, SYRUP_BENCH_POLICY_DIR, "directory of the shipped policies");
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace syrup_bench;
+
+constexpr const char* kApp = "syrup_bench";
+
+struct Benchmark {
+  const char* name;
+  int (*run)(const Env&, json&);
+};
+constexpr Benchmark kBenchmarks[] = {
+    {"decision", run_decision},
+    {"hint", run_hint},
+    {"deploy", run_deploy},
+};
+
+std::mutex g_cleanup_mu;
+PrivateDaemon g_daemon;
+
+void cleanup() {
+  std::lock_guard lk(g_cleanup_mu);
+  g_daemon.stop();
+}
+
+// Termination signals go to a thread that cleans up and exits, whatever main is doing.
+void handle_termination_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread([set] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    std::fprintf(stderr, "\nsyrup_bench: %s: stopping syrupd and cleaning up\n", strsignal(sig));
+    cleanup();
+    std::fflush(stdout);  // the tables so far (a thread, not a handler: stdio is allowed)
+    _exit(128 + sig);
+  }).detach();
+}
+
+json machine() {
+  utsname u{};
+  uname(&u);
+  double load[3] = {0, 0, 0};
+  getloadavg(load, 3);
+  for (double& l : load) l = std::round(l * 100) / 100;
+  char when[32];
+  time_t now = time(nullptr);
+  strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+  return {{"kernel", u.release},
+          {"cpus", sysconf(_SC_NPROCESSORS_ONLN)},
+          {"loadavg_at_start", load},
+          {"date", when}};
+}
+
+int write_json(const std::string& path, const json& j) {
+  std::error_code ec;
+  fs::path p(path);
+  if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
+  std::ofstream out(path, std::ios::trunc);
+  out << j.dump(2) << "\n";
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "syrup_bench: cannot write %s\n", path.c_str());
+    return -EIO;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "Syrup's benchmarks (bench/README.md).\n\n"
+      "Usage: syrup_bench [all|decision|hint|deploy] [flags]\n\n"
+      "  decision  ns/decision of each shipped policy at the socket-select hook, and of a\n"
+      "            hand-written sk_reuseport round robin (kernel BPF statistics)\n"
+      "  hint      mmap'ed hint store vs bpf(BPF_MAP_UPDATE_ELEM)\n"
+      "  deploy    cold and warm deploy latency\n\n"
+      "Runs as root; starts its own syrupd from the directory of this executable.");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  std::string what = argc > 1 ? argv[1] : "all";
+  bool known = what == "all";
+  for (auto& b : kBenchmarks) known |= what == b.name;
+  if (argc > 2 || !known) {
+    std::fprintf(stderr, "syrup_bench: expected one of all, decision, hint, deploy (see --help)\n");
+    return 2;
+  }
+  if (!FLAGS_datagrams || !FLAGS_rounds || !FLAGS_hints || !FLAGS_syscalls || !FLAGS_deploys) {
+    std::fprintf(stderr,
+                 "syrup_bench: --datagrams, --rounds, --hints, --syscalls and --deploys must be > 0\n");
+    return 2;
+  }
+  if (geteuid() != 0) {
+    std::fprintf(stderr, "syrup_bench: run as root (it starts syrupd and reads BPF statistics)\n");
+    return 1;
+  }
+
+  handle_termination_signals();
+  std::error_code ec;
+  fs::path exe_dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
+  if (ec) {
+    std::fprintf(stderr, "syrup_bench: cannot resolve /proc/self/exe: %s\n", ec.message().c_str());
+    return 1;
+  }
+  if (g_daemon.start(exe_dir / "syrupd")) return 1;
+  setenv("SYRUP_SOCKET", g_daemon.socket().c_str(), 1);
+
+  Env env;
+  env.policy_dir = FLAGS_policies;
+  env.handwritten_obj = exe_dir / "handwritten_rr.bpf.o";
+  env.bpffs_root = g_daemon.bpffs_root();
+  env.app = kApp;
+  env.datagrams = FLAGS_datagrams;
+  env.rounds = FLAGS_rounds;
+  env.hints = FLAGS_hints;
+  env.syscalls = FLAGS_syscalls;
+  env.deploys = FLAGS_deploys;
+
+  json report = {{"machine", machine()},
+                 {"command", what},
+                 {"config",
+                  {{"datagrams", env.datagrams},
+                   {"rounds", env.rounds},
+                   {"hints", env.hints},
+                   {"syscalls", env.syscalls},
+                   {"deploys", env.deploys},
+                   {"policies", env.policy_dir}}}};
+  std::printf("syrup_bench: kernel %s, %ld CPUs; private syrupd on %s\n",
+              report["machine"]["kernel"].get<std::string>().c_str(), sysconf(_SC_NPROCESSORS_ONLN),
+              g_daemon.socket().c_str());
+
+  Fd stats;
+  int failed = 0;
+  for (auto& b : kBenchmarks) {
+    if (what != "all" && what != b.name) continue;
+    json part = json::object();
+    int r = std::string(b.name) == "decision" ? enable_bpf_stats(stats) : 0;
+    if (!r) r = b.run(env, part);
+    stats.reset();
+    if (r) {
+      std::fprintf(stderr, "syrup_bench: %s failed: %s\n", b.name, std::strerror(-r));
+      part["error"] = std::strerror(-r);
+      failed++;
+    }
+    report[b.name] = part;
+  }
+  cleanup();
+
+  if (write_json(FLAGS_out, report)) return 1;
+  std::printf("\nresults: %s\n", FLAGS_out.c_str());
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,178 @@
+#include "harness.h"
+
+#include <arpa/inet.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "client.h"
+
+namespace syrup::test {
+namespace fs = std::filesystem;
+
+std::string build_bin(const std::string& name) { return std::string(SYRUP_BUILD_BIN) + "/" + name; }
+std::string source_path(const std::string& rel) { return std::string(SYRUP_SOURCE_DIR) + "/" + rel; }
+
+void Daemon::start() {
+  char tmpl[] = "/tmp/syrup-test-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  dir_ = tmpl;
+  chmod(dir_.c_str(), 0755);  // unprivileged test clients must reach the socket
+  socket_ = dir_ + "/syrupd.sock";
+  bpffs_root_ = "/sys/fs/bpf/syrup-test-" + std::to_string(getpid());
+  std::string logf = dir_ + "/syrupd.log";
+  pid_ = fork();
+  ASSERT_GE(pid_, 0);
+  if (pid_ == 0) {
+    FILE* f = freopen(logf.c_str(), "w", stderr);
+    (void)f;
+    std::string bin = build_bin("syrupd");
+    std::string a1 = "--socket=" + socket_, a2 = "--bpffs_root=" + bpffs_root_,
+                a3 = "--cache_dir=" + dir_ + "/cache", a4 = "--log_level=debug";
+    execl(bin.c_str(), bin.c_str(), a1.c_str(), a2.c_str(), a3.c_str(), a4.c_str(), nullptr);
+    _exit(127);
+  }
+  // Ready when it answers a ping.
+  for (int i = 0; i < 200; i++) {
+    Client c;
+    Message resp;
+    if (c.connect(socket_) == 0 && c.call({{"op", "ping"}}, resp) == 0) {
+      setenv("SYRUP_SOCKET", socket_.c_str(), 1);
+      return;
+    }
+    int st;
+    if (waitpid(pid_, &st, WNOHANG) == pid_) {
+      pid_ = -1;
+      FAIL() << "syrupd exited at start:\n" << log();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  FAIL() << "syrupd did not answer within 5 s:\n" << log();
+}
+
+int Daemon::stop() {
+  int status = -1;
+  if (pid_ > 0) {
+    kill(pid_, SIGTERM);
+    int st = 0;
+    if (waitpid(pid_, &st, 0) == pid_) status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    pid_ = -1;
+  }
+  if (!dir_.empty()) {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+    fs::remove_all(bpffs_root_, ec);
+    dir_.clear();
+  }
+  return status;
+}
+
+std::string Daemon::log() const {
+  std::ifstream in(dir_ + "/syrupd.log");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+UdpGroup::UdpGroup(int n, uint16_t port) : port_(port) {
+  for (int i = 0; i < n; i++) {
+    UniqueFd s(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    int one = 1, buf = 4 << 20;
+    setsockopt(s.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+    setsockopt(s.get(), SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof buf);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port_);
+    if (bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) {
+      ADD_FAILURE() << "bind: " << strerror(errno);
+      return;
+    }
+    if (port_ == 0) {
+      socklen_t l = sizeof a;
+      getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &l);
+      port_ = ntohs(a.sin_port);
+    }
+    socks_.push_back(std::move(s));
+  }
+}
+
+std::vector<int> UdpGroup::fds() const {
+  std::vector<int> v;
+  for (auto& s : socks_) v.push_back(s.get());
+  return v;
+}
+
+std::vector<int> UdpGroup::drain(std::vector<std::vector<std::string>>* payloads, int wait_ms) {
+  std::vector<int> counts(socks_.size());
+  if (payloads) payloads->assign(socks_.size(), {});
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  char buf[2048];
+  for (;;) {
+    bool any = false;
+    for (size_t i = 0; i < socks_.size(); i++) {
+      ssize_t n;
+      while ((n = recv(socks_[i].get(), buf, sizeof buf, 0)) >= 0) {
+        counts[i]++;
+        any = true;
+        if (payloads) (*payloads)[i].emplace_back(buf, static_cast<size_t>(n));
+      }
+    }
+    if (!any) {
+      if (std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  return counts;
+}
+
+UdpClient::UdpClient(uint16_t port) {
+  fd_.reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  dst_ = a;
+  // Bound but not connected: one 5-tuple for the client's life, and a datagram a policy
+  // drops (ICMP port unreachable) does not fail the next send.
+  a.sin_port = 0;
+  if (bind(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) < 0)
+    ADD_FAILURE() << "bind: " << strerror(errno);
+}
+
+void UdpClient::send(const void* data, size_t len) {
+  ASSERT_EQ(::sendto(fd_.get(), data, len, 0, reinterpret_cast<const sockaddr*>(&dst_), sizeof dst_),
+            static_cast<ssize_t>(len))
+      << strerror(errno);
+}
+
+void UdpClient::send_request(uint32_t type, uint32_t key, size_t extra) {
+  std::string p(8 + extra, '\0');
+  memcpy(p.data(), &type, 4);
+  memcpy(p.data() + 4, &key, 4);
+  send(p.data(), p.size());
+}
+
+int run_cmd(const std::string& cmd, std::string& out) {
+  out.clear();
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  if (!f) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  int st = pclose(f);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+}  // namespace syrup::test

@@ -1,0 +1,76 @@
+// Test harness: a real syrupd per test suite (its own socket, bpffs root and cache, so
+// tests never touch a production daemon), and real SO_REUSEPORT socket groups on
+// loopback. Everything a test creates is torn down in destructors, so a failing
+// assertion still cleans up.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "unique_fd.h"
+
+namespace syrup::test {
+
+// Skips the current test unless we are root (the suite needs to load BPF programs).
+#define SYRUP_REQUIRE_ROOT()                                                  \
+  do {                                                                         \
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to load BPF programs";   \
+  } while (0)
+
+std::string build_bin(const std::string& name);  // path of build/bin/<name>
+std::string source_path(const std::string& rel);  // path in the source tree
+
+class Daemon {
+ public:
+  // Starts syrupd; SYRUP_SOCKET points libsyrup at it until stop().
+  void start();
+  // SIGTERM and wait; returns syrupd's exit status (or -1).
+  int stop();
+  ~Daemon() { stop(); }
+  const std::string& socket() const { return socket_; }
+  const std::string& bpffs_root() const { return bpffs_root_; }
+  std::string log() const;  // what syrupd printed so far
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string dir_, socket_, bpffs_root_;
+};
+
+// N SO_REUSEPORT sockets of one group on 127.0.0.1.
+class UdpGroup {
+ public:
+  explicit UdpGroup(int n, uint16_t port = 0);
+  uint16_t port() const { return port_; }
+  std::vector<int> fds() const;
+  int size() const { return static_cast<int>(socks_.size()); }
+  // Reads everything queued; returns datagrams received per socket, and the payloads.
+  std::vector<int> drain(std::vector<std::vector<std::string>>* payloads = nullptr, int wait_ms = 200);
+
+ private:
+  std::vector<UniqueFd> socks_;
+  uint16_t port_ = 0;
+};
+
+// A connected client socket (one 5-tuple for its whole life).
+class UdpClient {
+ public:
+  explicit UdpClient(uint16_t port);
+  void send(const void* data, size_t len);
+  // Payload: u32 type, u32 key, then `extra` zero bytes.
+  void send_request(uint32_t type, uint32_t key, size_t extra = 8);
+
+ private:
+  UniqueFd fd_;
+  sockaddr_in dst_{};
+};
+
+// Runs a command, returns its exit status; stdout+stderr in `out`.
+int run_cmd(const std::string& cmd, std::string& out);
+
+}  // namespace syrup::test

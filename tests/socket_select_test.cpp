@@ -1,0 +1,523 @@
+// Integration tests of the socket-select hook through libsyrup and syrupctl: a real
+// syrupd, real BPF programs in the running kernel, real SO_REUSEPORT groups on loopback.
+// Each test asserts which socket got which datagram (or connection).
+#include <arpa/inet.h>
+#include <bpf/bpf.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "harness.h"
+#include "syrup/syrup.h"
+
+namespace syrup::test {
+namespace {
+
+class SocketSelect : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (geteuid() != 0) return;
+    daemon_ = new Daemon();
+    daemon_->start();
+  }
+  static void TearDownTestSuite() {
+    if (!daemon_) return;
+    EXPECT_EQ(daemon_->stop(), 0) << "syrupd did not exit cleanly";
+    delete daemon_;
+    daemon_ = nullptr;
+  }
+  void SetUp() override { SYRUP_REQUIRE_ROOT(); }
+  void TearDown() override {
+    for (int id : ids_) syr_remove_policy(id);
+  }
+
+  // Deploys policies/<name> (or tests/policies/<name>) on `g`; the id is removed at
+  // the end of the test.
+  int deploy(const std::string& rel, const UdpGroup& g, std::vector<syr_param> params = {},
+             const char* app = "socktest") {
+    auto fds = g.fds();
+    syr_deploy_opts o{};
+    o.sz = sizeof o;
+    o.app = app;
+    o.fds = fds.data();
+    o.n_fds = fds.size();
+    o.params = params.data();
+    o.n_params = params.size();
+    int id = syr_deploy_policy(source_path(rel).c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+    if (id > 0) ids_.push_back(id);
+    return id;
+  }
+
+  static Daemon* daemon_;
+  std::vector<int> ids_;
+};
+Daemon* SocketSelect::daemon_ = nullptr;
+
+TEST_F(SocketSelect, RoundRobinSplitsOneFlowExactlyEvenly) {
+  UdpGroup g(4);
+  ASSERT_GT(deploy("policies/round_robin.c", g), 0) << syr_last_error();
+  UdpClient c(g.port());
+  for (int i = 0; i < 400; i++) c.send_request(1, i);
+  EXPECT_EQ(g.drain(), (std::vector<int>{100, 100, 100, 100}));
+}
+
+TEST_F(SocketSelect, PassKeepsTheKernelHashOneFlowOneSocket) {
+  UdpGroup g(4);
+  ASSERT_GT(deploy("policies/pass.c", g), 0) << syr_last_error();
+  UdpClient c(g.port());
+  for (int i = 0; i < 200; i++) c.send_request(1, i);
+  auto counts = g.drain();
+  EXPECT_EQ(std::count(counts.begin(), counts.end(), 200), 1) << "one flow must hash to one socket";
+  EXPECT_EQ(std::count(counts.begin(), counts.end(), 0), 3);
+}
+
+TEST_F(SocketSelect, SitaSendsEveryLongRequestToExecutorZeroAndNoShortOne) {
+  UdpGroup g(4);
+  ASSERT_GT(deploy("policies/sita.c", g, {{"long_type", 7}}), 0) << syr_last_error();
+  UdpClient c(g.port());
+  for (int i = 0; i < 300; i++) c.send_request(i % 10 == 0 ? 7 : 1, i);
+  std::vector<std::vector<std::string>> got;
+  auto counts = g.drain(&got);
+  ASSERT_EQ(counts[0], 30);
+  for (auto& p : got[0]) EXPECT_EQ(p[0], 7) << "a short request reached executor 0";
+  for (int i = 1; i < 4; i++) {
+    EXPECT_EQ(counts[i], 90);  // 270 short requests, round robin over 3
+    for (auto& p : got[i]) EXPECT_EQ(p[0], 1) << "a long request reached executor " << i;
+  }
+}
+
+TEST_F(SocketSelect, ScanAvoidNeverPicksAMarkedExecutorWhileAnUnmarkedOneExists) {
+  UdpGroup g(4);
+  ASSERT_GT(deploy("policies/scan_avoid.c", g), 0) << syr_last_error();
+  syr_set_app("socktest");
+  int fd = syr_map_open("scan_map");
+  ASSERT_GE(fd, 0) << syr_last_error();
+  syr_mapped_array m{};
+  ASSERT_EQ(syr_map_mmap(fd, &m), 0) << syr_last_error();
+  UdpClient c(g.port());
+
+  syr_hint_set(&m, 0, 1);
+  syr_hint_set(&m, 2, 1);
+  for (int i = 0; i < 100; i++) c.send_request(1, i);
+  auto counts = g.drain();
+  EXPECT_EQ(counts[0], 0);
+  EXPECT_EQ(counts[2], 0);
+  EXPECT_EQ(counts[1] + counts[3], 100);
+
+  // Move the marks: only executor 2 is free now.
+  syr_hint_set(&m, 0, 1);
+  syr_hint_set(&m, 1, 1);
+  syr_hint_set(&m, 2, 0);
+  syr_hint_set(&m, 3, 1);
+  for (int i = 0; i < 100; i++) c.send_request(1, i);
+  EXPECT_EQ(g.drain(), (std::vector<int>{0, 0, 100, 0}));
+
+  // All marked: the policy still delivers (round robin), it never drops.
+  syr_hint_set(&m, 2, 1);
+  for (int i = 0; i < 100; i++) c.send_request(1, i);
+  EXPECT_EQ(g.drain(), (std::vector<int>{25, 25, 25, 25}));
+  syr_map_munmap(&m);
+  close(fd);
+}
+
+TEST_F(SocketSelect, LeastLoadedFollowsTheQueueLengthsInTheMap) {
+  UdpGroup g(4);
+  ASSERT_GT(deploy("policies/least_loaded.c", g), 0) << syr_last_error();
+  int fd = syr_map_open_app("socktest", "queue_len");
+  ASSERT_GE(fd, 0) << syr_last_error();
+  UdpClient c(g.port());
+  // Through the syscall path this time (syr_map_update_elem).
+  uint64_t q[4] = {5, 3, 9, 1};
+  for (uint32_t i = 0; i < 4; i++) ASSERT_EQ(syr_map_update_elem(fd, &i, &q[i], 0), 0);
+  for (int i = 0; i < 50; i++) c.send_request(1, i);
+  EXPECT_EQ(g.drain(), (std::vector<int>{0, 0, 0, 50}));
+  uint32_t k = 3;
+  uint64_t v = 10;
+  ASSERT_EQ(syr_map_update_elem(fd, &k, &v, 0), 0);  // now executor 1 is the shortest
+  for (int i = 0; i < 50; i++) c.send_request(1, i);
+  EXPECT_EQ(g.drain(), (std::vector<int>{0, 50, 0, 0}));
+  uint64_t back = 0;
+  ASSERT_EQ(syr_map_lookup_elem(fd, &k, &back), 0);
+  EXPECT_EQ(back, 10u);
+  close(fd);
+}
+
+TEST_F(SocketSelect, IndexPastTheExecutorsFallsBackToTheKernelNeverDrops) {
+  UdpGroup g(3);
+  int id = deploy("tests/policies/out_of_range.c", g);
+  ASSERT_GT(id, 0) << syr_last_error();
+  UdpClient c(g.port());
+  for (int i = 0; i < 60; i++) c.send_request(1, i);
+  auto counts = g.drain();
+  EXPECT_EQ(counts[0] + counts[1] + counts[2], 60);
+  std::string out;
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json stats " + std::to_string(id), out), 0) << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j[0]["fallback"], 60);
+  EXPECT_EQ(j[0]["drop"], 0);
+}
+
+TEST_F(SocketSelect, DropIsOnlyWhatThePolicyAsksFor) {
+  UdpGroup g(2);
+  int id = deploy("tests/policies/drop_all.c", g);
+  ASSERT_GT(id, 0) << syr_last_error();
+  UdpClient c(g.port());
+  for (int i = 0; i < 20; i++) c.send_request(1, i);
+  EXPECT_EQ(g.drain(), (std::vector<int>{0, 0}));
+  std::string out;
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json stats " + std::to_string(id), out), 0) << out;
+  EXPECT_EQ(nlohmann::json::parse(out)[0]["drop"], 20);
+}
+
+TEST_F(SocketSelect, RemovingThePolicyRestoresTheKernelHash) {
+  UdpGroup g(4);
+  int id = deploy("policies/round_robin.c", g);
+  ASSERT_GT(id, 0) << syr_last_error();
+  ASSERT_EQ(syr_remove_policy(id), 0) << syr_last_error();
+  ids_.clear();
+  UdpClient c(g.port());
+  for (int i = 0; i < 100; i++) c.send_request(1, i);
+  auto counts = g.drain();
+  EXPECT_EQ(std::count(counts.begin(), counts.end(), 100), 1);
+  EXPECT_FALSE(std::filesystem::exists(daemon_->bpffs_root() + "/apps/socktest"))
+      << "pins of a removed policy's application must be gone";
+}
+
+TEST_F(SocketSelect, TcpRoundRobinSpreadsConnectionsExactlyEvenly) {
+  constexpr int kListeners = 3, kPer = 8;
+  std::vector<UniqueFd> ls;
+  uint16_t port = 0;
+  for (int i = 0; i < kListeners; i++) {
+    UniqueFd s(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    int one = 1;
+    setsockopt(s.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    ASSERT_EQ(bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(listen(s.get(), 64), 0);
+    socklen_t l = sizeof a;
+    getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &l);
+    port = ntohs(a.sin_port);
+    ls.push_back(std::move(s));
+  }
+  std::vector<int> fds;
+  for (auto& s : ls) fds.push_back(s.get());
+  syr_deploy_opts o{};
+  o.sz = sizeof o;
+  o.app = "socktest";
+  o.fds = fds.data();
+  o.n_fds = fds.size();
+  int id = syr_deploy_policy(source_path("policies/round_robin.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+  ASSERT_GT(id, 0) << syr_last_error();
+  ids_.push_back(id);
+
+  std::vector<UniqueFd> clients;
+  for (int i = 0; i < kListeners * kPer; i++) {
+    UniqueFd c(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    ASSERT_EQ(connect(c.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+    clients.push_back(std::move(c));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::vector<int> accepted(kListeners);
+  for (int i = 0; i < kListeners; i++) {
+    int c;
+    while ((c = accept(ls[i].get(), nullptr, nullptr)) >= 0) {
+      accepted[i]++;
+      close(c);
+    }
+  }
+  EXPECT_EQ(accepted, std::vector<int>(kListeners, kPer));
+}
+
+TEST_F(SocketSelect, UnmodifiedProcessByPidTakesItsSocketsInFdOrder) {
+  // The "unmodified application" is this process: its sockets are taken by syrupd with
+  // pidfd_getfd, executor i being the i-th socket in ascending fd order.
+  UdpGroup g(3);
+  std::string out;
+  int rc = run_cmd(build_bin("syrupctl") + " --json deploy --hook socket-select --app pidtest --pid " +
+                       std::to_string(getpid()) + " --port " + std::to_string(g.port()) + " " +
+                       source_path("tests/policies/by_key.c"),
+                   out);
+  ASSERT_EQ(rc, 0) << out;
+  int id = nlohmann::json::parse(out)["id"];
+  ids_.push_back(id);
+  UdpClient c(g.port());
+  for (uint32_t k = 0; k < 90; k++) c.send_request(1, k);
+  std::vector<std::vector<std::string>> got;
+  EXPECT_EQ(g.drain(&got), (std::vector<int>{30, 30, 30}));
+  for (int i = 0; i < 3; i++)
+    for (auto& p : got[i]) {
+      uint32_t key;
+      memcpy(&key, p.data() + 4, 4);
+      EXPECT_EQ(key % 3, static_cast<uint32_t>(i)) << "executor order is not ascending fd order";
+    }
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " list", out), 0);
+  EXPECT_NE(out.find("pidtest"), std::string::npos) << out;
+  EXPECT_NE(out.find("by_key.c"), std::string::npos) << out;
+}
+
+// Bad input: each gets a clear error and the policy already deployed keeps working.
+class SocketSelectBadInput : public SocketSelect {
+ protected:
+  void SetUp() override {
+    SocketSelect::SetUp();
+    if (IsSkipped()) return;
+    group_ = std::make_unique<UdpGroup>(4);
+    good_ = deploy("policies/round_robin.c", *group_);
+    ASSERT_GT(good_, 0) << syr_last_error();
+  }
+  void ExpectGoodPolicyStillWorks() {
+    UdpClient c(group_->port());
+    for (int i = 0; i < 40; i++) c.send_request(1, i);
+    EXPECT_EQ(group_->drain(), (std::vector<int>{10, 10, 10, 10}));
+    std::string out;
+    run_cmd(build_bin("syrupctl") + " --json list", out);
+    EXPECT_EQ(nlohmann::json::parse(out).size(), 1u) << out;
+  }
+  std::unique_ptr<UdpGroup> group_;
+  int good_ = 0;
+};
+
+TEST_F(SocketSelectBadInput, SyntaxErrorReturnsClangsMessageWithFileAndLine) {
+  int r = deploy("tests/policies/syntax_error.c", *group_);
+  EXPECT_EQ(r, -EINVAL);
+  std::string err = syr_last_error();
+  EXPECT_NE(err.find("does not compile"), std::string::npos) << err;
+  EXPECT_NE(err.find("syntax_error.c:5:10: error: expected ';'"), std::string::npos) << err;
+  ExpectGoodPolicyStillWorks();
+}
+
+TEST_F(SocketSelectBadInput, UnboundedLoopReturnsTheVerifiersReason) {
+  int r = deploy("tests/policies/unbounded_loop.c", *group_);
+  EXPECT_LT(r, 0);
+  std::string err = syr_last_error();
+  EXPECT_NE(err.find("the verifier rejected policy unbounded_loop.c"), std::string::npos) << err;
+  EXPECT_NE(err.find("infinite loop detected"), std::string::npos) << err;
+  ExpectGoodPolicyStillWorks();
+}
+
+TEST_F(SocketSelectBadInput, UncheckedPacketReadReturnsTheVerifiersReason) {
+  int r = deploy("tests/policies/unchecked_read.c", *group_);
+  EXPECT_EQ(r, -EACCES);
+  std::string err = syr_last_error();
+  EXPECT_EQ(err.rfind("the verifier rejected policy unchecked_read.c: ", 0), 0u) << err;
+  EXPECT_NE(err.find("invalid access to packet"), std::string::npos) << err;
+  EXPECT_NE(err.find("unchecked_read.c:6"), std::string::npos) << "the log names the source line: " << err;
+  ExpectGoodPolicyStillWorks();
+}
+
+TEST_F(SocketSelectBadInput, UnknownHookMissingFileUnknownParamAndUnreachableDaemon) {
+  auto fds = group_->fds();
+  syr_deploy_opts o{};
+  o.sz = sizeof o;
+  o.app = "socktest";
+  o.fds = fds.data();
+  o.n_fds = fds.size();
+  EXPECT_EQ(syr_deploy_policy(source_path("policies/pass.c").c_str(), static_cast<syr_hook>(42), &o), -EINVAL);
+  EXPECT_STREQ(syr_last_error(), "unknown hook 42");
+
+  EXPECT_EQ(syr_deploy_policy("/nonexistent/policy.c", SYR_HOOK_SOCKET_SELECT, &o), -ENOENT);
+  EXPECT_NE(std::string(syr_last_error()).find("cannot read policy file /nonexistent/policy.c"), std::string::npos);
+
+  EXPECT_EQ(deploy("policies/round_robin.c", *group_, {{"no_such_param", 1}}), -ENOENT);
+  EXPECT_NE(std::string(syr_last_error()).find("has no parameter 'no_such_param'"), std::string::npos)
+      << syr_last_error();
+
+  std::string out;
+  EXPECT_EQ(run_cmd(build_bin("syrupctl") + " deploy --hook sched --pid 1 --port 1 " +
+                        source_path("policies/pass.c"),
+                    out),
+            1);
+  EXPECT_NE(out.find("unknown hook 'sched'"), std::string::npos) << out;
+
+  std::string saved = getenv("SYRUP_SOCKET");
+  setenv("SYRUP_SOCKET", "/tmp/syrup-no-such-daemon.sock", 1);
+  EXPECT_EQ(syr_deploy_policy(source_path("policies/pass.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o), -ENOENT);
+  EXPECT_NE(std::string(syr_last_error()).find("cannot reach syrupd at /tmp/syrup-no-such-daemon.sock"),
+            std::string::npos)
+      << syr_last_error();
+  EXPECT_EQ(run_cmd(build_bin("syrupctl") + " list", out), 3);
+  EXPECT_NE(out.find("is syrupd running?"), std::string::npos) << out;
+  setenv("SYRUP_SOCKET", saved.c_str(), 1);
+  ExpectGoodPolicyStillWorks();
+}
+
+TEST_F(SocketSelect, LiveSwapUnderSteadyTrafficLosesAndMisroutesNothing) {
+  constexpr int kSockets = 4, kDatagrams = 20000;
+  UdpGroup g(kSockets);
+  ASSERT_GT(deploy("tests/policies/by_key.c", g), 0) << syr_last_error();
+
+  std::atomic<bool> done{false};
+  std::vector<std::vector<std::string>> got(kSockets);
+  std::vector<int> counts(kSockets);
+  std::thread receiver([&] {
+    while (!done.load()) {
+      std::vector<std::vector<std::string>> p;
+      auto c = g.drain(&p, 0);
+      for (int i = 0; i < kSockets; i++) {
+        counts[i] += c[i];
+        for (auto& s : p[i]) got[i].push_back(std::move(s));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  std::thread sender([&] {
+    UdpClient c(g.port());
+    for (uint32_t k = 0; k < kDatagrams; k++) {
+      c.send_request(1, k);
+      if (k % 64 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  });
+  // Swap back and forth between two different programs with the same mapping.
+  int swaps = 0;
+  for (int i = 0; i < 8; i++) {
+    int id = deploy(i % 2 ? "tests/policies/by_key.c" : "tests/policies/by_key_v2.c", g);
+    ASSERT_GT(id, 0) << syr_last_error();
+    swaps++;
+  }
+  sender.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  done = true;
+  receiver.join();
+  auto rest = g.drain(&got, 100);
+  (void)rest;
+  int total = 0, misrouted = 0;
+  for (int i = 0; i < kSockets; i++) {
+    total += counts[i];
+    for (auto& p : got[i]) {
+      uint32_t key;
+      memcpy(&key, p.data() + 4, 4);
+      misrouted += key % kSockets != static_cast<uint32_t>(i);
+    }
+  }
+  EXPECT_EQ(swaps, 8);
+  EXPECT_EQ(total, kDatagrams) << "datagrams lost during live swaps";
+  EXPECT_EQ(misrouted, 0);
+  std::string out;
+  run_cmd(build_bin("syrupctl") + " --json list", out);
+  EXPECT_EQ(nlohmann::json::parse(out).size(), 1u) << "replaced policies must be retired: " << out;
+}
+
+TEST_F(SocketSelect, PoliciesOfOneAppShareMapsByName) {
+  UdpGroup a(2), b(2);
+  int ida = deploy("policies/scan_avoid.c", a, {}, "shareapp");
+  int idb = deploy("tests/policies/shares_scan_map.c", b, {}, "shareapp");
+  ASSERT_GT(ida, 0) << syr_last_error();
+  ASSERT_GT(idb, 0) << syr_last_error();
+  int fd = syr_map_open_app("shareapp", "scan_map");
+  ASSERT_GE(fd, 0) << syr_last_error();
+  syr_mapped_array m{};
+  ASSERT_EQ(syr_map_mmap(fd, &m), 0) << syr_last_error();
+  syr_hint_set(&m, 0, 1);  // one store steers both policies away from executor 0
+  UdpClient ca(a.port()), cb(b.port());
+  for (int i = 0; i < 20; i++) {
+    ca.send_request(1, i);
+    cb.send_request(1, i);
+  }
+  EXPECT_EQ(a.drain(), (std::vector<int>{0, 20}));
+  EXPECT_EQ(b.drain(), (std::vector<int>{0, 20}));
+  // Another application's map of the same name is a different map.
+  UdpGroup c(2);
+  ASSERT_GT(deploy("policies/scan_avoid.c", c, {}, "otherapp"), 0) << syr_last_error();
+  UdpClient cc(c.port());
+  for (int i = 0; i < 20; i++) cc.send_request(1, i);
+  EXPECT_EQ(c.drain(), (std::vector<int>{10, 10}));
+  syr_map_munmap(&m);
+  close(fd);
+}
+
+TEST_F(SocketSelect, AnotherAppCannotTakeOverAGroup) {
+  UdpGroup g(2);
+  ASSERT_GT(deploy("policies/round_robin.c", g, {}, "owner-app"), 0) << syr_last_error();
+  EXPECT_EQ(deploy("policies/pass.c", g, {}, "intruder-app"), -EBUSY);
+  EXPECT_NE(std::string(syr_last_error()).find("is scheduled by application 'owner-app'"), std::string::npos)
+      << syr_last_error();
+}
+
+TEST_F(SocketSelect, PolicyIsRemovedWhenTheDeployingProcessExits) {
+  UdpGroup g(2);
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto fds = g.fds();
+    syr_deploy_opts o{};
+    o.sz = sizeof o;
+    o.app = "shortlived";
+    o.fds = fds.data();
+    o.n_fds = fds.size();
+    int id = syr_deploy_policy(source_path("policies/round_robin.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+    (void)!write(pipefd[1], &id, sizeof id);
+    _exit(0);
+  }
+  close(pipefd[1]);
+  int id = 0;
+  ASSERT_EQ(read(pipefd[0], &id, sizeof id), static_cast<ssize_t>(sizeof id));
+  close(pipefd[0]);
+  ASSERT_GT(id, 0);
+  waitpid(child, nullptr, 0);
+  std::string out;
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; i++) {
+    run_cmd(build_bin("syrupctl") + " --json list", out);
+    gone = nlohmann::json::parse(out).empty();
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(gone) << out;
+  EXPECT_FALSE(std::filesystem::exists(daemon_->bpffs_root() + "/apps/shortlived"));
+  EXPECT_NE(daemon_->log().find("owner process " + std::to_string(child) + " exited"), std::string::npos);
+}
+
+TEST_F(SocketSelect, AnUnprivilegedApplicationDeploysAndWritesHintsWithoutCapabilities) {
+  UdpGroup g(2);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Drop to nobody: no capabilities at all.
+    if (setgid(65534) || setuid(65534)) _exit(10);
+    auto fds = g.fds();
+    syr_deploy_opts o{};
+    o.sz = sizeof o;
+    o.app = "nobody-app";
+    o.fds = fds.data();
+    o.n_fds = fds.size();
+    int id = syr_deploy_policy(source_path("policies/scan_avoid.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+    if (id <= 0) {
+      fprintf(stderr, "deploy as nobody: %s\n", syr_last_error());
+      _exit(11);
+    }
+    int fd = syr_map_open("scan_map");
+    syr_mapped_array m{};
+    if (fd < 0 || syr_map_mmap(fd, &m)) {
+      fprintf(stderr, "map as nobody: %s\n", syr_last_error());
+      _exit(12);
+    }
+    syr_hint_set(&m, 1, 1);
+    UdpClient c(g.port());
+    for (int i = 0; i < 10; i++) c.send_request(1, i);
+    auto counts = g.drain();
+    if (counts != std::vector<int>{10, 0}) _exit(13);
+    _exit(syr_remove_policy(id) == 0 ? 0 : 14);
+  }
+  int st = 0;
+  waitpid(child, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "10: setuid, 11: deploy, 12: map, 13: routing, 14: remove";
+}
+
+}  // namespace
+}  // namespace syrup::test

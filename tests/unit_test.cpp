@@ -1,0 +1,127 @@
+// Unit tests of pure logic: the control protocol's framing, name validation, the pin
+// layout and the helpers the loader and compiler use. No kernel involved.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "compiler.h"
+#include "loader.h"
+#include "pins.h"
+#include "protocol.h"
+
+namespace syrup {
+namespace {
+
+struct Pair {
+  Pair() {
+    int sv[2];
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    a.reset(sv[0]);
+    b.reset(sv[1]);
+  }
+  UniqueFd a, b;
+};
+
+TEST(Protocol, RoundTripsJsonAndFileDescriptors) {
+  Pair p;
+  int fds[2] = {STDIN_FILENO, STDOUT_FILENO};
+  ASSERT_EQ(proto::send_message(p.a.get(), {{"op", "deploy"}, {"n", 3}}, fds), 0);
+  proto::Message m;
+  ASSERT_EQ(proto::recv_message(p.b.get(), m), 0);
+  EXPECT_EQ(m.body["op"], "deploy");
+  EXPECT_EQ(m.body["n"], 3);
+  ASSERT_EQ(m.fds.size(), 2u);
+  struct stat s1, s2;
+  fstat(m.fds[1].get(), &s1);
+  fstat(STDOUT_FILENO, &s2);
+  EXPECT_EQ(s1.st_ino, s2.st_ino) << "the received fd must be the same file";
+}
+
+TEST(Protocol, CleanEndOfStreamIsENODATA) {
+  Pair p;
+  p.a.reset();
+  proto::Message m;
+  EXPECT_EQ(proto::recv_message(p.b.get(), m), -ENODATA);
+}
+
+TEST(Protocol, RejectsBadMagicOversizeTruncationAndNonObjects) {
+  auto send_raw = [](int fd, uint32_t magic, uint32_t len, const std::string& payload) {
+    uint32_t h[2] = {magic, len};
+    ASSERT_EQ(write(fd, h, 8), 8);
+    if (!payload.empty()) ASSERT_EQ(write(fd, payload.data(), payload.size()), (ssize_t)payload.size());
+  };
+  std::string why;
+  proto::Message m;
+  {
+    Pair p;
+    send_raw(p.a.get(), 0xdeadbeef, 2, "{}");
+    EXPECT_EQ(proto::recv_message(p.b.get(), m, &why), -EPROTO);
+    EXPECT_NE(why.find("bad frame magic"), std::string::npos);
+  }
+  {
+    Pair p;
+    send_raw(p.a.get(), proto::kMagic, proto::kMaxPayload + 1, "");
+    EXPECT_EQ(proto::recv_message(p.b.get(), m, &why), -EPROTO);
+    EXPECT_NE(why.find("4 MiB"), std::string::npos);
+  }
+  {
+    Pair p;
+    send_raw(p.a.get(), proto::kMagic, 100, "{\"op\":");
+    p.a.reset();
+    EXPECT_EQ(proto::recv_message(p.b.get(), m, &why), -EPROTO);
+    EXPECT_NE(why.find("closed inside a frame"), std::string::npos);
+  }
+  {
+    Pair p;
+    send_raw(p.a.get(), proto::kMagic, 7, "[1,2,3]");
+    EXPECT_EQ(proto::recv_message(p.b.get(), m, &why), -EPROTO);
+    EXPECT_NE(why.find("not a JSON object"), std::string::npos);
+  }
+  {
+    Pair p;
+    send_raw(p.a.get(), proto::kMagic, 4, std::string("\xff\xfe\x00\x01", 4));
+    EXPECT_EQ(proto::recv_message(p.b.get(), m, &why), -EPROTO);
+  }
+}
+
+TEST(Protocol, ErrorResponseShape) {
+  auto j = proto::error_response(-EPERM, "no", "log text");
+  EXPECT_EQ(j["ok"], false);
+  EXPECT_EQ(j["errno"], EPERM);
+  EXPECT_EQ(j["error"], "no");
+  EXPECT_EQ(j["log"], "log text");
+}
+
+TEST(Pins, ValidateNameRejectsTraversalAndOverlongNames) {
+  EXPECT_EQ(pins::validate_name("map", "scan_map"), "");
+  EXPECT_EQ(pins::validate_name("application", "rocksdb-server.v2"), "");
+  EXPECT_NE(pins::validate_name("application", "../etc"), "");
+  EXPECT_NE(pins::validate_name("application", "a/b"), "");
+  EXPECT_NE(pins::validate_name("application", ".hidden"), "");
+  EXPECT_NE(pins::validate_name("application", ""), "");
+  EXPECT_NE(pins::validate_name("application", std::string(65, 'a')), "");
+  EXPECT_EQ(pins::validate_name("application", std::string(64, 'a')), "");
+}
+
+TEST(Pins, LayoutIsRootedAndPerApplication) {
+  pins::set_root("/sys/fs/bpf/syrup");
+  EXPECT_EQ(pins::app_map("kv", "scan_map"), "/sys/fs/bpf/syrup/apps/kv/maps/scan_map");
+  EXPECT_EQ(pins::policy_prog("kv", 7), "/sys/fs/bpf/syrup/apps/kv/policies/7/prog");
+  EXPECT_EQ(pins::policy_map("kv", 7, "syr_stats"), "/sys/fs/bpf/syrup/apps/kv/policies/7/syr_stats");
+}
+
+TEST(Loader, TailLines) {
+  EXPECT_EQ(tail_lines("a\nb\nc\nd\n", 2), "c\nd\n");
+  EXPECT_EQ(tail_lines("a\nb", 5), "a\nb");
+  EXPECT_EQ(tail_lines("", 3), "");
+}
+
+TEST(Compiler, Sha256KnownVector) {
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+}  // namespace
+}  // namespace syrup

@@ -2,10 +2,10 @@
  * scan_avoid: avoid executors busy with a long request (a SCAN).
  *
  * The application sets scan_map[i] to non-zero while executor i handles a long request
- * and back to 0 when it is done (a plain store through syr_map_mmap()). Starting from a
- * rotating position, the policy takes the first executor that is not marked, so it never
- * picks a marked executor while an unmarked one exists; if all are marked it falls back
- * to plain round robin.
+ * and back to 0 when it is done (a plain store through syr_map_mmap()). The policy goes
+ * round robin over the executors that are not marked, so it never picks a marked
+ * executor while an unmarked one exists and the free ones share the load evenly; if all
+ * are marked it goes round robin over all of them.
  */
 #include <syrup/policy.h>
 
@@ -13,20 +13,29 @@ SYR_ARRAY(scan_map, __u64, SYR_MAX_EXECUTORS);
 
 static __u32 next;
 
+static __always_inline int busy(__u32 idx)
+{
+	__u64 *mark = syr_map_lookup(&scan_map, &idx);
+
+	return mark && *mark;
+}
+
 SYR_POLICY(struct syr_input *in)
 {
-	__u32 n = syr_num_executors;
-	__u32 start = __sync_fetch_and_add(&next, 1) % n;
+	__u32 n = syr_num_executors, free = 0, turn = __sync_fetch_and_add(&next, 1);
 
+	for (__u32 i = 0; i < SYR_MAX_EXECUTORS && i < n; i++)
+		free += !busy(i);
+	if (free == 0)
+		return turn % n;
+	/* The (turn % free)-th unmarked executor. */
+	__u32 want = turn % free;
 	for (__u32 i = 0; i < SYR_MAX_EXECUTORS && i < n; i++) {
-		__u32 idx = start + i;
-		if (idx >= n)
-			idx -= n;
-		__u64 *busy = syr_map_lookup(&scan_map, &idx);
-		if (!busy)
-			return SYR_PASS;
-		if (*busy == 0)
-			return idx;
+		if (busy(i))
+			continue;
+		if (want == 0)
+			return i;
+		want--;
 	}
-	return start;
+	return SYR_PASS; /* marks changed under us: let the kernel choose */
 }

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The main job: installs what is missing, builds, starts syrupd, deploys policies for an
+# example application and shows what each one did. Run as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" -ne 0 ]; then
+  echo "demo.sh: run as root (syrupd loads BPF programs)" >&2
+  exit 1
+fi
+bash scripts/build.sh
+
+# A private syrupd, so the demo never disturbs one that is already serving.
+export SYRUP_SOCKET=/run/syrup/demo.sock
+bin=build/bin
+"$bin/syrupd" --socket "$SYRUP_SOCKET" --bpffs_root /sys/fs/bpf/syrup-demo \
+  --cache_dir /var/cache/syrup 2> /tmp/syrupd-demo.log &
+syrupd_pid=$!
+trap 'kill "$syrupd_pid" 2>/dev/null; wait "$syrupd_pid" 2>/dev/null || true' EXIT
+for _ in $(seq 100); do "$bin/syrupctl" ping >/dev/null 2>&1 && break; sleep 0.05; done
+"$bin/syrupctl" ping
+
+section() { printf '\n=== %s\n' "$*"; }
+
+section "pass: the kernel's 5-tuple hash puts one client's flow on one worker"
+"$bin/reuseport_demo" --requests 1000 policies/pass.c
+
+section "round_robin: the same flow spread evenly over the workers"
+"$bin/reuseport_demo" --requests 1000 policies/round_robin.c
+
+section "sita: every long request (1 in 50) to worker 0, short ones round robin over the rest"
+"$bin/reuseport_demo" --requests 1000 --linger 2 policies/sita.c &
+demo=$!
+sleep 1
+"$bin/syrupctl" list
+"$bin/syrupctl" stats
+wait "$demo"
+
+section "scan_avoid: the application marks worker 0 busy with one mmap'ed store; it gets nothing"
+"$bin/reuseport_demo" --requests 1000 --busy policies/scan_avoid.c
+
+section "a policy with a bug: the verifier's reason comes back to the application"
+printf '#include <syrup/policy.h>\nSYR_POLICY(struct syr_input *in)\n{\n\treturn *(__u32 *)(in->data + 8);\n}\n' > /tmp/syrup-demo-bad.c
+"$bin/reuseport_demo" /tmp/syrup-demo-bad.c 2>&1 | head -4 || true
+rm -f /tmp/syrup-demo-bad.c
+
+section "syrupd's log"
+cat /tmp/syrupd-demo.log

@@ -238,3 +238,122 @@ int detach(const Executors& ex, std::string& err) {
 }
 
 }  // namespace syrup::socket_select
+
+// ---- The hook and its target --------------------------------------------------------
+
+namespace syrup::socket_select {
+namespace {
+
+uid_t process_uid(pid_t pid) {
+  struct stat st;
+  std::string p = "/proc/" + std::to_string(pid);
+  return stat(p.c_str(), &st) == 0 ? st.st_uid : static_cast<uid_t>(-1);
+}
+
+class GroupTarget : public Target {
+ public:
+  explicit GroupTarget(Executors ex) : ex_(std::move(ex)) {}
+  std::string key() const override { return ex_.group(); }
+  uint32_t num_executors() const override { return static_cast<uint32_t>(ex_.sockets.size()); }
+
+  // A socket can be in one REUSEPORT_SOCKARRAY only: the new program shares the old
+  // one's executor map.
+  int prepare_load(LoadSpec& spec, const Target*, const LoadedPolicy* old_loaded) override {
+    if (old_loaded) spec.reuse_executors_fd = old_loaded->map_fd(SYR_EXECUTORS_MAP);
+    return 0;
+  }
+
+  int install(LoadedPolicy& p, const Target* old, std::string& err) override {
+    auto* prev = static_cast<const GroupTarget*>(old);
+    int map = p.map_fd(SYR_EXECUTORS_MAP);
+    // Same sockets: the swap is the attach alone, one atomic pointer exchange. Other
+    // sockets: until the attach, the old program may find a slot empty and leave that
+    // datagram to the kernel's hash (never a drop).
+    bool refill = !prev || !same_sockets(prev->ex_, ex_);
+    auto undo = [&] {
+      if (!refill) return;
+      release(map);
+      std::string ignored;
+      if (prev) fill(prev->ex_, map, ignored);
+    };
+    if (refill) {
+      if (prev) release(map);
+      if (int r = fill(ex_, map, err)) {
+        undo();
+        return r;
+      }
+    }
+    if (int r = attach(ex_, p.prog_fd(), err)) {
+      undo();
+      return r;
+    }
+    return 0;
+  }
+
+  void uninstall(LoadedPolicy& p) override {
+    std::string err;
+    detach(ex_, err);
+    // At once, so the group can be deployed to again (the kernel frees maps lazily).
+    release(p.map_fd(SYR_EXECUTORS_MAP));
+  }
+
+  nlohmann::json describe() const override {
+    return {{"group", ex_.group()}, {"executors", ex_.sockets.size()}};
+  }
+
+ private:
+  Executors ex_;
+};
+
+}  // namespace
+
+int SocketSelectHook::make_target(const Caller& caller, proto::Message& req,
+                                  std::unique_ptr<Target>& out, pid_t& owner, std::string& err) {
+  const auto& b = req.body;
+  Executors ex;
+  owner = caller.pid;
+  if (b.contains("pid")) {
+    pid_t pid = b["pid"].get<pid_t>();
+    int port = b.value("port", 0);
+    if (pid <= 0) {
+      err = "pid must be positive";
+      return -EINVAL;
+    }
+    if (port <= 0 || port > 65535) {
+      err = "port must be in 1..65535";
+      return -EINVAL;
+    }
+    std::string proto_s = b.value("protocol", std::string());
+    int proto = proto_s == "tcp" ? IPPROTO_TCP : proto_s == "udp" ? IPPROTO_UDP : 0;
+    if (!proto_s.empty() && !proto) {
+      err = "protocol must be 'udp' or 'tcp'";
+      return -EINVAL;
+    }
+    uid_t owner_uid = process_uid(pid);
+    if (owner_uid == static_cast<uid_t>(-1)) {
+      err = "no process " + std::to_string(pid);
+      return -ESRCH;
+    }
+    if (!caller.admin() && owner_uid != caller.uid) {
+      err = "process " + std::to_string(pid) + " belongs to uid " + std::to_string(owner_uid) +
+            ", not to the caller";
+      return -EPERM;
+    }
+    if (int r = from_pid(pid, static_cast<uint16_t>(port), proto, ex, err)) return r;
+    owner = pid;  // the scheduled process, not the tool that asked
+  } else if (int r = from_fds(std::move(req.fds), ex, err)) {
+    return r;
+  }
+  out = std::make_unique<GroupTarget>(std::move(ex));
+  return 0;
+}
+
+void SocketSelectHook::release_leftover(const std::string& policy_dir) {
+  // The program may still be attached to its group, which syrupd cannot reach without a
+  // socket; emptying its executor map makes it fall back to the kernel's hash and frees
+  // the sockets for a new deploy.
+  UniqueFd m(bpf_obj_get((policy_dir + "/" SYR_EXECUTORS_MAP).c_str()));
+  if (m) release(m.get());
+}
+
+}  // namespace syrup::socket_select

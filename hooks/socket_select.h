@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "hook.h"
 #include "unique_fd.h"
 
 namespace syrup::socket_select {
@@ -50,6 +51,17 @@ void release(int map_fd);
 
 // True if both hold the same sockets in the same order.
 bool same_sockets(const Executors& a, const Executors& b);
+
+// The socket-select hook for syrupd's core (hook.h).
+class SocketSelectHook : public Hook {
+ public:
+  const char* name() const override { return "socket-select"; }
+  const char* compile_define() const override { return "SYR_HOOK_SOCKET_SELECT"; }
+  const char* wrapper() const override { return "socket_select.bpf.h"; }
+  int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
+                  pid_t& owner, std::string& err) override;
+  void release_leftover(const std::string& policy_dir) override;
+};
 
 // Attaches `prog_fd` to the group (atomically replacing any program there).
 int attach(const Executors& ex, int prog_fd, std::string& err);

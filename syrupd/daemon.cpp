@@ -19,10 +19,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
 
 #include "log.h"
 #include "pins.h"
+#include "socket_select.h"
 #include "syrup/abi.h"
 
 namespace syrup {
@@ -38,23 +40,8 @@ json ok(json extra = json::object()) {
   return extra;
 }
 
-struct HookInfo {
-  const char* name;
-  const char* define;
-  const char* wrapper;
-  bool available;
-};
-constexpr HookInfo kHooks[] = {
-    {"socket-select", "SYR_HOOK_SOCKET_SELECT", "socket_select.bpf.h", true},
-    {"xdp", "SYR_HOOK_XDP", "xdp.bpf.h", false},
-    {"thread", "SYR_HOOK_THREAD", "thread.bpf.h", false},
-};
-
-const HookInfo* find_hook(const std::string& name) {
-  for (auto& h : kHooks)
-    if (name == h.name) return &h;
-  return nullptr;
-}
+// Hooks this syrupd knows of; a name with no backend is reserved for one to come.
+constexpr const char* kHookNames[] = {"socket-select", "xdp", "thread"};
 
 int ensure_bpffs() {
   struct statfs sf;
@@ -62,12 +49,6 @@ int ensure_bpffs() {
   if (mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0755") < 0) return -errno;
   log(LogLevel::kInfo, "mounted bpffs at /sys/fs/bpf");
   return 0;
-}
-
-uid_t process_uid(pid_t pid) {
-  struct stat st;
-  std::string p = "/proc/" + std::to_string(pid);
-  return stat(p.c_str(), &st) == 0 ? st.st_uid : static_cast<uid_t>(-1);
 }
 
 std::string hex(const unsigned char* p, size_t n) {
@@ -108,6 +89,7 @@ int Daemon::init(const DaemonConfig& cfg) {
     return r;
   }
   pins::set_root(cfg_.bpffs_root);
+  hooks_.push_back(std::make_unique<socket_select::SocketSelectHook>());
 
   // One daemon per control socket: the lock is held for the daemon's lifetime.
   fs::path sock(cfg_.socket_path);
@@ -124,21 +106,16 @@ int Daemon::init(const DaemonConfig& cfg) {
   // Pins left by a syrupd that did not shut down cleanly: nothing can own them now.
   std::string apps = pins::root() + "/apps";
   if (fs::exists(apps, ec) && !fs::is_empty(apps, ec)) {
-    // Their programs may still be attached to socket groups, which syrupd cannot reach
-    // without a socket. Emptying their executor maps makes those programs fall back to
-    // the kernel's hash and frees the sockets for a new deploy.
+    // Their programs may still be attached; each hook releases what they hold.
     int released = 0;
-    for (auto& e : fs::recursive_directory_iterator(apps, ec)) {
-      if (e.path().filename() != SYR_EXECUTORS_MAP) continue;
-      UniqueFd m(bpf_obj_get(e.path().c_str()));
-      if (m) {
-        socket_select::release(m.get());
+    for (auto& app_dir : fs::directory_iterator(apps, ec))
+      for (auto& pol : fs::directory_iterator(app_dir.path() / "policies", ec)) {
+        for (auto& h : hooks_) h->release_leftover(pol.path());
         released++;
       }
-    }
     log(LogLevel::kWarn,
-        "found pins of a previous syrupd under %s; released the sockets of %d policies it "
-        "left behind (their groups use the kernel's hash until deployed to again) and removed the pins",
+        "found pins of a previous syrupd under %s: released what its %d policies held (their "
+        "hooks use the kernel's default until deployed to again) and removed the pins",
         apps.c_str(), released);
     pins::remove_tree(apps);
   }
@@ -300,12 +277,15 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
   if (source_name.empty()) source_name = name;
   if (auto slash = name.rfind('/'); slash != std::string::npos) name = name.substr(slash + 1);
 
-  const HookInfo* hi = find_hook(hook);
-  if (!hi)
-    return {proto::error_response(EINVAL, "unknown hook '" + hook +
-                                              "' (known: socket-select, xdp, thread)")};
-  if (!hi->available)
-    return {proto::error_response(EOPNOTSUPP, "the " + hook + " hook is not available in this syrupd yet")};
+  Hook* hi = nullptr;
+  for (auto& h : hooks_)
+    if (hook == h->name()) hi = h.get();
+  if (!hi) {
+    bool known = std::find(std::begin(kHookNames), std::end(kHookNames), hook) != std::end(kHookNames);
+    return {known ? proto::error_response(EOPNOTSUPP, "the " + hook + " hook is not available in this syrupd yet")
+                  : proto::error_response(EINVAL, "unknown hook '" + hook +
+                                                      "' (known: socket-select, xdp, thread)")};
+  }
   if (std::string why = pins::validate_name("application", app); !why.empty())
     return {proto::error_response(EINVAL, why)};
   if (source.empty()) return {proto::error_response(EINVAL, "the policy source is empty")};
@@ -329,45 +309,22 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
   }
   bool persist = b.value("persist", false);
 
-  // Executors: the sockets passed with the request, or those of --pid.
-  socket_select::Executors ex;
+  std::unique_ptr<Target> target;
   std::string err;
   pid_t owner = caller.pid;
-  if (b.contains("pid")) {
-    pid_t pid = b["pid"].get<pid_t>();
-    int port_in = b.value("port", 0);
-    if (pid <= 0) return {proto::error_response(EINVAL, "pid must be positive")};
-    if (port_in <= 0 || port_in > 65535)
-      return {proto::error_response(EINVAL, "port must be in 1..65535")};
-    uint16_t port = static_cast<uint16_t>(port_in);
-    std::string proto_s = b.value("protocol", std::string());
-    int proto = proto_s == "tcp" ? IPPROTO_TCP : proto_s == "udp" ? IPPROTO_UDP : 0;
-    if (!proto_s.empty() && !proto)
-      return {proto::error_response(EINVAL, "protocol must be 'udp' or 'tcp'")};
-    uid_t owner_uid = process_uid(pid);
-    if (owner_uid == static_cast<uid_t>(-1))
-      return {proto::error_response(ESRCH, "no process " + std::to_string(pid))};
-    if (!caller.admin() && owner_uid != caller.uid)
-      return {proto::error_response(EPERM, "process " + std::to_string(pid) + " belongs to uid " +
-                                               std::to_string(owner_uid) + ", not to the caller")};
-    if (int r = socket_select::from_pid(pid, port, proto, ex, err))
-      return {proto::error_response(-r, err)};
-    owner = pid;  // the scheduled process, not the tool that asked
-  } else if (int r = socket_select::from_fds(std::move(req.fds), ex, err)) {
-    return {proto::error_response(-r, err)};
-  }
+  if (int r = hi->make_target(caller, req, target, owner, err)) return {proto::error_response(-r, err)};
 
-  // One policy per socket group: the same application replaces, another is refused.
+  // One policy per target: the same application replaces, another is refused.
   Policy* old = nullptr;
   for (auto& [id, p] : policies_) {
-    if (p->executors.group() != ex.group()) continue;
+    if (p->target->key() != target->key()) continue;
     if (p->app != app)
-      return {proto::error_response(EBUSY, ex.group() + " is scheduled by application '" + p->app +
+      return {proto::error_response(EBUSY, target->key() + " is scheduled by application '" + p->app +
                                                "' (policy " + std::to_string(id) + ")")};
     old = p.get();
   }
 
-  CompileResult cr = compiler_.compile({source, source_name, hi->define, hi->wrapper});
+  CompileResult cr = compiler_.compile({source, source_name, hi->compile_define(), hi->wrapper()});
   if (cr.err) {
     std::string first;
     if (auto pos = cr.diagnostics.find("error:"); pos != std::string::npos) {
@@ -398,61 +355,43 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
                                                " exited before its policy was deployed")};
   }
 
-  // Plan: load+pin -> fill executors -> attach -> register -> retire the replaced policy.
-  // Each failure undoes the earlier steps in reverse order. A replacement shares the old
-  // policy's executor map (a socket can be in one such map only), so when the sockets are
-  // the same the swap is the attach alone: one atomic pointer exchange in the kernel.
+  // Plan: load+pin -> install (executors, attach; atomically over a replaced policy) ->
+  // register -> retire the replaced policy. A failure undoes earlier steps in reverse
+  // order; the policy already deployed on the target keeps running.
   if (!app_owner_.count(app)) app_owner_[app] = caller.uid;
   auto undo_app = [&] { gc_app(app); };  // new map pins, and a new app entry
   LoadFailure lf;
-  LoadSpec spec{cr.object_path, app, pol->id, name, static_cast<uint32_t>(ex.sockets.size()), params};
-  if (old) spec.reuse_executors_fd = old->loaded->map_fd(SYR_EXECUTORS_MAP);
+  LoadSpec spec{cr.object_path, app, pol->id, name, target->num_executors(), params};
+  if (int r = target->prepare_load(spec, old ? old->target.get() : nullptr,
+                                   old ? old->loaded.get() : nullptr)) {
+    undo_app();
+    return {proto::error_response(-r, "cannot prepare the replacement of policy " +
+                                          std::to_string(old ? old->id : 0))};
+  }
   if (int r = load_policy(spec, pol->loaded, lf)) {
     undo_app();
     return {proto::error_response(-r, lf.message, lf.log)};
   }
-  int exec_fd = pol->loaded->map_fd(SYR_EXECUTORS_MAP);
-  bool refilled = !old || !socket_select::same_sockets(old->executors, ex);
-  auto undo_fill = [&] {
-    if (!refilled) return;
-    socket_select::release(exec_fd);
-    if (old) {
-      std::string ignored;
-      socket_select::fill(old->executors, exec_fd, ignored);
-    }
-  };
-  if (refilled) {
-    // A different set of sockets: until the attach below, the old program may find a
-    // slot empty and leave that datagram to the kernel's hash (never a drop).
-    if (old) socket_select::release(exec_fd);
-    if (int r = socket_select::fill(ex, exec_fd, err)) {
-      undo_fill();
-      pol->loaded->unpin();
-      pol->loaded.reset();
-      undo_app();
-      return {proto::error_response(-r, err)};
-    }
-  }
-  if (int r = socket_select::attach(ex, pol->loaded->prog_fd(), err)) {
-    undo_fill();
+  if (int r = target->install(*pol->loaded, old ? old->target.get() : nullptr, err)) {
     pol->loaded->unpin();
     pol->loaded.reset();
     undo_app();
     return {proto::error_response(-r, err)};
   }
-  pol->executors = std::move(ex);
+  pol->target = std::move(target);
 
-  json resp = {{"id", pol->id},
-               {"executors", pol->executors.sockets.size()},
-               {"group", pol->executors.group()},
-               {"cached", cr.cached}};
+  json resp = pol->target->describe();
+  resp["id"] = pol->id;
+  resp["target"] = pol->target->key();
+  resp["executors"] = pol->target->num_executors();
+  resp["cached"] = cr.cached;
   if (!cr.diagnostics.empty()) resp["warnings"] = cr.diagnostics;
   if (pol->owner_pidfd) {
     epoll_event ev{EPOLLIN, {.fd = pol->owner_pidfd.get()}};
     epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, pol->owner_pidfd.get(), &ev);
   }
-  log(LogLevel::kInfo, "deployed policy %d (%s) for app '%s' on %s, %zu executors%s", pol->id,
-      name.c_str(), app.c_str(), pol->executors.group().c_str(), pol->executors.sockets.size(),
+  log(LogLevel::kInfo, "deployed policy %d (%s) for app '%s' on %s, %u executors%s", pol->id,
+      name.c_str(), app.c_str(), pol->target->key().c_str(), pol->target->num_executors(),
       cr.cached ? " (cached object)" : "");
   int id = pol->id;
   policies_.emplace(id, std::move(pol));
@@ -468,14 +407,9 @@ void Daemon::remove_policy(int id, bool detach_hook, const char* why) {
   auto it = policies_.find(id);
   if (it == policies_.end()) return;
   Policy& p = *it->second;
-  if (detach_hook) {
-    // A replaced policy's executor map lives on in its successor: only a real removal
-    // detaches and releases the sockets (at once, so the group can be deployed to again).
-    std::string err;
-    if (socket_select::detach(p.executors, err))
-      log(LogLevel::kWarn, "policy %d: %s", id, err.c_str());
-    if (p.loaded) socket_select::release(p.loaded->map_fd(SYR_EXECUTORS_MAP));
-  }
+  // A replaced policy's attachment now belongs to its successor: only a real removal
+  // uninstalls.
+  if (detach_hook && p.loaded) p.target->uninstall(*p.loaded);
   if (p.owner_pidfd) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, p.owner_pidfd.get(), nullptr);
   if (p.loaded) p.loaded->unpin();
   std::string app = p.app;
@@ -531,19 +465,21 @@ json Daemon::describe(const Policy& p) const {
   bpf_prog_info info{};
   uint32_t len = sizeof info;
   bpf_prog_get_info_by_fd(p.loaded->prog_fd(), &info, &len);
-  return {{"id", p.id},
+  json j = p.target->describe();
+  j.update(json{{"id", p.id},
           {"app", p.app},
           {"hook", p.hook},
           {"name", p.name},
           {"uid", p.uid},
           {"owner_pid", p.owner_pid},
           {"persist", p.owner_pid == 0},
-          {"group", p.executors.group()},
-          {"executors", p.executors.sockets.size()},
+          {"target", p.target->key()},
+          {"executors", p.target->num_executors()},
           {"params", p.params},
           {"prog_id", info.id},
           {"created", p.created},
-          {"pin", pins::policy_dir(p.app, p.id)}};
+          {"pin", pins::policy_dir(p.app, p.id)}});
+  return j;
 }
 
 bool Daemon::visible(const Caller& caller, const Policy& p) const {
@@ -569,7 +505,7 @@ json Daemon::policy_stats(const Policy& p) const {
   };
   json execs = json::array();
   uint64_t total = 0;
-  for (uint32_t i = 0; i < p.executors.sockets.size(); i++) {
+  for (uint32_t i = 0; i < p.target->num_executors(); i++) {
     uint64_t v = slot(SYR_STAT_EXECUTOR_BASE + i);
     execs.push_back(v);
     total += v;

@@ -8,8 +8,8 @@
 //  - every registered policy is loaded, pinned and attached; a deploy that fails at any
 //    step leaves the kernel and bpffs as they were, and the policy already deployed on
 //    that group keeps running;
-//  - at most one policy per socket group; deploying again to a group of the same
-//    application replaces the old one with a single atomic attach;
+//  - at most one policy per target (hook.h); deploying again to a target of the same
+//    application replaces the old one atomically;
 //  - an application is owned by the uid that first deployed for it;
 //  - a policy whose owner process exits is removed unless it was deployed to persist;
 //  - an application's map pins exist exactly while some policy of that application
@@ -25,18 +25,11 @@
 #include <vector>
 
 #include "compiler.h"
+#include "hook.h"
 #include "loader.h"
 #include "protocol.h"
-#include "socket_select.h"
 
 namespace syrup {
-
-struct Caller {
-  pid_t pid = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  bool admin() const { return uid == 0; }
-};
 
 struct Policy {
   int id = 0;
@@ -47,8 +40,8 @@ struct Policy {
   pid_t owner_pid = 0;  // 0 when the policy persists
   UniqueFd owner_pidfd;
   std::map<std::string, uint64_t> params;
-  socket_select::Executors executors;
-  std::unique_ptr<LoadedPolicy> loaded;
+  std::unique_ptr<Target> target;        // where it is attached, with its executors
+  std::unique_ptr<LoadedPolicy> loaded;  // declared after target: destroyed first
   time_t created = 0;
 };
 
@@ -100,6 +93,7 @@ class Daemon {
   std::map<int, UniqueFd> clients_;
   std::map<int, std::unique_ptr<Policy>> policies_;
   std::map<std::string, uid_t> app_owner_;
+  std::vector<std::unique_ptr<Hook>> hooks_;
   int next_id_ = 1;
 };
 

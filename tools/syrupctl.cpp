@@ -132,7 +132,7 @@ int cmd_deploy(const std::vector<std::string>& args) {
     std::cout << out.dump(2) << "\n";
   } else {
     std::printf("deployed policy %d (%s) on %s with %d executors%s\n", out["id"].get<int>(),
-                args[0].c_str(), out["group"].get<std::string>().c_str(), out["executors"].get<int>(),
+                args[0].c_str(), out["target"].get<std::string>().c_str(), out["executors"].get<int>(),
                 out.contains("replaced") ? (" (replaced policy " + std::to_string(out["replaced"].get<int>()) + ")").c_str() : "");
     if (out.contains("warnings")) std::fprintf(stderr, "%s", out["warnings"].get<std::string>().c_str());
   }
@@ -171,13 +171,13 @@ int cmd_list(const std::vector<std::string>& args) {
     std::printf("no policies deployed\n");
     return 0;
   }
-  std::printf("%-4s %-16s %-14s %-18s %-24s %-5s %-8s %s\n", "ID", "APP", "HOOK", "POLICY", "GROUP",
+  std::printf("%-4s %-16s %-14s %-18s %-24s %-5s %-8s %s\n", "ID", "APP", "HOOK", "POLICY", "TARGET",
               "EXEC", "OWNER", "PROG");
   for (auto& p : out["policies"]) {
     std::string owner = p["persist"].get<bool>() ? "persist" : std::to_string(p["owner_pid"].get<int>());
     std::printf("%-4d %-16s %-14s %-18s %-24s %-5d %-8s %u\n", p["id"].get<int>(),
                 p["app"].get<std::string>().c_str(), p["hook"].get<std::string>().c_str(),
-                p["name"].get<std::string>().c_str(), p["group"].get<std::string>().c_str(),
+                p["name"].get<std::string>().c_str(), p["target"].get<std::string>().c_str(),
                 p["executors"].get<int>(), owner.c_str(), p["prog_id"].get<unsigned>());
   }
   return 0;

@@ -259,7 +259,7 @@ class GroupTarget : public Target {
   // A socket can be in one REUSEPORT_SOCKARRAY only: the new program shares the old
   // one's executor map.
   int prepare_load(LoadSpec& spec, const Target*, const LoadedPolicy* old_loaded) override {
-    if (old_loaded) spec.reuse_executors_fd = old_loaded->map_fd(SYR_EXECUTORS_MAP);
+    if (old_loaded) spec.reuse_maps[SYR_EXECUTORS_MAP] = old_loaded->map_fd(SYR_EXECUTORS_MAP);
     return 0;
   }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "hook.h"
+#include "syrup/abi.h"
 #include "unique_fd.h"
 
 namespace syrup::socket_select {
@@ -58,6 +59,7 @@ class SocketSelectHook : public Hook {
   const char* name() const override { return "socket-select"; }
   const char* compile_define() const override { return "SYR_HOOK_SOCKET_SELECT"; }
   const char* wrapper() const override { return "socket_select.bpf.h"; }
+  std::vector<std::string> system_maps() const override { return {SYR_EXECUTORS_MAP, SYR_STATS_MAP}; }
   int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
                   pid_t& owner, std::string& err) override;
   void release_leftover(const std::string& policy_dir) override;

@@ -25,6 +25,7 @@
 #include "log.h"
 #include "pins.h"
 #include "socket_select.h"
+#include "thread.h"
 #include "syrup/abi.h"
 
 namespace syrup {
@@ -90,6 +91,7 @@ int Daemon::init(const DaemonConfig& cfg) {
   }
   pins::set_root(cfg_.bpffs_root);
   hooks_.push_back(std::make_unique<socket_select::SocketSelectHook>());
+  hooks_.push_back(std::make_unique<thread::ThreadHook>());
 
   // One daemon per control socket: the lock is held for the daemon's lifetime.
   fs::path sock(cfg_.socket_path);
@@ -361,7 +363,8 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
   if (!app_owner_.count(app)) app_owner_[app] = caller.uid;
   auto undo_app = [&] { gc_app(app); };  // new map pins, and a new app entry
   LoadFailure lf;
-  LoadSpec spec{cr.object_path, app, pol->id, name, target->num_executors(), params};
+  LoadSpec spec{cr.object_path, app, pol->id, name, target->num_executors(), params,
+                hi->system_maps(), {}};
   if (int r = target->prepare_load(spec, old ? old->target.get() : nullptr,
                                    old ? old->loaded.get() : nullptr)) {
     undo_app();

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -53,6 +54,8 @@ class Hook {
   virtual const char* name() const = 0;
   virtual const char* compile_define() const = 0;  // e.g. SYR_HOOK_SOCKET_SELECT
   virtual const char* wrapper() const = 0;         // e.g. socket_select.bpf.h
+  // The maps the wrapper declares (all named "syr_..."); see LoadSpec::system_maps.
+  virtual std::vector<std::string> system_maps() const = 0;
   // Builds the target of a deploy request, checking `caller` may use it; `owner` is set to
   // the process whose exit ends the policy. 0 or -errno with `err`.
   virtual int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,

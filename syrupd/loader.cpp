@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdarg>
 #include <cstring>
@@ -135,8 +136,7 @@ int LoadedPolicy::map_fd(const char* name) const {
 
 void LoadedPolicy::unpin() {
   unlink(pins::policy_prog(app, policy_id).c_str());
-  unlink(pins::policy_map(app, policy_id, SYR_EXECUTORS_MAP).c_str());
-  unlink(pins::policy_map(app, policy_id, SYR_STATS_MAP).c_str());
+  for (auto& m : system_maps) unlink(pins::policy_map(app, policy_id, m).c_str());
   rmdir(pins::policy_dir(app, policy_id).c_str());
 }
 
@@ -199,19 +199,22 @@ int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFa
   // Application maps: shared by name through the application's pin directory.
   bpf_map* m;
   bpf_object__for_each_map(m, p->obj) {
-    const char* name = bpf_map__name(m);
+    // A copy: bpf_map__reuse_fd() replaces the map's name string.
+    std::string name_s = bpf_map__name(m);
+    const char* name = name_s.c_str();
     if (bpf_map__is_internal(m)) continue;
     if (is_system_map(name)) {
-      if (std::strcmp(name, SYR_EXECUTORS_MAP) && std::strcmp(name, SYR_STATS_MAP)) {
+      if (std::find(spec.system_maps.begin(), spec.system_maps.end(), name) == spec.system_maps.end()) {
         fail.message = std::string("map name '") + name + "' is reserved (names starting with syr_ belong to Syrup)";
         return -EINVAL;
       }
-      if (!std::strcmp(name, SYR_EXECUTORS_MAP) && spec.reuse_executors_fd >= 0) {
-        if (int r = bpf_map__reuse_fd(m, spec.reuse_executors_fd)) {
-          fail.message = "cannot share the replaced policy's executor map: " + std::string(std::strerror(-r));
+      if (auto it = spec.reuse_maps.find(name); it != spec.reuse_maps.end()) {
+        if (int r = bpf_map__reuse_fd(m, it->second)) {
+          fail.message = std::string("cannot share system map ") + name + ": " + std::strerror(-r);
           return r;
         }
       }
+      p->system_maps.emplace_back(name);
       continue;
     }
     if (std::string why = pins::validate_name("map", name); !why.empty()) {
@@ -249,11 +252,10 @@ int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFa
     p->unpin();
     return r;
   }
-  for (const char* sys : {SYR_EXECUTORS_MAP, SYR_STATS_MAP}) {
-    bpf_map* sm = bpf_object__find_map_by_name(p->obj, sys);
-    if (!sm) continue;
+  for (auto& sys : p->system_maps) {
+    bpf_map* sm = bpf_object__find_map_by_name(p->obj, sys.c_str());
     if ((r = bpf_map__pin(sm, pins::policy_map(spec.app, spec.policy_id, sys).c_str()))) {
-      fail.message = std::string("cannot pin ") + sys + " under " + dir + ": " + std::strerror(-r);
+      fail.message = "cannot pin " + sys + " under " + dir + ": " + std::strerror(-r);
       p->unpin();
       return r;
     }

@@ -26,8 +26,12 @@ struct LoadSpec {
   std::string policy_name;  // for messages
   uint32_t num_executors = 1;
   std::map<std::string, uint64_t> params;
-  // When replacing a policy: its executor map, shared by the new program (-1: none).
-  int reuse_executors_fd = -1;
+  // The hook wrapper's own maps (names start with "syr_"): pinned in the policy's
+  // directory. Any other "syr_" map in the object is refused as reserved.
+  std::vector<std::string> system_maps;
+  // System maps the new program must share with existing ones (name -> fd), e.g. a
+  // replaced policy's executor map or the XDP root program's scratch map.
+  std::map<std::string, int> reuse_maps;
 };
 
 struct LoadFailure {
@@ -40,7 +44,8 @@ class LoadedPolicy {
   ~LoadedPolicy();
   bpf_object* obj = nullptr;
   bpf_program* prog = nullptr;
-  std::vector<std::string> user_maps;  // names of the application maps it uses
+  std::vector<std::string> user_maps;    // names of the application maps it uses
+  std::vector<std::string> system_maps;  // pinned under the policy's directory
   std::string app;
   int policy_id = 0;
 

@@ -382,7 +382,8 @@ TEST_F(SocketSelect, LiveSwapUnderSteadyTrafficLosesAndMisroutesNothing) {
   int swaps = 0;
   for (int i = 0; i < 8; i++) {
     int id = deploy(i % 2 ? "tests/policies/by_key.c" : "tests/policies/by_key_v2.c", g);
-    ASSERT_GT(id, 0) << syr_last_error();
+    EXPECT_GT(id, 0) << syr_last_error();
+    if (id <= 0) break;
     swaps++;
   }
   sender.join();

@@ -1,0 +1,332 @@
+#include "thread.h"
+
+#include <bpf/bpf.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "log.h"
+#include "pins.h"
+#include "thread_agent.h"
+#include "unique_fd.h"
+
+extern char** environ;
+
+namespace syrup::thread {
+namespace {
+
+constexpr int kHangMs = 500;        // no heartbeat for this long: the agent is hung
+constexpr int kStartTimeoutMs = 5000;
+constexpr int kStopTimeoutMs = 1000;
+
+uint64_t now_ms() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+uid_t process_uid(pid_t pid) {
+  struct stat st;
+  std::string p = "/proc/" + std::to_string(pid);
+  return stat(p.c_str(), &st) == 0 ? st.st_uid : static_cast<uid_t>(-1);
+}
+
+std::string agent_path() {
+  if (const char* e = std::getenv("SYRUP_AGENT"); e && *e) return e;
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n > 0) {
+    std::string self(buf, static_cast<size_t>(n));
+    std::string p = self.substr(0, self.rfind('/') + 1) + "syrup-agent";
+    if (access(p.c_str(), X_OK) == 0) return p;
+  }
+  return "syrup-agent";  // PATH
+}
+
+// Every registered thread of `tgid` back to `b`. Returns how many were restored.
+int restore_registered(pid_t tgid, int threads_fd, const Baseline& b) {
+  int n = 0;
+  std::vector<pid_t> tids = list_tids(tgid);
+  for (pid_t tid : tids) {
+    uint32_t k = static_cast<uint32_t>(tid), v;
+    if (threads_fd >= 0 && bpf_map_lookup_elem(threads_fd, &k, &v) != 0) continue;
+    if (restore_thread(tid, b) == 0) n++;
+  }
+  return n;
+}
+
+class AgentTarget : public Target {
+ public:
+  AgentTarget(pid_t tgid, bool all, Baseline b) : tgid_(tgid), all_(all), baseline_(std::move(b)) {
+    long n = sysconf(_SC_NPROCESSORS_CONF);
+    ncpu_ = n > 0 ? static_cast<uint32_t>(n) : 1;
+  }
+  ~AgentTarget() override { stop(/*restore=*/!handed_over_); }
+
+  std::string key() const override { return "thread:" + std::to_string(tgid_); }
+  uint32_t num_executors() const override { return ncpu_; }
+
+  int install(LoadedPolicy& p, const Target* old, std::string& err) override {
+    threads_fd_.reset(dup(p.map_fd("syrup_threads")));
+    if (!threads_fd_) {
+      err = "the compiled thread policy has no syrup_threads map (was it built with <syrup/policy.h>?)";
+      return -EINVAL;
+    }
+    if (all_) {
+      uint32_t i = 0;
+      for (pid_t tid : list_tids(tgid_)) {
+        uint32_t k = static_cast<uint32_t>(tid), v = i++;
+        bpf_map_update_elem(threads_fd_.get(), &k, &v, BPF_NOEXIST);
+      }
+    }
+    auto* prev = const_cast<AgentTarget*>(static_cast<const AgentTarget*>(old));
+    // A replacement keeps the first policy's baseline: the threads' current state is
+    // the old agent's doing, not the application's.
+    if (prev) baseline_ = prev->baseline_;
+    if (prev) prev->hand_over();  // the old agent leaves the threads as they are
+    if (int r = start_agent(p, err)) {
+      if (prev) restore_registered(tgid_, threads_fd_.get(), baseline_);
+      return r;
+    }
+    return 0;
+  }
+
+  void uninstall(LoadedPolicy&) override { stop(true); }
+
+  nlohmann::json describe() const override {
+    std::lock_guard lk(mu_);
+    return {{"backend", "agent"}, {"pid", tgid_}, {"agent_pid", agent_pid_},
+            {"all_threads", all_}, {"status", status_},
+            {"baseline", {{"nice", baseline_.nice}, {"cpus", cpus_to_string(baseline_.cpus)}}}};
+  }
+
+ private:
+  int start_agent(LoadedPolicy& p, std::string& err) {
+    int hb[2], ready[2];
+    if (pipe2(hb, O_CLOEXEC | O_NONBLOCK) < 0) return -errno;
+    hb_rd_.reset(hb[0]);
+    UniqueFd hb_wr(hb[1]);
+    if (pipe2(ready, O_CLOEXEC) < 0) return -errno;
+    UniqueFd ready_rd(ready[0]), ready_wr(ready[1]);
+
+    std::string bin = agent_path();
+    std::vector<std::string> args = {bin,
+                                     "--tgid", std::to_string(tgid_),
+                                     "--policy-dir", pins::policy_dir(p.app, p.policy_id),
+                                     "--maps-dir", pins::app_maps_dir(p.app),
+                                     "--heartbeat-fd", "3", "--ready-fd", "4",
+                                     "--nice", std::to_string(baseline_.nice),
+                                     "--cpus", cpus_to_string(baseline_.cpus)};
+    if (all_) args.push_back("--all");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, hb_wr.get(), 3);
+    posix_spawn_file_actions_adddup2(&fa, ready_wr.get(), 4);
+    posix_spawnattr_t sa;
+    posix_spawnattr_init(&sa);
+    sigset_t none;
+    sigemptyset(&none);
+    posix_spawnattr_setsigmask(&sa, &none);  // syrupd blocks SIGTERM for its signalfd
+    posix_spawnattr_setflags(&sa, POSIX_SPAWN_SETSIGMASK);
+    pid_t pid;
+    int r = posix_spawnp(&pid, bin.c_str(), &fa, &sa, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&sa);
+    if (r) {
+      err = "cannot start the thread agent " + bin + ": " + std::strerror(r);
+      return -r;
+    }
+    hb_wr.reset();
+    ready_wr.reset();
+    {
+      std::lock_guard lk(mu_);
+      agent_pid_ = pid;
+      status_ = "starting";
+    }
+    agent_pidfd_.reset(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+    pollfd pf{ready_rd.get(), POLLIN, 0};
+    char c = 0;
+    if (poll(&pf, 1, kStartTimeoutMs) != 1 || read(ready_rd.get(), &c, 1) != 1) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      agent_pid_ = 0;
+      err = "the thread agent did not attach (its messages are in syrupd's log)";
+      return -EIO;
+    }
+    {
+      std::lock_guard lk(mu_);
+      status_ = "running";
+    }
+    stop_efd_.reset(eventfd(0, EFD_CLOEXEC));
+    watchdog_ = std::thread([this] { watch(); });
+    log(LogLevel::kInfo, "thread agent %d schedules process %d (%s)", pid, tgid_,
+        all_ ? "all its threads" : "its registered threads");
+    return 0;
+  }
+
+  // The watchdog: agent death or a missed heartbeat -> restore the threads ourselves.
+  void watch() {
+    uint64_t last_hb = now_ms();
+    for (;;) {
+      pollfd pf[3] = {{stop_efd_.get(), POLLIN, 0}, {agent_pidfd_.get(), POLLIN, 0}, {hb_rd_.get(), POLLIN, 0}};
+      poll(pf, 3, 100);
+      if (pf[0].revents) return;
+      std::string why;
+      if (pf[1].revents) {
+        int st = 0;
+        waitpid(agent_pid_, &st, 0);
+        why = WIFSIGNALED(st) ? std::string("agent killed by signal ") + std::to_string(WTERMSIG(st)) + " (" +
+                                    strsignal(WTERMSIG(st)) + ")"
+                              : "agent exited with status " + std::to_string(WEXITSTATUS(st));
+      } else {
+        if (pf[2].revents) {
+          char buf[64];
+          while (read(hb_rd_.get(), buf, sizeof buf) > 0) {
+          }
+          last_hb = now_ms();
+        }
+        if (now_ms() - last_hb <= static_cast<uint64_t>(kHangMs)) continue;
+        kill(agent_pid_, SIGKILL);
+        waitpid(agent_pid_, nullptr, 0);
+        why = "agent hung (no heartbeat for " + std::to_string(kHangMs) + " ms): killed";
+      }
+      uint64_t t0 = now_ms();
+      bool process_gone = kill(tgid_, 0) < 0 && errno == ESRCH;
+      int n = process_gone ? 0 : restore_registered(tgid_, threads_fd_.get(), baseline_);
+      std::lock_guard lk(mu_);
+      agent_pid_ = 0;
+      status_ = "failed: " + why + (process_gone ? std::string("; the process is gone")
+                                                 : "; " + std::to_string(n) +
+                                                       " threads restored to normal scheduling in " +
+                                                       std::to_string(now_ms() - t0) + " ms");
+      log(LogLevel::kWarn, "thread policy of process %d: %s", tgid_, status_.c_str());
+      return;
+    }
+  }
+
+  void stop_watchdog() {
+    if (watchdog_.joinable()) {
+      uint64_t one = 1;
+      ssize_t w = write(stop_efd_.get(), &one, sizeof one);
+      (void)w;
+      watchdog_.join();
+    }
+  }
+
+  // Tells the agent to exit without restoring (a replacement takes over).
+  void hand_over() {
+    stop_watchdog();
+    handed_over_ = true;
+    pid_t pid = agent_pid_;
+    if (pid > 0) {
+      kill(pid, SIGUSR1);
+      wait_exit(pid);
+    }
+    agent_pid_ = 0;
+  }
+
+  void wait_exit(pid_t pid) {
+    pollfd pf{agent_pidfd_.get(), POLLIN, 0};
+    if (poll(&pf, 1, kStopTimeoutMs) != 1) kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+
+  void stop(bool restore) {
+    stop_watchdog();
+    pid_t pid = agent_pid_;
+    if (pid > 0) {
+      kill(pid, restore ? SIGTERM : SIGUSR1);
+      wait_exit(pid);
+      agent_pid_ = 0;
+    }
+    if (restore && threads_fd_) restore_registered(tgid_, threads_fd_.get(), baseline_);
+  }
+
+  pid_t tgid_;
+  bool all_;
+  Baseline baseline_;
+  uint32_t ncpu_ = 1;
+  UniqueFd threads_fd_, hb_rd_, agent_pidfd_, stop_efd_;
+  std::thread watchdog_;
+  bool handed_over_ = false;
+  mutable std::mutex mu_;
+  pid_t agent_pid_ = 0;
+  std::string status_ = "new";
+};
+
+}  // namespace
+
+Backend detect_backend(std::string& why) {
+  if (access("/sys/kernel/sched_ext/state", R_OK) != 0) {
+    why = "sched_ext is absent from this kernel (no /sys/kernel/sched_ext: CONFIG_SCHED_CLASS_EXT unset)";
+    return Backend::kAgent;
+  }
+  why = "sched_ext is present, but syrupd runs thread policies in the user-space agent on this build";
+  return Backend::kAgent;
+}
+
+ThreadHook::ThreadHook() {
+  backend_ = detect_backend(why_);
+  log(LogLevel::kInfo, "thread hook: %s: thread policies run in a per-process user-space agent",
+      why_.c_str());
+}
+
+int ThreadHook::make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
+                            pid_t& owner, std::string& err) {
+  const auto& b = req.body;
+  pid_t pid = caller.pid;
+  bool all = false;
+  if (b.contains("pid") && b["pid"].is_number_integer() && b["pid"].get<int>() != 0) {
+    pid = b["pid"].get<pid_t>();
+    all = true;
+    if (pid <= 0) {
+      err = "pid must be positive";
+      return -EINVAL;
+    }
+    uid_t owner_uid = process_uid(pid);
+    if (owner_uid == static_cast<uid_t>(-1)) {
+      err = "no process " + std::to_string(pid);
+      return -ESRCH;
+    }
+    if (!caller.admin() && owner_uid != caller.uid) {
+      err = "process " + std::to_string(pid) + " belongs to uid " + std::to_string(owner_uid) +
+            ", not to the caller";
+      return -EPERM;
+    }
+  }
+  // Scheduling classes of another process's threads: syrupd does it, as root, for the
+  // caller's own process only (checked above).
+  Baseline base;
+  if (int r = capture_baseline(pid, base)) {
+    err = "cannot read the scheduling state of process " + std::to_string(pid) + ": " + std::strerror(-r);
+    return r;
+  }
+  owner = pid;
+  out = std::make_unique<AgentTarget>(pid, all, std::move(base));
+  return 0;
+}
+
+void ThreadHook::release_leftover(const std::string& policy_dir) {
+  // The agent of a syrupd that died exits with its process or was killed with syrupd's
+  // process group; its threads' registrations die with the pins. Nothing is attached.
+  (void)policy_dir;
+}
+
+}  // namespace syrup::thread

@@ -1,0 +1,54 @@
+// The thread hook backend (user side): schedules an application's threads with its
+// thread policy (kernel/include/syrup/policy.h, SYR_HOOK_THREAD).
+//
+// Two backends, one policy source. With sched_ext in the kernel (CONFIG_SCHED_CLASS_EXT,
+// /sys/kernel/sched_ext present) the policy runs inside syrupd's partial-mode sched_ext
+// scheduler; without it -- as on this project's CI hosts -- it runs in a per-process
+// user-space agent (thread_agent.h). syrupd picks at start and logs which, with why.
+//
+// Agent backend design: the target is one process (the deploying process, whose threads
+// opt in with syr_thread_register(), or --pid PID, every thread of it registered in
+// ascending tid order, new ones as they appear). install() starts `syrup-agent` as a
+// child of syrupd and waits until it is attached; a watchdog thread per target watches
+// the agent's pidfd and its heartbeat pipe: if the agent exits or misses its heartbeat
+// for kHangMs, syrupd kills it and puts every registered thread back to the process's
+// baseline (SCHED_OTHER, its nice, its affinity) itself, and reports the reason in
+// `list` (status). A replacement policy's agent takes over from the old one without a
+// restore in between (the old agent exits on SIGUSR1 leaving the threads as they are).
+// Invariants: at most one agent per process; after uninstall() or an agent failure no
+// registered thread is left SCHED_IDLE or pinned by Syrup.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "hook.h"
+#include "syrup/abi.h"
+
+namespace syrup::thread {
+
+enum class Backend { kAgent, kSchedExt };
+
+// Which backend this kernel gets, and why (for the log and `list`).
+Backend detect_backend(std::string& why);
+
+class ThreadHook : public Hook {
+ public:
+  ThreadHook();
+  const char* name() const override { return "thread"; }
+  const char* compile_define() const override { return "SYR_HOOK_THREAD"; }
+  const char* wrapper() const override { return "thread_agent.bpf.h"; }
+  // syr_executors holds the agent's batch of threads (the executors are the cores).
+  std::vector<std::string> system_maps() const override { return {SYR_EXECUTORS_MAP, SYR_STATS_MAP}; }
+  int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
+                  pid_t& owner, std::string& err) override;
+  void release_leftover(const std::string& policy_dir) override;
+
+ private:
+  Backend backend_;
+  std::string why_;
+};
+
+}  // namespace syrup::thread

@@ -1,0 +1,69 @@
+// The thread hook's user-space agent (Backend 2: any kernel, no sched_ext needed).
+//
+// Design (ghOSt's model on an unmodified kernel): one agent process per application's
+// scheduled process, started and watched by syrupd (hooks/thread.cpp). It learns of the
+// process's thread events (wakeup, new, switch in/out, exit) from BPF on the scheduler
+// tracepoints (kernel/hooks/thread_tracer.bpf.c) through a ring buffer, asks the
+// application's compiled thread policy -- the same C function the sched_ext backend runs
+// in the kernel -- for a core and an ordering key with one BPF_PROG_TEST_RUN per batch of
+// runnable threads, and enforces the answer with Linux's own mechanisms:
+//  - per core, the runnable thread with the lowest key ("chosen") runs as a normal
+//    SCHED_OTHER thread at the process's baseline nice, pinned to that core;
+//  - every other runnable thread of the application waits as SCHED_IDLE, pinned to its
+//    core (or, for SYR_PASS, allowed on all the baseline cores): it runs only when its
+//    core has nothing else to do, so the chosen thread gets the core (~99.7% against two
+//    SCHED_IDLE peers) while the rest of the system keeps its fair share -- the
+//    application can only reorder its own threads ("below CFS" isolation, as ghOSt);
+//  - the policy is asked again every period while a thread stays runnable, so a hint
+//    written through a mapped map takes effect within one period without any event.
+// Invariants: the agent only touches threads of its process that are in the
+// application's syrup_threads map; on SIGTERM it restores them (SCHED_OTHER, baseline
+// nice and affinity) before exiting; on SIGUSR1 (hand-over to a replacement agent) it
+// exits leaving them as they are; it writes a heartbeat byte at least every 100 ms, and
+// syrupd restores the threads itself if the agent dies or stops beating.
+#pragma once
+
+#include <sched.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace syrup::thread {
+
+// How the scheduled process's threads ran before Syrup touched them.
+struct Baseline {
+  int policy = SCHED_OTHER;
+  int nice = 0;
+  std::vector<int> cpus;  // allowed cores
+};
+
+// Reads the baseline from the process's main thread. 0 or -errno.
+int capture_baseline(pid_t tgid, Baseline& out);
+// Puts one thread back to the baseline. 0 or -errno (-ESRCH: gone).
+int restore_thread(pid_t tid, const Baseline& b);
+// Threads of a process, ascending.
+std::vector<pid_t> list_tids(pid_t tgid);
+// SCHED_OTHER/SCHED_IDLE/SCHED_BATCH with a nice value. 0 or -errno.
+int set_policy(pid_t tid, int policy, int nice);
+int set_cpus(pid_t tid, const std::vector<int>& cpus);
+// "0,1,3" <-> {0,1,3}
+std::string cpus_to_string(const std::vector<int>& cpus);
+std::vector<int> cpus_from_string(const std::string& s);
+
+struct AgentOptions {
+  pid_t tgid = 0;
+  std::string policy_dir;  // pins of the policy: prog, syr_executors, syr_stats
+  std::string maps_dir;    // the application's map pins: syrup_threads, syrup_cs, ...
+  bool all_threads = false;  // --pid: every thread of the process, registered as it appears
+  int period_us = 5000;      // re-decision period
+  int heartbeat_fd = -1;
+  int ready_fd = -1;         // written once when the agent is attached (then closed)
+  Baseline baseline;
+};
+
+// Runs the agent until SIGTERM/SIGUSR1 or the process exits. Returns the exit code.
+int run_agent(const AgentOptions& o);
+
+}  // namespace syrup::thread

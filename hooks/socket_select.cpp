@@ -244,12 +244,6 @@ int detach(const Executors& ex, std::string& err) {
 namespace syrup::socket_select {
 namespace {
 
-uid_t process_uid(pid_t pid) {
-  struct stat st;
-  std::string p = "/proc/" + std::to_string(pid);
-  return stat(p.c_str(), &st) == 0 ? st.st_uid : static_cast<uid_t>(-1);
-}
-
 class GroupTarget : public Target {
  public:
   explicit GroupTarget(Executors ex) : ex_(std::move(ex)) {}

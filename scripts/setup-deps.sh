@@ -17,7 +17,8 @@ BOOKWORM_PKGS=(
   libxdp-dev xdp-tools bpftool
   libyaml-cpp-dev libgflags-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libssl-dev
-  iproute2 procps
+  iproute2 procps ethtool
+  qemu-system-x86 busybox-static cpio zstd python3
 )
 BACKPORTS_PKGS=(libbpf-dev libbpf1)
 

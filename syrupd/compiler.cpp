@@ -30,7 +30,7 @@ namespace {
 
 std::vector<std::string> clang_flags(const CompilerConfig& c, const std::string& hook_define) {
   return {"-g", "-O2", "-target", "bpf", "-mcpu=v3", "-D__TARGET_ARCH_x86",
-          "-D" + hook_define, "-I" + c.kernel_dir + "/include", "-I" + c.kernel_dir + "/hooks",
+          hook_define.empty() ? "-D__SYRUP_BPF__" : "-D" + hook_define, "-I" + c.kernel_dir + "/include", "-I" + c.kernel_dir + "/hooks",
           "-I" + c.multiarch_include, "-Wall", "-Wno-unused-function",
           "-fno-color-diagnostics", "-fno-caret-diagnostics"};
 }
@@ -155,8 +155,10 @@ CompileResult Compiler::compile(const CompileJob& job) {
   for (char c : job.display_name) shown += (c == '"' || c == '\\' || c == '\n') ? '_' : c;
   if (shown.empty()) shown = "policy.c";
 
-  std::string tu = "#include <syrup/policy.h>\n#line 1 \"" + shown + "\"\n" + job.source +
-                   "\n#include \"" + job.wrapper + "\"\n";
+  std::string tu = job.wrapper.empty()
+                       ? "#line 1 \"" + shown + "\"\n" + job.source
+                       : "#include <syrup/policy.h>\n#line 1 \"" + shown + "\"\n" + job.source +
+                             "\n#include \"" + job.wrapper + "\"\n";
   std::string key = sha256_hex(identity_ + '\0' + job.hook_define + '\0' + tu);
   std::string obj = cfg_.cache_dir + "/obj/" + key + ".o";
   if (access(obj.c_str(), R_OK) == 0) {

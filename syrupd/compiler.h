@@ -29,7 +29,8 @@ struct CompileJob {
   std::string source;
   std::string display_name;  // shown in diagnostics
   std::string hook_define;   // e.g. SYR_HOOK_SOCKET_SELECT
-  std::string wrapper;       // e.g. socket_select.bpf.h
+  std::string wrapper;       // e.g. socket_select.bpf.h; empty: `source` is a whole
+                             // BPF program of syrupd's own (an XDP root program)
 };
 
 struct CompileResult {

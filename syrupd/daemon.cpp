@@ -25,6 +25,7 @@
 #include "log.h"
 #include "pins.h"
 #include "socket_select.h"
+#include "xdp.h"
 #include "thread.h"
 #include "syrup/abi.h"
 
@@ -91,6 +92,7 @@ int Daemon::init(const DaemonConfig& cfg) {
   }
   pins::set_root(cfg_.bpffs_root);
   hooks_.push_back(std::make_unique<socket_select::SocketSelectHook>());
+  hooks_.push_back(std::make_unique<xdp::XdpHook>(compiler_));
   hooks_.push_back(std::make_unique<thread::ThreadHook>());
 
   // One daemon per control socket: the lock is held for the daemon's lifetime.
@@ -121,6 +123,7 @@ int Daemon::init(const DaemonConfig& cfg) {
         apps.c_str(), released);
     pins::remove_tree(apps);
   }
+  for (auto& h : hooks_) h->recover();
   if ((r = pins::make_dirs(apps))) {
     log(LogLevel::kError, "cannot create %s: %s", apps.c_str(), std::strerror(-r));
     return r;
@@ -304,6 +307,9 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
   if (b.contains("params")) {
     if (!b["params"].is_object()) return {proto::error_response(EINVAL, "params must be an object")};
     for (auto& [k, v] : b["params"].items()) {
+      if (k.starts_with(SYR_SYSTEM_PREFIX))
+        return {proto::error_response(EINVAL, "parameter '" + k +
+                                                  "' is reserved (names starting with syr_ belong to Syrup)")};
       if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
         return {proto::error_response(EINVAL, "parameter '" + k + "' must be a non-negative integer")};
       params[k] = v.get<uint64_t>();

@@ -11,6 +11,7 @@
 //  - key() identifies the attachment point: at most one policy per key.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -24,6 +25,13 @@
 #include "protocol.h"
 
 namespace syrup {
+
+// The uid owning process `pid`, or (uid_t)-1 if there is no such process.
+inline uid_t process_uid(pid_t pid) {
+  struct stat st;
+  std::string p = "/proc/" + std::to_string(pid);
+  return stat(p.c_str(), &st) == 0 ? st.st_uid : static_cast<uid_t>(-1);
+}
 
 struct Caller {
   pid_t pid = 0;
@@ -62,6 +70,10 @@ class Hook {
                           pid_t& owner, std::string& err) = 0;
   // A policy directory left by a syrupd that did not shut down: release what it holds.
   virtual void release_leftover(const std::string& policy_dir) { (void)policy_dir; }
+  // Once at start, before any deploy: hook-wide state a previous syrupd left behind.
+  virtual void recover() {}
+  // Once at shutdown, after every policy was removed.
+  virtual void shutdown() {}
 };
 
 }  // namespace syrup

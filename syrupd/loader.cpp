@@ -176,10 +176,6 @@ int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFa
     return r;
   }
   for (auto& [name, value] : spec.params) {
-    if (is_system_map(name.c_str())) {
-      fail.message = "parameter '" + name + "' is reserved (names starting with syr_ belong to Syrup)";
-      return -EINVAL;
-    }
     int r = set_rodata(p->obj, name, value);
     if (r == -ENOENT) {
       fail.message = "policy " + spec.policy_name + " has no parameter '" + name +

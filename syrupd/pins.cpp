@@ -26,6 +26,12 @@ std::string policy_map(std::string_view app, int id, std::string_view map) {
   return policy_dir(app, id) + "/" + std::string(map);
 }
 
+std::string xdp_dir() { return g_root + "/xdp"; }
+std::string xdp_root_dir(std::string_view ifname) { return xdp_dir() + "/" + std::string(ifname); }
+std::string xdp_root_obj(std::string_view ifname, std::string_view obj) {
+  return xdp_root_dir(ifname) + "/" + std::string(obj);
+}
+
 std::string validate_name(std::string_view kind, std::string_view name) {
   if (name.empty()) return std::string(kind) + " name is empty";
   if (name.size() > 64) return std::string(kind) + " name is longer than 64 characters";

@@ -5,6 +5,8 @@
 //                                             its policies and by the application itself
 //   <root>/apps/<app>/policies/<id>/prog      the hook program of policy <id>
 //   <root>/apps/<app>/policies/<id>/<sysmap>  its system maps (syr_executors, syr_stats)
+//   <root>/xdp/<ifname>/prog                  the XDP root program attached to <ifname>
+//   <root>/xdp/<ifname>/<map>                 its maps (syr_xdp_apps, syr_xdp_ports, ...)
 //
 // Invariants: every path syrupd pins or unpins comes from these functions; names are
 // validated (validate_name) before they reach them, so no path leaves <root>.
@@ -24,6 +26,9 @@ std::string app_map(std::string_view app, std::string_view map);
 std::string policy_dir(std::string_view app, int id);
 std::string policy_prog(std::string_view app, int id);
 std::string policy_map(std::string_view app, int id, std::string_view map);
+std::string xdp_dir();
+std::string xdp_root_dir(std::string_view ifname);
+std::string xdp_root_obj(std::string_view ifname, std::string_view obj);
 
 // Application and map names: 1..64 of [A-Za-z0-9_.-], not starting with '.'.
 // Returns "" if valid, else why not.

@@ -19,13 +19,15 @@
 DEFINE_string(socket, "", "syrupd's control socket (default: $SYRUP_SOCKET or /run/syrup/syrupd.sock)");
 DEFINE_bool(json, false, "print syrupd's answer as JSON, for scripts");
 DEFINE_string(hook, "socket-select", "deploy: the hook (socket-select, xdp, thread)");
-DEFINE_int32(pid, 0, "deploy: the process whose sockets to schedule");
+DEFINE_int32(pid, 0, "deploy: the process whose sockets (or, --hook thread, threads) to schedule");
 DEFINE_int32(port, 0, "deploy: the port its SO_REUSEPORT sockets are bound to");
 DEFINE_string(protocol, "", "deploy: udp or tcp (default: udp if the process has both)");
 DEFINE_string(app, "", "application name (deploy: default the process's name; map: required)");
 DEFINE_string(params, "", "deploy: policy parameters, NAME=VALUE[,NAME=VALUE...]");
 DEFINE_bool(persist, false, "deploy: keep the policy when the process exits");
 DEFINE_int32(limit, 4096, "map dump: most entries to print");
+DEFINE_string(ifname, "", "deploy --hook xdp: the interface");
+DEFINE_string(cpus, "", "deploy --hook xdp: executor cores, CPU[,CPU...] (default: every core)");
 
 namespace {
 
@@ -35,7 +37,9 @@ const char* kUsage =
     "control the Syrup daemon.\n\n"
     "Usage:\n"
     "  syrupctl deploy --hook socket-select --pid PID --port PORT [--protocol udp|tcp]\n"
+    "  syrupctl deploy --hook xdp --ifname IF --port PORT [--cpus C,...] [--pid PID]\n"
     "                  [--app NAME] [--params K=V,...] [--persist] POLICY.c\n"
+    "  syrupctl deploy --hook thread --pid PID [--app NAME] [--params K=V,...] POLICY.c\n"
     "  syrupctl remove ID\n"
     "  syrupctl list\n"
     "  syrupctl stats [ID]\n"
@@ -91,7 +95,12 @@ std::string process_name(int pid) {
 
 int cmd_deploy(const std::vector<std::string>& args) {
   if (args.size() != 1) return usage("deploy takes exactly one POLICY.c");
-  if (FLAGS_pid <= 0 || FLAGS_port <= 0 || FLAGS_port > 65535)
+  bool thread_hook = FLAGS_hook == "thread";  // --pid alone: every thread of the process
+  bool xdp_hook = FLAGS_hook == "xdp";  // --pid optional: without it the policy persists
+  if (thread_hook && FLAGS_pid <= 0) return usage("deploy --hook thread needs --pid PID");
+  if (xdp_hook && (FLAGS_ifname.empty() || FLAGS_port <= 0 || FLAGS_port > 65535))
+    return usage("deploy --hook xdp needs --ifname IF and --port PORT");
+  if (!thread_hook && !xdp_hook && (FLAGS_pid <= 0 || FLAGS_port <= 0 || FLAGS_port > 65535))
     return usage("deploy from the command line needs --pid PID and --port PORT "
                  "(applications deploy with libsyrup and pass their sockets)");
   std::ifstream in(args[0], std::ios::binary);
@@ -117,15 +126,31 @@ int cmd_deploy(const std::vector<std::string>& args) {
   }
   nlohmann::json req = {{"op", "deploy"},
                         {"hook", FLAGS_hook},
-                        {"app", FLAGS_app.empty() ? process_name(FLAGS_pid) : FLAGS_app},
+                        {"app", !FLAGS_app.empty() ? FLAGS_app
+                                : FLAGS_pid > 0    ? process_name(FLAGS_pid)
+                                                   : std::string("syrupctl")},
                         {"name", args[0]},
                         {"source_name", args[0]},
                         {"source", ss.str()},
-                        {"pid", FLAGS_pid},
                         {"port", FLAGS_port},
                         {"params", params},
-                        {"persist", FLAGS_persist}};
+                        {"persist", FLAGS_persist || FLAGS_pid <= 0}};
+  if (FLAGS_pid > 0) req["pid"] = FLAGS_pid;
   if (!FLAGS_protocol.empty()) req["protocol"] = FLAGS_protocol;
+  if (xdp_hook) {
+    req["ifname"] = FLAGS_ifname;
+    if (!FLAGS_cpus.empty()) {
+      std::vector<int> cpus;
+      std::stringstream cs(FLAGS_cpus);
+      for (std::string c; std::getline(cs, c, ',');) {
+        char* end = nullptr;
+        long v = std::strtol(c.c_str(), &end, 10);
+        if (c.empty() || *end || v < 0) return usage("--cpus takes CPU[,CPU...], got '" + FLAGS_cpus + "'");
+        cpus.push_back(static_cast<int>(v));
+      }
+      req["cpus"] = cpus;
+    }
+  }
   nlohmann::json out;
   if (int r = call(req, out)) return r;
   if (FLAGS_json) {
@@ -134,6 +159,10 @@ int cmd_deploy(const std::vector<std::string>& args) {
     std::printf("deployed policy %d (%s) on %s with %d executors%s\n", out["id"].get<int>(),
                 args[0].c_str(), out["target"].get<std::string>().c_str(), out["executors"].get<int>(),
                 out.contains("replaced") ? (" (replaced policy " + std::to_string(out["replaced"].get<int>()) + ")").c_str() : "");
+    if (out.contains("mode"))
+      std::printf("XDP root program on %s in %s mode\n", out["ifname"].get<std::string>().c_str(),
+                  out["mode"].get<std::string>().c_str());
+    if (FLAGS_pid <= 0) std::printf("the policy persists: remove it with 'syrupctl remove %d'\n", out["id"].get<int>());
     if (out.contains("warnings")) std::fprintf(stderr, "%s", out["warnings"].get<std::string>().c_str());
   }
   return 0;
@@ -179,6 +208,8 @@ int cmd_list(const std::vector<std::string>& args) {
                 p["app"].get<std::string>().c_str(), p["hook"].get<std::string>().c_str(),
                 p["name"].get<std::string>().c_str(), p["target"].get<std::string>().c_str(),
                 p["executors"].get<int>(), owner.c_str(), p["prog_id"].get<unsigned>());
+    if (p.contains("status") && p["status"].is_string() && p["status"].get<std::string>() != "running")
+      std::printf("     status: %s\n", p["status"].get<std::string>().c_str());
   }
   return 0;
 }

@@ -9,11 +9,13 @@
 #include <bpf/bpf.h>
 #include <errno.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -126,10 +128,18 @@ int syr_deploy_policy_source(const char* source, size_t len, const char* name,
   if (n_fds > syrup::proto::kMaxFds)
     return fail(-E2BIG, "at most " + std::to_string(syrup::proto::kMaxFds) +
                             " sockets can be passed in one deploy (the kernel's SCM_MAX_FD)");
-  if (pid > 0) {
-    req["pid"] = pid;
-    req["port"] = port;
-  }
+  if (pid > 0) req["pid"] = pid;
+  if (port) req["port"] = port;
+  if (const char* ifname = OPT(opts, ifname, nullptr)) req["ifname"] = ifname;
+  if (const char* proto = OPT(opts, protocol, nullptr)) req["protocol"] = proto;
+  const uint16_t* ports = OPT(opts, ports, nullptr);
+  size_t n_ports = OPT(opts, n_ports, 0);
+  if (n_ports && !ports) return fail(-EINVAL, "n_ports is set but ports is NULL");
+  if (n_ports) req["ports"] = std::vector<uint16_t>(ports, ports + n_ports);
+  const int* cpus = OPT(opts, cpus, nullptr);
+  size_t n_cpus = OPT(opts, n_cpus, 0);
+  if (n_cpus && !cpus) return fail(-EINVAL, "n_cpus is set but cpus is NULL");
+  if (n_cpus) req["cpus"] = std::vector<int>(cpus, cpus + n_cpus);
   syrup::Message resp;
   int r = rpc(req, resp, std::span<const int>(fds, fds ? n_fds : 0));
   if (r) return r;
@@ -216,6 +226,76 @@ void syr_map_munmap(struct syr_mapped_array* arr) {
     munmap(arr->base, arr->mapped_len);
     arr->base = nullptr;
   }
+}
+
+// ---- The thread hook -----------------------------------------------------------------
+
+namespace {
+std::mutex g_thread_mu;
+// The syrup_cs maps this process has mapped, by kernel map id: kept mapped for the life
+// of the process, since threads may still hold pointers into them.
+std::map<uint32_t, syr_mapped_array> g_cs_maps;
+int g_threads_fd = -1;                  // the syrup_threads map of the last registration
+thread_local uint64_t* t_cs = nullptr;  // this thread's critical-section depth
+
+uint32_t map_id(int fd) {
+  bpf_map_info info{};
+  uint32_t len = sizeof info;
+  return bpf_map_get_info_by_fd(fd, &info, &len) == 0 ? info.id : 0;
+}
+}  // namespace
+
+int syr_thread_register(uint32_t executor_index) {
+  if (executor_index >= SYR_MAX_EXECUTORS)
+    return fail(-EINVAL, "executor index " + std::to_string(executor_index) + " is not below " +
+                             std::to_string(SYR_MAX_EXECUTORS));
+  std::lock_guard lk(g_thread_mu);
+  // Opened each time (registration is rare): the application's policy may have been
+  // removed and deployed anew, with new maps, since the last call.
+  int fd = syr_map_open("syrup_threads");
+  if (fd < 0)
+    return fail(fd, std::string("cannot register the thread: ") + syr_last_error() +
+                        " (deploy a thread policy for this application first)");
+  if (g_threads_fd >= 0) close(g_threads_fd);
+  g_threads_fd = fd;
+  int cfd = syr_map_open("syrup_cs");
+  if (cfd < 0) return cfd;
+  uint32_t id = map_id(cfd);
+  auto it = g_cs_maps.find(id);
+  if (it == g_cs_maps.end()) {
+    syr_mapped_array a{};
+    int r = syr_map_mmap(cfd, &a);
+    if (r) {
+      close(cfd);
+      return r;
+    }
+    it = g_cs_maps.emplace(id, a).first;
+  }
+  close(cfd);
+  uint32_t tid = static_cast<uint32_t>(syscall(SYS_gettid));
+  if (int r = syr_map_update_elem(g_threads_fd, &tid, &executor_index, 0)) return r;
+  t_cs = static_cast<uint64_t*>(syr_array_elem(&it->second, executor_index));
+  return 0;
+}
+
+int syr_thread_unregister(void) {
+  std::lock_guard lk(g_thread_mu);
+  t_cs = nullptr;
+  if (g_threads_fd < 0) return 0;
+  uint32_t tid = static_cast<uint32_t>(syscall(SYS_gettid));
+  if (bpf_map_delete_elem(g_threads_fd, &tid) < 0 && errno != ENOENT) {
+    int e = errno;
+    return fail(-e, std::string("cannot unregister the thread: ") + std::strerror(e));
+  }
+  return 0;
+}
+
+void syr_cs_enter(void) {
+  if (uint64_t* p = t_cs) __atomic_store_n(p, *p + 1, __ATOMIC_RELEASE);
+}
+
+void syr_cs_exit(void) {
+  if (uint64_t* p = t_cs; p && *p > 0) __atomic_store_n(p, *p - 1, __ATOMIC_RELEASE);
 }
 
 }  // extern "C"

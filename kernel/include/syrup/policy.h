@@ -49,6 +49,7 @@ struct syr_input {
 	__u32 hash;     /* the kernel's flow hash of the 5-tuple */
 	__u32 ip_protocol; /* IPPROTO_UDP or IPPROTO_TCP */
 	void *ctx;      /* the hook's context; used by syr_read() */
+	__u32 l4_off;   /* XDP: offset of the L4 header in the frame (0 elsewhere) */
 };
 
 /* The matching function. Use as: SYR_POLICY(struct syr_input *in) { ... } */
@@ -88,6 +89,85 @@ const volatile __u32 syr_num_executors = 1;
 		__uint(max_entries, entries);                                          \
 	} name SEC(".maps")
 
+#if defined(SYR_HOOK_THREAD)
+/*
+ * ---- The thread hook -------------------------------------------------------------
+ *
+ * A thread policy matches one runnable thread of the application to a core and gives it
+ * an ordering key:
+ *
+ *     SYR_POLICY(struct syr_thread *t)
+ *     {
+ *         t->key = prio[t->executor] ? 0 : t->runnable_ns;  // lower key runs first
+ *         return SYR_PASS;                                   // any core
+ *     }
+ *
+ * It is called when a thread of the application becomes runnable (wakeup, new thread,
+ * preempted or its slice ended) and, in the user-space agent, again every re-decision
+ * period while it stays runnable, so hints take effect without an event. It returns a
+ * core in [0, t->nr_cpus) or SYR_PASS (no preference: the thread waits in the
+ * application's shared queue and runs on whichever core frees up first). Among the
+ * application's runnable threads bound for one core (or waiting in the shared queue),
+ * the one with the lowest key runs first; ties go to the thread already running, then
+ * to the lower tid. A core past nr_cpus counts as a fallback and is treated as SYR_PASS.
+ * Other applications and the rest of the system are never ordered by this key: the
+ * backends keep them in the kernel's normal scheduler, ahead of the application's
+ * waiting threads.
+ *
+ * The same source compiles unchanged for both backends: sched_ext (syrupd's root
+ * scheduler calls it from its enqueue path) and the user-space agent (syrupd's agent
+ * runs it with BPF_PROG_TEST_RUN). Only the fields below are the contract.
+ */
+#define SYR_NO_EXECUTOR 0xffffffffU
+
+/* Why the policy is asked (t->reason). */
+#define SYR_THREAD_WAKEUP 1    /* it woke up (or was just created: SYR_THREAD_NEW) */
+#define SYR_THREAD_NEW 2
+#define SYR_THREAD_PREEMPTED 3 /* it was running and is still runnable (slice end, preemption) */
+#define SYR_THREAD_TICK 4      /* periodic re-decision while runnable (agent) */
+
+struct syr_thread {
+	__u32 tid;         /* the thread (kernel tid, as gettid() returns) */
+	__u32 tgid;        /* its process */
+	__u32 executor;    /* index it registered with syr_thread_register(), or SYR_NO_EXECUTOR */
+	__u32 prev_cpu;    /* core it last ran on */
+	__u32 nr_cpus;     /* cores the backend schedules on: valid return values are [0, nr_cpus) */
+	__u32 reason;      /* SYR_THREAD_* */
+	__u64 now_ns;      /* monotonic clock (bpf_ktime_get_ns) at this decision */
+	__u64 runnable_ns; /* when it last became runnable (same clock) */
+	__u64 run_ns;      /* how long it has run since it last became runnable */
+	__u64 key;         /* in/out: ordering key, lower first; preset to runnable_ns (FIFO) */
+	__u64 slice_ns;    /* in/out: time slice hint (sched_ext); preset to the backend's default */
+};
+
+/* Maps every thread policy of an application shares with libsyrup:
+ *  - syrup_threads: tid -> executor index (syr_thread_register(), or syrupd for --pid);
+ *  - syrup_cs: per executor index, the depth of the critical section it is in
+ *    (syr_cs_enter()/syr_cs_exit() in libsyrup, a plain store into the mapped array). */
+SYR_HASH(syrup_threads, __u32, __u32, 4096);
+SYR_ARRAY(syrup_cs, __u64, SYR_MAX_EXECUTORS);
+
+/* Whether `t` is inside a critical section marked with syr_cs_enter(). */
+static __always_inline int syr_thread_in_cs(const struct syr_thread *t)
+{
+	__u32 e = t->executor;
+	__u64 *d;
+
+	if (e >= SYR_MAX_EXECUTORS)
+		return 0;
+	d = bpf_map_lookup_elem(&syrup_cs, &e);
+	return d && *d > 0;
+}
+
+/* A __u64 hint of the thread's executor in a mapped SYR_ARRAY (0 if none). */
+#define syr_thread_hint(map, t)                                                      \
+	({                                                                             \
+		__u32 __e = (t)->executor;                                             \
+		__u64 *__h = __e == SYR_NO_EXECUTOR ? (void *)0 : bpf_map_lookup_elem(&(map), &__e); \
+		__h ? *__h : 0;                                                        \
+	})
+#endif /* SYR_HOOK_THREAD */
+
 /* Bounds-checked reads: 0 on success, -1 when [off, off+len) is outside the input. */
 static __always_inline int syr_read(const struct syr_input *in, __u32 off, void *dst, __u32 len)
 {
@@ -98,8 +178,7 @@ static __always_inline int syr_read(const struct syr_input *in, __u32 off, void 
 	 * handles non-linear data. */
 	return bpf_skb_load_bytes(in->ctx, off, dst, len) ? -1 : 0;
 #elif defined(SYR_HOOK_XDP)
-	return bpf_xdp_load_bytes(in->ctx, (__u32)(in->data - (void *)(long)((struct xdp_md *)in->ctx)->data) + off,
-				  dst, len) ? -1 : 0;
+	return bpf_xdp_load_bytes(in->ctx, in->l4_off + off, dst, len) ? -1 : 0;
 #else
 	return -1;
 #endif

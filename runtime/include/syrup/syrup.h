@@ -60,6 +60,16 @@ struct syr_deploy_opts {
 	bool persist;
 	/* Name shown for the policy (default: the file name of `path`). */
 	const char *name;
+	/* XDP: the interface whose packets the policy sees, and the destination ports it
+	 * schedules (`port` and/or `ports`). Executors: `cpus` (redirect to those cores),
+	 * else `fds` as AF_XDP sockets bound to the interface, else every core. */
+	const char *ifname;
+	const uint16_t *ports;
+	size_t n_ports;
+	const int *cpus;
+	size_t n_cpus;
+	/* "udp" (default) or "tcp": the protocol of `port`/`ports`. */
+	const char *protocol;
 };
 
 /* Compiles the policy at `path` for `hook` and deploys it. Returns the policy id (> 0)
@@ -119,6 +129,26 @@ static inline uint64_t syr_hint_get(const struct syr_mapped_array *arr, uint32_t
 {
 	return __atomic_load_n((uint64_t *)syr_array_elem(arr, index), __ATOMIC_RELAXED);
 }
+
+/*
+ * The thread hook. After the application has deployed a thread policy
+ * (syr_deploy_policy(..., SYR_HOOK_THREAD, ...)), each thread it wants scheduled by it
+ * registers as an executor; the policy sees the index as `t->executor` and uses it to
+ * read the application's hints (SYR_ARRAY maps indexed by executor). Threads that do
+ * not register keep the kernel's normal scheduling. Registration names the calling
+ * thread only, and only threads of the process the policy was deployed for are ever
+ * scheduled by it. Register again after the policy was removed and deployed anew.
+ */
+/* Registers the calling thread as executor `executor_index` (< SYR_MAX_EXECUTORS). */
+int syr_thread_register(uint32_t executor_index);
+/* Unregisters the calling thread: it returns to normal scheduling. */
+int syr_thread_unregister(void);
+/* Marks the start and end of a critical section of the calling (registered) thread:
+ * a store into the mapped syrup_cs map, no syscall. Sections nest. Policies such as
+ * cs_aware avoid preempting a thread inside one. No effect if the thread is not
+ * registered. */
+void syr_cs_enter(void);
+void syr_cs_exit(void);
 
 /* Path of the control socket used: SYRUP_SOCKET from the environment, else
  * /run/syrup/syrupd.sock. */

@@ -1,0 +1,540 @@
+#include "xdp.h"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <dirent.h>
+#include <linux/if_link.h>
+#include <linux/if_xdp.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xdp/libxdp.h>
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "log.h"
+#include "pins.h"
+#include "unique_fd.h"
+
+namespace syrup::xdp {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kRootProg = "prog";
+constexpr const char* kRootMaps[] = {"syr_xdp_apps", "syr_xdp_ports", SYR_XDP_META_MAP,
+                                     "syr_xdp_root_stats"};
+
+int libxdp_print(enum libxdp_print_level level, const char* fmt, va_list ap) {
+  char buf[1024];
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  std::string line(buf);
+  while (!line.empty() && line.back() == '\n') line.pop_back();
+  log(level == LIBXDP_WARN ? LogLevel::kDebug : LogLevel::kDebug, "libxdp: %s", line.c_str());
+  return 0;
+}
+
+struct Claim {
+  uint8_t protocol;
+  uint16_t port;
+  auto operator<=>(const Claim&) const = default;
+  std::string str() const {
+    return std::string(protocol == IPPROTO_TCP ? "tcp" : "udp") + ":" + std::to_string(port);
+  }
+  syr_xdp_port_key key() const { return {protocol, 0, port}; }
+};
+
+// Sockets of process `pid` bound to a port, as (protocol, port), from /proc (inodes of
+// its fds matched against the netns socket tables).
+std::set<Claim> process_ports(pid_t pid) {
+  std::set<ino_t> inodes;
+  std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    char link[64];
+    ssize_t l = readlink(e.path().c_str(), link, sizeof link - 1);
+    if (l > 8 && std::strncmp(link, "socket:[", 8) == 0) {
+      link[l] = 0;
+      inodes.insert(std::strtoull(link + 8, nullptr, 10));
+    }
+  }
+  std::set<Claim> out;
+  for (auto [file, proto] : {std::pair{"udp", IPPROTO_UDP}, std::pair{"udp6", IPPROTO_UDP},
+                             std::pair{"tcp", IPPROTO_TCP}, std::pair{"tcp6", IPPROTO_TCP}}) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/net/" + file);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream ls(line);
+      std::string sl, local, rem, st, q, tr, retr, uid, timeout;
+      unsigned long long inode = 0;
+      ls >> sl >> local >> rem >> st >> q >> tr >> retr >> uid >> timeout >> inode;
+      auto colon = local.rfind(':');
+      if (colon == std::string::npos || !inodes.count(inode)) continue;
+      out.insert({static_cast<uint8_t>(proto),
+                  static_cast<uint16_t>(std::stoul(local.substr(colon + 1), nullptr, 16))});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---- Root ---------------------------------------------------------------------------
+
+class Root {
+ public:
+  ~Root() {
+    if (xprog_) xdp_program__close(xprog_);
+    if (obj_) bpf_object__close(obj_);
+  }
+
+  static int create(Compiler& compiler, const std::string& ifname, std::shared_ptr<Root>& out,
+                    std::string& err) {
+    auto r = std::make_shared<Root>();
+    r->ifname_ = ifname;
+    r->ifindex_ = static_cast<int>(if_nametoindex(ifname.c_str()));
+    if (!r->ifindex_) {
+      err = "no network interface '" + ifname + "'";
+      return -ENODEV;
+    }
+    std::string path = compiler.config().kernel_dir + "/hooks/xdp_root.bpf.c";
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (!in) {
+      err = "cannot read the XDP root program " + path;
+      return -ENOENT;
+    }
+    CompileResult cr = compiler.compile({ss.str(), path, "", ""});
+    if (cr.err) {
+      err = "the XDP root program does not compile:\n" + cr.diagnostics;
+      return cr.err;
+    }
+    r->obj_ = bpf_object__open_file(cr.object_path.c_str(), nullptr);
+    if (!r->obj_) {
+      int e = -errno;
+      err = "cannot open the XDP root program: " + std::string(std::strerror(-e));
+      return e;
+    }
+    if (int e = bpf_object__load(r->obj_)) {
+      err = "cannot load the XDP root program: " + std::string(std::strerror(-e));
+      return e;
+    }
+    r->prog_ = bpf_object__find_program_by_name(r->obj_, "syr_xdp_root");
+    out = std::move(r);
+    return 0;
+  }
+
+  int map_fd(const char* name) const {
+    bpf_map* m = bpf_object__find_map_by_name(obj_, name);
+    return m ? bpf_map__fd(m) : -ENOENT;
+  }
+
+  // Attaches through libxdp, native mode where the driver has it, generic otherwise.
+  int ensure_attached(std::string& err) {
+    if (attached_) return 0;
+    // Whatever is attached now is not ours (ours is attached only from here).
+    LIBBPF_OPTS(bpf_xdp_query_opts, q);
+    if (bpf_xdp_query(ifindex_, 0, &q) == 0 && q.prog_id) {
+      UniqueFd other(bpf_prog_get_fd_by_id(q.prog_id));
+      bpf_prog_info info{};
+      uint32_t len = sizeof info;
+      if (other) bpf_prog_get_info_by_fd(other.get(), &info, &len);
+      err = "interface " + ifname_ + " already has an XDP program (id " + std::to_string(q.prog_id) +
+            ", name '" + info.name + "') that this syrupd did not attach; remove it first " +
+            "(e.g. xdp-loader unload " + ifname_ + " --all)";
+      return -EBUSY;
+    }
+    xprog_ = xdp_program__from_fd(bpf_program__fd(prog_));
+    if (!xprog_ || libxdp_get_error(xprog_)) {
+      xprog_ = nullptr;
+      err = "libxdp cannot use the root program";
+      return -EINVAL;
+    }
+    int r = xdp_program__attach(xprog_, ifindex_, XDP_MODE_NATIVE, 0);
+    mode_ = XDP_MODE_NATIVE;
+    if (r) {
+      r = xdp_program__attach(xprog_, ifindex_, XDP_MODE_SKB, 0);
+      mode_ = XDP_MODE_SKB;
+    }
+    if (r) {
+      err = "cannot attach the XDP root program to " + ifname_ + ": " + std::strerror(-r);
+      return r;
+    }
+    attached_ = true;
+    // Pinned so a later syrupd can recognise (and remove) what this one attached.
+    std::string dir = pins::xdp_root_dir(ifname_);
+    pins::make_dirs(dir);
+    bpf_program__pin(prog_, pins::xdp_root_obj(ifname_, kRootProg).c_str());
+    for (const char* m : kRootMaps)
+      bpf_map__pin(bpf_object__find_map_by_name(obj_, m), pins::xdp_root_obj(ifname_, m).c_str());
+    log(LogLevel::kInfo, "attached the XDP root program to %s (%s mode)", ifname_.c_str(), mode_name());
+    return 0;
+  }
+
+  void detach() {
+    if (!attached_) return;
+    int r = xdp_program__detach(xprog_, ifindex_, mode_, 0);
+    if (r) log(LogLevel::kWarn, "detaching the XDP root program from %s: %s", ifname_.c_str(), std::strerror(-r));
+    else log(LogLevel::kInfo, "detached the XDP root program from %s", ifname_.c_str());
+    attached_ = false;
+    pins::remove_tree(pins::xdp_root_dir(ifname_));
+  }
+
+  int alloc_slot() {
+    for (int i = 0; i < SYR_XDP_MAX_APPS; i++)
+      if (!used_[i]) {
+        used_[i] = true;
+        return i;
+      }
+    return -ENOSPC;
+  }
+  void free_slot(int s) { used_[s] = false; }
+  bool unused() const {
+    for (bool u : used_)
+      if (u) return false;
+    return true;
+  }
+
+  const char* mode_name() const { return mode_ == XDP_MODE_NATIVE ? "native" : "generic"; }
+  const std::string& ifname() const { return ifname_; }
+  int ifindex() const { return ifindex_; }
+  std::map<Claim, std::string>& claims() { return claims_; }
+
+  json stats() const {
+    static const char* names[] = {"unclaimed", "not_l4", "fragment", "malformed", "dispatched", "no_policy"};
+    json j;
+    int fd = map_fd("syr_xdp_root_stats");
+    int ncpu = libbpf_num_possible_cpus();
+    std::vector<uint64_t> v(static_cast<size_t>(ncpu));
+    for (uint32_t k = 0; k < SYR_XDP_ROOT_SLOTS; k++) {
+      uint64_t sum = 0;
+      if (bpf_map_lookup_elem(fd, &k, v.data()) == 0)
+        for (auto x : v) sum += x;
+      j[names[k]] = sum;
+    }
+    return j;
+  }
+
+ private:
+  std::string ifname_;
+  int ifindex_ = 0;
+  bpf_object* obj_ = nullptr;
+  bpf_program* prog_ = nullptr;
+  xdp_program* xprog_ = nullptr;
+  enum xdp_attach_mode mode_ = XDP_MODE_NATIVE;
+  bool attached_ = false;
+  bool used_[SYR_XDP_MAX_APPS] = {};
+  std::map<Claim, std::string> claims_;  // (protocol, port) -> application
+};
+
+// ---- Target -------------------------------------------------------------------------
+
+namespace {
+
+class XdpTarget : public Target {
+ public:
+  XdpTarget(XdpHook& hook, std::shared_ptr<Root> root, std::string app, std::set<Claim> ports,
+            std::vector<uint32_t> cpus, std::vector<UniqueFd> xsks)
+      : hook_(hook), root_(std::move(root)), app_(std::move(app)), ports_(std::move(ports)),
+        cpus_(std::move(cpus)), xsks_(std::move(xsks)) {}
+
+  ~XdpTarget() override {
+    std::string ifname = root_->ifname();
+    root_.reset();
+    hook_.release_if_unused(ifname);
+  }
+
+  std::string key() const override { return "xdp/" + root_->ifname() + "/" + app_; }
+  uint32_t num_executors() const override {
+    return static_cast<uint32_t>(xsks_.empty() ? cpus_.size() : xsks_.size());
+  }
+
+  int prepare_load(LoadSpec& spec, const Target*, const LoadedPolicy*) override {
+    spec.reuse_maps[SYR_XDP_META_MAP] = root_->map_fd(SYR_XDP_META_MAP);
+    if (!xsks_.empty()) spec.params[SYR_XDP_KIND_VAR] = SYR_XDP_EXEC_XSK;
+    return 0;
+  }
+
+  int install(LoadedPolicy& p, const Target* old, std::string& err) override {
+    auto* prev = static_cast<const XdpTarget*>(old);
+    if (int r = root_->ensure_attached(err)) return r;
+    if (int r = fill_executors(p, err)) return r;
+
+    int apps = root_->map_fd("syr_xdp_apps"), ports = root_->map_fd("syr_xdp_ports");
+    slot_ = prev ? prev->slot_ : root_->alloc_slot();
+    if (slot_ < 0) {
+      err = "interface " + root_->ifname() + " has no free application slot (" +
+            std::to_string(SYR_XDP_MAX_APPS) + " in use)";
+      return -ENOSPC;
+    }
+    uint32_t slot = static_cast<uint32_t>(slot_);
+    int fd = p.prog_fd();
+    // The swap: one prog-array update, atomic for every frame.
+    if (bpf_map_update_elem(apps, &slot, &fd, 0) < 0) {
+      int e = errno;
+      err = "cannot install the policy in slot " + std::to_string(slot) + ": " + std::strerror(e);
+      if (!prev) root_->free_slot(slot_);
+      return -e;
+    }
+    // Claims: add the new ports first, then drop the ones the old policy had and this
+    // one does not, so a port kept across the swap never goes unclaimed.
+    std::vector<Claim> added;
+    for (auto& c : ports_) {
+      auto k = c.key();
+      if (bpf_map_update_elem(ports, &k, &slot, 0) < 0) {
+        int e = errno;
+        err = "cannot claim " + c.str() + ": " + std::strerror(e);
+        for (auto& a : added) {
+          auto ak = a.key();
+          if (!prev || !prev->ports_.count(a)) bpf_map_delete_elem(ports, &ak);
+        }
+        if (prev) {
+          int ofd = prev->prog_fd_;
+          bpf_map_update_elem(apps, &slot, &ofd, 0);
+        } else {
+          bpf_map_delete_elem(apps, &slot);
+          root_->free_slot(slot_);
+        }
+        return -e;
+      }
+      added.push_back(c);
+      root_->claims()[c] = app_;
+    }
+    if (prev)
+      for (auto& c : prev->ports_)
+        if (!ports_.count(c)) {
+          auto k = c.key();
+          bpf_map_delete_elem(ports, &k);
+          root_->claims().erase(c);
+        }
+    prog_fd_ = fd;
+    return 0;
+  }
+
+  void uninstall(LoadedPolicy&) override {
+    int apps = root_->map_fd("syr_xdp_apps"), ports = root_->map_fd("syr_xdp_ports");
+    for (auto& c : ports_) {
+      auto k = c.key();
+      bpf_map_delete_elem(ports, &k);
+      root_->claims().erase(c);
+    }
+    if (slot_ >= 0) {
+      uint32_t slot = static_cast<uint32_t>(slot_);
+      bpf_map_delete_elem(apps, &slot);
+      root_->free_slot(slot_);
+      slot_ = -1;
+    }
+  }
+
+  json describe() const override {
+    json ports = json::array();
+    for (auto& c : ports_) ports.push_back(c.str());
+    json j = {{"ifname", root_->ifname()},
+              {"mode", root_->mode_name()},
+              {"ports", ports},
+              {"executor_kind", xsks_.empty() ? "cpu" : "af_xdp"},
+              {"root", root_->stats()}};
+    if (xsks_.empty()) j["cpus"] = cpus_;
+    return j;
+  }
+
+ private:
+  int fill_executors(LoadedPolicy& p, std::string& err) {
+    if (!xsks_.empty()) {
+      int map = p.map_fd(SYR_XDP_XSKS_MAP);
+      for (uint32_t i = 0; i < xsks_.size(); i++) {
+        int fd = xsks_[i].get();
+        if (bpf_map_update_elem(map, &i, &fd, 0) < 0) {
+          int e = errno;
+          err = "cannot add AF_XDP socket " + std::to_string(i) + " to the executor map: " + std::strerror(e);
+          return -e;
+        }
+      }
+      return 0;
+    }
+    int cpumap = p.map_fd(SYR_XDP_CPUS_MAP), idx = p.map_fd(SYR_XDP_EXEC_CPU_MAP);
+    for (uint32_t i = 0; i < cpus_.size(); i++) {
+      bpf_cpumap_val v{};
+      v.qsize = 2048;
+      if (bpf_map_update_elem(cpumap, &cpus_[i], &v, 0) < 0 ||
+          bpf_map_update_elem(idx, &i, &cpus_[i], 0) < 0) {
+        int e = errno;
+        err = "cannot make core " + std::to_string(cpus_[i]) + " executor " + std::to_string(i) + ": " +
+              std::strerror(e);
+        return -e;
+      }
+    }
+    return 0;
+  }
+
+  XdpHook& hook_;
+  std::shared_ptr<Root> root_;
+  std::string app_;
+  std::set<Claim> ports_;
+  std::vector<uint32_t> cpus_;
+  std::vector<UniqueFd> xsks_;
+  int slot_ = -1;
+  int prog_fd_ = -1;  // borrowed from the policy's LoadedPolicy while installed
+};
+
+}  // namespace
+
+// ---- Hook ---------------------------------------------------------------------------
+
+int XdpHook::get_root(const std::string& ifname, std::shared_ptr<Root>& out, std::string& err) {
+  if (auto it = roots_.find(ifname); it != roots_.end()) {
+    out = it->second;
+    return 0;
+  }
+  if (int r = Root::create(compiler_, ifname, out, err)) return r;
+  roots_[ifname] = out;
+  return 0;
+}
+
+void XdpHook::release_if_unused(const std::string& ifname) {
+  auto it = roots_.find(ifname);
+  if (it == roots_.end() || !it->second->unused()) return;
+  it->second->detach();
+  roots_.erase(it);
+}
+
+int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
+                         pid_t& owner, std::string& err) {
+  static bool print_set = (libxdp_set_print(libxdp_print), true);
+  (void)print_set;
+  const auto& b = req.body;
+  std::string ifname = b.value("ifname", std::string());
+  std::string app = b.value("app", std::string());
+  if (ifname.empty() || ifname.size() >= IFNAMSIZ) {
+    err = "the xdp hook needs an interface (ifname)";
+    return -EINVAL;
+  }
+  std::string proto_s = b.value("protocol", std::string("udp"));
+  if (proto_s != "udp" && proto_s != "tcp") {
+    err = "protocol must be 'udp' or 'tcp'";
+    return -EINVAL;
+  }
+  uint8_t proto = proto_s == "tcp" ? IPPROTO_TCP : IPPROTO_UDP;
+  std::set<Claim> ports;
+  json pj = b.contains("ports") ? b["ports"] : json::array();
+  if (b.contains("port")) pj.push_back(b["port"]);
+  for (auto& p : pj) {
+    if (!p.is_number_integer() || p.get<int>() <= 0 || p.get<int>() > 65535) {
+      err = "ports must be in 1..65535";
+      return -EINVAL;
+    }
+    ports.insert({proto, static_cast<uint16_t>(p.get<int>())});
+  }
+  if (ports.empty()) {
+    err = "the xdp hook needs the port(s) whose packets the policy schedules";
+    return -EINVAL;
+  }
+  // Only what the caller owns: root may claim any port; others, ports a socket of the
+  // deploying process is bound to.
+  owner = caller.pid;
+  if (b.contains("pid")) {
+    owner = b["pid"].get<pid_t>();
+    uid_t u = process_uid(owner);
+    if (owner <= 0 || u == static_cast<uid_t>(-1)) {
+      err = "no process " + std::to_string(owner);
+      return -ESRCH;
+    }
+    if (!caller.admin() && u != caller.uid) {
+      err = "process " + std::to_string(owner) + " belongs to uid " + std::to_string(u) + ", not to the caller";
+      return -EPERM;
+    }
+  }
+  if (!caller.admin()) {
+    auto held = process_ports(caller.pid);
+    for (auto& c : ports)
+      if (!held.count(c)) {
+        err = "the caller has no socket bound to " + c.str() + " (only root may claim other ports)";
+        return -EPERM;
+      }
+  }
+
+  std::vector<uint32_t> cpus;
+  std::vector<UniqueFd> xsks = std::move(req.fds);
+  if (b.contains("cpus")) {
+    if (!xsks.empty()) {
+      err = "executors are either cores (cpus) or AF_XDP sockets (fds), not both";
+      return -EINVAL;
+    }
+    int ncpu = libbpf_num_possible_cpus();
+    for (auto& c : b["cpus"]) {
+      if (!c.is_number_integer() || c.get<int>() < 0 || c.get<int>() >= ncpu) {
+        err = "cpus must be cores 0.." + std::to_string(ncpu - 1);
+        return -EINVAL;
+      }
+      cpus.push_back(c.get<uint32_t>());
+    }
+  } else if (xsks.empty()) {
+    for (int c = 0; c < libbpf_num_possible_cpus(); c++) cpus.push_back(static_cast<uint32_t>(c));
+  }
+  if (cpus.size() > SYR_MAX_EXECUTORS || xsks.size() > SYR_MAX_EXECUTORS) {
+    err = "at most " + std::to_string(SYR_MAX_EXECUTORS) + " executors per policy";
+    return -E2BIG;
+  }
+  std::shared_ptr<Root> root;
+  if (int r = get_root(ifname, root, err)) return r;
+  for (size_t i = 0; i < xsks.size(); i++) {
+    sockaddr_xdp sx{};
+    socklen_t l = sizeof sx;
+    if (getsockname(xsks[i].get(), reinterpret_cast<sockaddr*>(&sx), &l) < 0 || sx.sxdp_family != AF_XDP) {
+      err = "executor " + std::to_string(i) + " is not an AF_XDP socket";
+      release_if_unused(ifname);
+      return -EINVAL;
+    }
+    if (static_cast<int>(sx.sxdp_ifindex) != root->ifindex()) {
+      err = "AF_XDP socket " + std::to_string(i) + " is bound to another interface than " + ifname;
+      release_if_unused(ifname);
+      return -EINVAL;
+    }
+  }
+  for (auto& c : ports)
+    if (auto it = root->claims().find(c); it != root->claims().end() && it->second != app) {
+      err = c.str() + " on " + ifname + " is scheduled by application '" + it->second + "'";
+      release_if_unused(ifname);
+      return -EBUSY;
+    }
+  out = std::make_unique<XdpTarget>(*this, std::move(root), app, std::move(ports), std::move(cpus),
+                                    std::move(xsks));
+  return 0;
+}
+
+void XdpHook::recover() {
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(pins::xdp_dir(), ec)) {
+    std::string ifname = e.path().filename();
+    UniqueFd prog(bpf_obj_get(pins::xdp_root_obj(ifname, kRootProg).c_str()));
+    int ifindex = static_cast<int>(if_nametoindex(ifname.c_str()));
+    bpf_prog_info info{};
+    uint32_t len = sizeof info;
+    LIBBPF_OPTS(bpf_xdp_query_opts, q);
+    if (prog && ifindex && bpf_prog_get_info_by_fd(prog.get(), &info, &len) == 0 &&
+        bpf_xdp_query(ifindex, 0, &q) == 0 && q.prog_id == info.id) {
+      LIBBPF_OPTS(bpf_xdp_attach_opts, d, .old_prog_fd = prog.get());
+      uint32_t flags = q.attach_mode == XDP_ATTACHED_SKB ? XDP_FLAGS_SKB_MODE : XDP_FLAGS_DRV_MODE;
+      int r = bpf_xdp_detach(ifindex, flags | XDP_FLAGS_REPLACE, &d);
+      log(LogLevel::kWarn, "removed the XDP root program a previous syrupd left on %s%s", ifname.c_str(),
+          r ? (std::string(" (detach failed: ") + std::strerror(-r) + ")").c_str() : "");
+    } else {
+      log(LogLevel::kWarn, "removed stale XDP pins of %s (its root program is no longer attached)", ifname.c_str());
+    }
+    pins::remove_tree(e.path());
+  }
+  pins::make_dirs(pins::xdp_dir());
+}
+
+}  // namespace syrup::xdp

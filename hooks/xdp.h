@@ -1,0 +1,53 @@
+// The XDP hook backend (user side): one root program per interface, owned by syrupd and
+// attached through libxdp, dispatching to each application's policy through a
+// BPF_MAP_TYPE_PROG_ARRAY slot keyed by the (protocol, port)s the application claimed.
+//
+// Design: libxdp's own multi-program dispatcher needs BPF trampolines (freplace), which
+// kernels without CONFIG_FUNCTION_TRACER lack; Syrup's dispatch is its own root program
+// and tail calls, so it works everywhere XDP does. Invariants:
+//  - a root program is attached to an interface exactly while some application's policy
+//    is installed on it; removing the last one detaches it and leaves the interface as
+//    it was;
+//  - a (protocol, port) belongs to at most one application per interface;
+//  - replacing an application's policy is one prog-array slot update: every frame sees
+//    the old or the new program, and other applications' slots are not touched;
+//  - a root program this syrupd did not attach (another daemon's, or any other XDP
+//    program) is never replaced silently: the deploy fails and says whose it is.
+#pragma once
+
+#include <memory>
+#include <map>
+#include <string>
+
+#include "compiler.h"
+#include "hook.h"
+#include "syrup/xdp_abi.h"
+
+namespace syrup::xdp {
+
+class Root;
+
+class XdpHook : public Hook {
+ public:
+  explicit XdpHook(Compiler& compiler) : compiler_(compiler) {}
+  const char* name() const override { return "xdp"; }
+  const char* compile_define() const override { return "SYR_HOOK_XDP"; }
+  const char* wrapper() const override { return "xdp.bpf.h"; }
+  std::vector<std::string> system_maps() const override {
+    return {SYR_XDP_META_MAP, SYR_XDP_CPUS_MAP, SYR_XDP_XSKS_MAP, SYR_XDP_EXEC_CPU_MAP, SYR_STATS_MAP};
+  }
+  int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
+                  pid_t& owner, std::string& err) override;
+  void recover() override;
+
+  // Detaches and forgets the root of `ifname` when no application uses it any more.
+  void release_if_unused(const std::string& ifname);
+
+ private:
+  int get_root(const std::string& ifname, std::shared_ptr<Root>& out, std::string& err);
+
+  Compiler& compiler_;
+  std::map<std::string, std::shared_ptr<Root>> roots_;
+};
+
+}  // namespace syrup::xdp

@@ -1,0 +1,117 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * The XDP hook wrapper: included by syrupd after the policy source, it turns the
+ * policy's syr_schedule() into the XDP program an interface's root program tail-calls
+ * for this application's ports.
+ *
+ * Invariants:
+ *  - the policy sees only frames the root program matched to this application, with
+ *    the L4 header bounds-checked (offset 0 of the input is the UDP/TCP header);
+ *  - SYR_PASS hands the frame to the stack untouched, SYR_DROP drops it, an index past
+ *    the executors (or an executor that is gone) falls back to the stack;
+ *  - executor i is the core syr_exec_cpu[i] (redirect through the CPUMAP syr_cpus) or
+ *    the AF_XDP socket in slot i of syr_xsks, as syr_executor_kind says.
+ */
+#ifndef SYRUP_HOOK_XDP_H
+#define SYRUP_HOOK_XDP_H
+
+#include <syrup/xdp_abi.h>
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct syr_xdp_meta);
+} syr_xdp_meta SEC(".maps"); /* the root program's, shared */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_CPUMAP);
+	__uint(max_entries, SYR_MAX_EXECUTORS);
+	__type(key, __u32);
+	__type(value, struct bpf_cpumap_val);
+} syr_cpus SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_XSKMAP);
+	__uint(max_entries, SYR_MAX_EXECUTORS);
+	__type(key, __u32);
+	__type(value, __u32);
+} syr_xsks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SYR_MAX_EXECUTORS);
+	__type(key, __u32);
+	__type(value, __u32);
+} syr_exec_cpu SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, SYR_STAT_SLOTS);
+} syr_stats SEC(".maps");
+
+const volatile __u32 syr_executor_kind = SYR_XDP_EXEC_CPU;
+
+static __always_inline int syr_count(__u32 slot, int action)
+{
+	__u64 *c = bpf_map_lookup_elem(&syr_stats, &slot);
+
+	if (c)
+		*c += 1;
+	return action;
+}
+
+SEC("xdp")
+int syr_xdp(struct xdp_md *ctx)
+{
+	__u32 zero = 0;
+	struct syr_xdp_meta *meta = bpf_map_lookup_elem(&syr_xdp_meta, &zero);
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+
+	if (!meta)
+		return syr_count(SYR_STAT_FALLBACK, XDP_PASS);
+	__u32 off = meta->l4_off;
+	if (off > 512)
+		return syr_count(SYR_STAT_FALLBACK, XDP_PASS);
+	void *l4 = data + off;
+	if (l4 > end)
+		return syr_count(SYR_STAT_FALLBACK, XDP_PASS);
+
+	struct syr_input in = {
+		.data = l4,
+		.data_end = end,
+		.len = (__u32)(end - l4),
+		.hash = meta->hash,
+		.ip_protocol = meta->ip_protocol,
+		.ctx = ctx,
+		.l4_off = off,
+	};
+	__u32 idx = syr_schedule(&in);
+
+	if (idx == SYR_DROP)
+		return syr_count(SYR_STAT_DROP, XDP_DROP);
+	if (idx == SYR_PASS)
+		return syr_count(SYR_STAT_PASS, XDP_PASS);
+	if (idx >= syr_num_executors || idx >= SYR_MAX_EXECUTORS)
+		return syr_count(SYR_STAT_FALLBACK, XDP_PASS);
+
+	long act;
+	if (syr_executor_kind == SYR_XDP_EXEC_XSK) {
+		act = bpf_redirect_map(&syr_xsks, idx, XDP_PASS);
+	} else {
+		__u32 *cpu = bpf_map_lookup_elem(&syr_exec_cpu, &idx);
+		if (!cpu)
+			return syr_count(SYR_STAT_FALLBACK, XDP_PASS);
+		act = bpf_redirect_map(&syr_cpus, *cpu, XDP_PASS);
+	}
+	if (act != XDP_REDIRECT)
+		return syr_count(SYR_STAT_FALLBACK, (int)act);
+	return syr_count(SYR_STAT_EXECUTOR_BASE + idx, XDP_REDIRECT);
+}
+
+char _license[] SEC("license") = "Dual BSD/GPL";
+
+#endif

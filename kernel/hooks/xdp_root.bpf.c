@@ -1,0 +1,174 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * The XDP root program: one per interface, owned by syrupd. It parses the frame
+ * (Ethernet, up to two VLAN tags, IPv4 or IPv6 with extension headers, UDP or TCP),
+ * finds the application that claimed (protocol, destination port) in syr_xdp_ports and
+ * tail-calls that application's policy through syr_xdp_apps.
+ *
+ * Invariants:
+ *  - a policy is only ever reached for a frame whose L4 header lies entirely inside the
+ *    linear data: every header is bounds-checked here before its fields are read;
+ *  - everything else (unclaimed ports, non-IP, fragments, malformed headers, an empty
+ *    slot) is passed to the stack untouched and counted;
+ *  - the root never drops; only a policy's SYR_DROP drops.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+#include <syrup/xdp_abi.h>
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, SYR_XDP_MAX_APPS);
+	__type(key, __u32);
+	__type(value, __u32);
+} syr_xdp_apps SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SYR_XDP_MAX_PORTS);
+	__type(key, struct syr_xdp_port_key);
+	__type(value, __u32);
+} syr_xdp_ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct syr_xdp_meta);
+} syr_xdp_meta SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SYR_XDP_ROOT_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} syr_xdp_root_stats SEC(".maps");
+
+struct vlan_hdr {
+	__be16 tci;
+	__be16 proto;
+};
+
+struct ip6_ext {
+	__u8 nexthdr;
+	__u8 hdrlen;
+};
+
+/* Largest L4 offset we parse to; deeper headers are treated as malformed. */
+#define MAX_L4_OFF 512
+
+static __always_inline int count(__u32 slot, int action)
+{
+	__u64 *c = bpf_map_lookup_elem(&syr_xdp_root_stats, &slot);
+
+	if (c)
+		*c += 1;
+	return action;
+}
+
+SEC("xdp")
+int syr_xdp_root(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	__u32 off = sizeof(*eth), hash;
+	__u16 proto;
+	__u8 l4;
+
+	if ((void *)(eth + 1) > end)
+		return count(SYR_XDP_ROOT_MALFORMED, XDP_PASS);
+	proto = eth->h_proto;
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(ETH_P_8021AD))
+			break;
+		struct vlan_hdr *vh = data + off;
+		if ((void *)(vh + 1) > end)
+			return count(SYR_XDP_ROOT_MALFORMED, XDP_PASS);
+		proto = vh->proto;
+		off += sizeof(*vh);
+	}
+
+	if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = data + off;
+		if ((void *)(ip + 1) > end)
+			return count(SYR_XDP_ROOT_MALFORMED, XDP_PASS);
+		if (ip->ihl < 5 || ip->version != 4)
+			return count(SYR_XDP_ROOT_MALFORMED, XDP_PASS);
+		if (ip->frag_off & bpf_htons(0x3fff)) /* MF or a fragment offset */
+			return count(SYR_XDP_ROOT_FRAGMENT, XDP_PASS);
+		l4 = ip->protocol;
+		hash = ip->saddr ^ ip->daddr;
+		off += ip->ihl * 4;
+	} else if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = data + off;
+		if ((void *)(ip6 + 1) > end)
+			return count(SYR_XDP_ROOT_MALFORMED, XDP_PASS);
+		l4 = ip6->nexthdr;
+		hash = ip6->saddr.in6_u.u6_addr32[3] ^ ip6->daddr.in6_u.u6_addr32[3];
+		off += sizeof(*ip6);
+#pragma unroll
+		for (int i = 0; i < 6; i++) {
+			if (l4 != IPPROTO_HOPOPTS && l4 != IPPROTO_ROUTING && l4 != IPPROTO_DSTOPTS &&
+			    l4 != IPPROTO_FRAGMENT && l4 != IPPROTO_AH)
+				break;
+			if (l4 == IPPROTO_FRAGMENT)
+				return count(SYR_XDP_ROOT_FRAGMENT, XDP_PASS);
+			if (off > MAX_L4_OFF)
+				return count(SYR_XDP_ROOT_MALFORMED, XDP_PASS);
+			struct ip6_ext *ext = data + off;
+			if ((void *)(ext + 1) > end)
+				return count(SYR_XDP_ROOT_MALFORMED, XDP_PASS);
+			l4 = ext->nexthdr;
+			off += l4 == IPPROTO_AH ? (ext->hdrlen + 2) * 4 : (ext->hdrlen + 1) * 8;
+		}
+	} else {
+		return count(SYR_XDP_ROOT_NOT_L4, XDP_PASS);
+	}
+
+	if (off > MAX_L4_OFF)
+		return count(SYR_XDP_ROOT_MALFORMED, XDP_PASS);
+	struct syr_xdp_port_key key = { .protocol = l4 };
+	if (l4 == IPPROTO_UDP) {
+		struct udphdr *udp = data + off;
+		if ((void *)(udp + 1) > end)
+			return count(SYR_XDP_ROOT_MALFORMED, XDP_PASS);
+		key.port = bpf_ntohs(udp->dest);
+		hash ^= (__u32)udp->source << 16 | udp->dest;
+	} else if (l4 == IPPROTO_TCP) {
+		struct tcphdr *tcp = data + off;
+		if ((void *)(tcp + 1) > end)
+			return count(SYR_XDP_ROOT_MALFORMED, XDP_PASS);
+		if (tcp->doff < 5 || data + off + tcp->doff * 4 > end)
+			return count(SYR_XDP_ROOT_MALFORMED, XDP_PASS);
+		key.port = bpf_ntohs(tcp->dest);
+		hash ^= (__u32)tcp->source << 16 | tcp->dest;
+	} else {
+		return count(SYR_XDP_ROOT_NOT_L4, XDP_PASS);
+	}
+
+	__u32 *slot = bpf_map_lookup_elem(&syr_xdp_ports, &key);
+	if (!slot)
+		return count(SYR_XDP_ROOT_UNCLAIMED, XDP_PASS);
+	__u32 zero = 0;
+	struct syr_xdp_meta *meta = bpf_map_lookup_elem(&syr_xdp_meta, &zero);
+	if (!meta)
+		return count(SYR_XDP_ROOT_NO_POLICY, XDP_PASS);
+	meta->l4_off = off;
+	meta->ip_protocol = l4;
+	meta->hash = hash * 0x9e3779b1U;
+	meta->slot = *slot;
+	count(SYR_XDP_ROOT_DISPATCHED, 0);
+	bpf_tail_call(ctx, &syr_xdp_apps, *slot);
+	return count(SYR_XDP_ROOT_NO_POLICY, XDP_PASS);
+}
+
+char _license[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,395 @@
+// Integration tests of the thread hook: a real syrupd, real threads, real scheduling.
+// On a kernel without sched_ext (this project's CI hosts) the policies run in the
+// user-space agent; the sched_ext backend is tested inside a VM (tests/vm/). Each test
+// asserts which thread ran, from per-thread CPU time (CLOCK_THREAD_CPUTIME_ID), and puts
+// every thread it made back to normal scheduling even when an assertion fails.
+#include <bpf/bpf.h>
+#include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness.h"
+#include "syrup/syrup.h"
+
+namespace syrup::test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int ncpus() { return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)); }
+
+int sched_policy_of(pid_t tid) { return sched_getscheduler(tid); }
+
+std::vector<int> cpus_of(pid_t tid) {
+  cpu_set_t s;
+  std::vector<int> v;
+  if (sched_getaffinity(tid, sizeof s, &s) == 0)
+    for (int c = 0; c < CPU_SETSIZE; c++)
+      if (CPU_ISSET(c, &s)) v.push_back(c);
+  return v;
+}
+
+void restore_normal(pid_t tid) {
+  sched_param sp{};
+  sched_setscheduler(tid, SCHED_OTHER, &sp);
+  cpu_set_t s;
+  CPU_ZERO(&s);
+  for (int c = 0; c < ncpus(); c++) CPU_SET(c, &s);
+  sched_setaffinity(tid, sizeof s, &s);
+}
+
+// Busy threads, optionally registered as executors 0..n-1. Joined (and put back to
+// normal scheduling) by the destructor.
+class Spinners {
+ public:
+  Spinners(int n, bool do_register, int first_exec = 0) : tids_(n), clocks_(n), ok_(n) {
+    for (int i = 0; i < n; i++)
+      threads_.emplace_back([this, i, do_register, first_exec] {
+        tids_[i] = static_cast<pid_t>(syscall(SYS_gettid));
+        pthread_getcpuclockid(pthread_self(), &clocks_[i]);
+        ok_[i] = do_register ? syr_thread_register(static_cast<uint32_t>(first_exec + i)) : 0;
+        ready_++;
+        while (!stop_.load(std::memory_order_relaxed)) {
+        }
+      });
+    while (ready_.load() < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~Spinners() {
+    stop_ = true;
+    for (auto& t : threads_) t.join();
+    for (pid_t t : tids_) restore_normal(t);
+  }
+  int size() const { return static_cast<int>(tids_.size()); }
+  pid_t tid(int i) const { return tids_[i]; }
+  int reg_result(int i) const { return ok_[i]; }
+  uint64_t cpu_ns(int i) const {
+    timespec ts;
+    clock_gettime(clocks_[i], &ts);
+    return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+  }
+  // CPU time each thread got during `ms` of wall time.
+  std::vector<double> shares(int ms) const {
+    std::vector<uint64_t> a(tids_.size()), b(tids_.size());
+    for (size_t i = 0; i < a.size(); i++) a[i] = cpu_ns(static_cast<int>(i));
+    auto t0 = Clock::now();
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    double wall = double(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    std::vector<double> s(a.size());
+    for (size_t i = 0; i < a.size(); i++) s[i] = double(cpu_ns(static_cast<int>(i)) - a[i]) / wall;
+    return s;
+  }
+
+ private:
+  std::vector<pid_t> tids_;
+  std::vector<clockid_t> clocks_;
+  std::vector<int> ok_;
+  std::vector<std::thread> threads_;
+  std::atomic<int> ready_{0};
+  std::atomic<bool> stop_{false};
+};
+
+std::string fmt(const std::vector<double>& v) {
+  std::string s;
+  for (double x : v) s += std::to_string(int(x * 1000) / 10.0).substr(0, 5) + "% ";
+  return s;
+}
+
+class ThreadHook : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (geteuid() != 0) return;
+    daemon_ = new Daemon();
+    daemon_->start();
+  }
+  static void TearDownTestSuite() {
+    if (!daemon_) return;
+    EXPECT_EQ(daemon_->stop(), 0) << "syrupd did not exit cleanly";
+    delete daemon_;
+    daemon_ = nullptr;
+  }
+  void SetUp() override {
+    SYRUP_REQUIRE_ROOT();
+    if (ncpus() < 2) GTEST_SKIP() << "needs 2 cores (one for the scheduled threads, one for the rest)";
+    core_ = ncpus() - 1;
+  }
+  void TearDown() override {
+    for (int id : ids_) syr_remove_policy(id);
+    ids_.clear();
+  }
+  int deploy(const std::string& rel, std::vector<syr_param> params, const char* app = "thrtest",
+             enum syr_hook hook = SYR_HOOK_THREAD, const std::vector<int>& fds = {}) {
+    syr_deploy_opts o{};
+    o.sz = sizeof o;
+    o.app = app;
+    o.params = params.data();
+    o.n_params = params.size();
+    o.fds = fds.empty() ? nullptr : fds.data();
+    o.n_fds = fds.size();
+    int id = syr_deploy_policy(source_path(rel).c_str(), hook, &o);
+    if (id > 0) ids_.push_back(id);
+    return id;
+  }
+  nlohmann::json listed(int id) {
+    std::string out;
+    run_cmd(build_bin("syrupctl") + " --socket " + daemon_->socket() + " list --json", out);
+    for (auto& p : nlohmann::json::parse(out))
+      if (p["id"] == id) return p;
+    return {};
+  }
+  // Waits up to `ms` for pred(); returns the time it took, or -1.
+  template <class F>
+  static int wait_for(F pred, int ms) {
+    auto t0 = Clock::now();
+    while (Clock::now() - t0 < std::chrono::milliseconds(ms)) {
+      if (pred()) return int(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return -1;
+  }
+
+  static Daemon* daemon_;
+  std::vector<int> ids_;
+  int core_ = 1;
+};
+Daemon* ThreadHook::daemon_ = nullptr;
+
+TEST_F(ThreadHook, DaemonSaysWhichBackendAndWhy) {
+  std::string log = daemon_->log();
+  if (access("/sys/kernel/sched_ext/state", R_OK) != 0) {
+    EXPECT_NE(log.find("sched_ext is absent"), std::string::npos) << log;
+  }
+  EXPECT_NE(log.find("user-space agent"), std::string::npos) << log;
+}
+
+TEST_F(ThreadHook, RegisterBeforeAnyPolicyExplainsWhatIsMissing) {
+  syr_set_app("thrtest-none");
+  int r = syr_thread_register(0);
+  EXPECT_LT(r, 0);
+  EXPECT_NE(std::string(syr_last_error()).find("deploy a thread policy"), std::string::npos) << syr_last_error();
+}
+
+// Three busy threads on one core: the marked one runs >= 95% of the three's time; moving
+// the mark moves the core within a bounded time; an unregistered thread and another
+// process on the same core keep running.
+TEST_F(ThreadHook, MarkedThreadGetsTheCoreAndTheMarkMoves) {
+  syr_set_app("thrtest");
+  ASSERT_GT(deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}), 0) << syr_last_error();
+  int hfd = syr_map_open("high");
+  ASSERT_GE(hfd, 0) << syr_last_error();
+  syr_mapped_array high{};
+  ASSERT_EQ(syr_map_mmap(hfd, &high), 0) << syr_last_error();
+  close(hfd);
+  for (uint32_t i = 0; i < 8; i++) syr_hint_set(&high, i, 0);
+
+  Spinners reg(3, true);
+  for (int i = 0; i < 3; i++) ASSERT_EQ(reg.reg_result(i), 0) << syr_last_error();
+  Spinners other(1, false);  // unregistered thread of the same application, also on that core
+  cpu_set_t s;
+  CPU_ZERO(&s);
+  CPU_SET(core_, &s);
+  ASSERT_EQ(sched_setaffinity(other.tid(0), sizeof s, &s), 0);
+
+  syr_hint_set(&high, 0, 1);
+  ASSERT_GE(wait_for([&] { return sched_policy_of(reg.tid(0)) == SCHED_OTHER &&
+                                  sched_policy_of(reg.tid(1)) == SCHED_IDLE &&
+                                  sched_policy_of(reg.tid(2)) == SCHED_IDLE; }, 2000), 0)
+      << "the agent did not apply the decision";
+  for (int i = 0; i < 3; i++) EXPECT_EQ(cpus_of(reg.tid(i)), std::vector<int>{core_});
+  auto sh = reg.shares(1000);
+  double sum = sh[0] + sh[1] + sh[2];
+  std::printf("  [mark on 0] registered %s  unregistered %s\n", fmt(sh).c_str(), fmt(other.shares(200)).c_str());
+  ASSERT_GT(sum, 0.2) << "the registered threads barely ran at all: " << fmt(sh);
+  EXPECT_GE(sh[0] / sum, 0.95) << fmt(sh);
+
+  // Move the mark: thread 2 must have the core within a bounded time (a re-decision period
+  // of 5 ms plus the agent's wakeup; 100 ms allows for a busy CI machine).
+  syr_hint_set(&high, 0, 0);
+  syr_hint_set(&high, 2, 1);
+  int ms = wait_for([&] { return sched_policy_of(reg.tid(2)) == SCHED_OTHER &&
+                                 sched_policy_of(reg.tid(0)) == SCHED_IDLE; }, 2000);
+  std::printf("  mark moved to thread 2: applied after %d ms\n", ms);
+  ASSERT_GE(ms, 0);
+  EXPECT_LE(ms, 100);
+  sh = reg.shares(1000);
+  sum = sh[0] + sh[1] + sh[2];
+  std::printf("  [mark on 2] registered %s\n", fmt(sh).c_str());
+  EXPECT_GE(sh[2] / sum, 0.95) << fmt(sh);
+
+  // The unregistered thread shares the core with the chosen one as a normal thread.
+  auto o = other.shares(1000);
+  std::printf("  unregistered thread on the same core: %s\n", fmt(o).c_str());
+  EXPECT_GE(o[0], 0.2) << "an unregistered thread must keep its fair share";
+  syr_map_munmap(&high);
+}
+
+// Cross-layer: the socket-select policy records which executor just got a long request in
+// long_req; the thread policy (get_first) reads the same map and runs the others first.
+TEST_F(ThreadHook, CrossLayerLongRequestRunsLast) {
+  syr_set_app("thrxl");
+  ASSERT_GT(deploy("policies/get_first.c", {{"core", uint64_t(core_)}}, "thrxl"), 0) << syr_last_error();
+  UdpGroup g(3);
+  ASSERT_GT(deploy("tests/policies/mark_long.c", {}, "thrxl", SYR_HOOK_SOCKET_SELECT, g.fds()), 0)
+      << syr_last_error();
+  Spinners reg(3, true);
+  for (int i = 0; i < 3; i++) ASSERT_EQ(reg.reg_result(i), 0) << syr_last_error();
+  UdpClient c(g.port());
+  // Executor 0 (the first in FIFO order) gets a long request: 1 and 2 must run first.
+  c.send_request(2, 0);
+  c.send_request(1, 1);
+  c.send_request(1, 2);
+  EXPECT_EQ(g.drain(), (std::vector<int>{1, 1, 1}));
+  ASSERT_GE(wait_for([&] { return sched_policy_of(reg.tid(0)) == SCHED_IDLE; }, 2000), 0);
+  auto sh = reg.shares(1000);
+  double sum = sh[0] + sh[1] + sh[2];
+  std::printf("  [long on 0] %s\n", fmt(sh).c_str());
+  EXPECT_LE(sh[0] / sum, 0.05) << "the thread with the long request must wait: " << fmt(sh);
+  // It finishes; executor 1 is handed a long one: now 1 waits.
+  c.send_request(1, 0);
+  c.send_request(2, 1);
+  g.drain();
+  ASSERT_GE(wait_for([&] { return sched_policy_of(reg.tid(1)) == SCHED_IDLE; }, 2000), 0);
+  sh = reg.shares(1000);
+  sum = sh[0] + sh[1] + sh[2];
+  std::printf("  [long on 1] %s\n", fmt(sh).c_str());
+  EXPECT_LE(sh[1] / sum, 0.05) << fmt(sh);
+}
+
+// An agent killed with SIGKILL: the threads are back to normal scheduling within a
+// bounded time and `list` says why.
+TEST_F(ThreadHook, KilledAgentThreadsReturnToNormalScheduling) {
+  syr_set_app("thrkill");
+  int id = deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}, "thrkill");
+  ASSERT_GT(id, 0) << syr_last_error();
+  Spinners reg(3, true);
+  ASSERT_GE(wait_for([&] { return sched_policy_of(reg.tid(1)) == SCHED_IDLE; }, 2000), 0);
+  auto p = listed(id);
+  ASSERT_TRUE(p.contains("agent_pid")) << p.dump();
+  pid_t agent = p["agent_pid"].get<pid_t>();
+  ASSERT_GT(agent, 0);
+  auto t0 = Clock::now();
+  ASSERT_EQ(kill(agent, SIGKILL), 0);
+  auto all_normal = [&] {
+    for (int i = 0; i < 3; i++)
+      if (sched_policy_of(reg.tid(i)) != SCHED_OTHER || int(cpus_of(reg.tid(i)).size()) != ncpus()) return false;
+    return true;
+  };
+  int ms = wait_for(all_normal, 3000);
+  std::printf("  agent SIGKILLed: threads normal again after %d ms\n", ms);
+  ASSERT_GE(ms, 0) << "threads were not restored";
+  EXPECT_LE(ms, 1000);
+  (void)t0;
+  std::string status = listed(id).value("status", "");
+  EXPECT_NE(status.find("killed by signal 9"), std::string::npos) << status;
+  auto sh = reg.shares(500);
+  for (double x : sh) EXPECT_GT(x, 0.1) << "all threads run under the normal scheduler again: " << fmt(sh);
+}
+
+// A hung agent (SIGSTOP): syrupd notices the missing heartbeat, kills it and restores.
+TEST_F(ThreadHook, HungAgentIsKilledAndThreadsRestored) {
+  syr_set_app("thrhang");
+  int id = deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}, "thrhang");
+  ASSERT_GT(id, 0) << syr_last_error();
+  Spinners reg(2, true);
+  ASSERT_GE(wait_for([&] { return sched_policy_of(reg.tid(1)) == SCHED_IDLE; }, 2000), 0);
+  pid_t agent = listed(id)["agent_pid"].get<pid_t>();
+  ASSERT_EQ(kill(agent, SIGSTOP), 0);
+  int ms = wait_for([&] { return sched_policy_of(reg.tid(1)) == SCHED_OTHER; }, 3000);
+  std::printf("  agent stopped: threads normal again after %d ms\n", ms);
+  ASSERT_GE(ms, 0);
+  EXPECT_LE(ms, 1500);
+  std::string status = listed(id).value("status", "");
+  EXPECT_NE(status.find("hung"), std::string::npos) << status;
+}
+
+// Removing the policy restores the threads at once.
+TEST_F(ThreadHook, RemoveRestoresThreads) {
+  syr_set_app("thrrm");
+  int id = deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}, "thrrm");
+  ASSERT_GT(id, 0) << syr_last_error();
+  Spinners reg(2, true);
+  ASSERT_GE(wait_for([&] { return sched_policy_of(reg.tid(1)) == SCHED_IDLE; }, 2000), 0);
+  ASSERT_EQ(syr_remove_policy(id), 0) << syr_last_error();
+  ids_.clear();
+  for (int i = 0; i < 2; i++) {
+    EXPECT_EQ(sched_policy_of(reg.tid(i)), SCHED_OTHER);
+    EXPECT_EQ(int(cpus_of(reg.tid(i)).size()), ncpus());
+  }
+}
+
+// An unmodified process: syrupctl deploy --hook thread --pid PID schedules all its threads.
+TEST_F(ThreadHook, SyrupctlDeploysForAnUnmodifiedProcess) {
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    for (int i = 0; i < 3; i++) std::thread([] { for (;;) {} }).detach();
+    char c = 'x';
+    (void)!write(pipefd[1], &c, 1);
+    for (;;) pause();
+  }
+  char c;
+  ASSERT_EQ(read(pipefd[0], &c, 1), 1);
+  close(pipefd[0]);
+  close(pipefd[1]);
+  struct Reap {
+    pid_t p;
+    ~Reap() { kill(p, SIGKILL); waitpid(p, nullptr, 0); }
+  } reap{child};
+  std::string out;
+  int rc = run_cmd(build_bin("syrupctl") + " --socket " + daemon_->socket() + " deploy --hook thread --pid " +
+                       std::to_string(child) + " --app thrpid --params core=" + std::to_string(core_) + " " +
+                       source_path("tests/policies/thread_prio.c"),
+                   out);
+  ASSERT_EQ(rc, 0) << out;
+  std::vector<pid_t> tids;
+  for (int i = 0; i < 200 && tids.size() < 4; i++) {
+    tids.clear();
+    std::string dir = "/proc/" + std::to_string(child) + "/task";
+    for (auto& e : std::filesystem::directory_iterator(dir)) tids.push_back(std::stoi(e.path().filename()));
+  }
+  ASSERT_EQ(tids.size(), 4u);
+  // The three spinners: all pinned to the core, exactly one chosen.
+  int chosen = 0, idle = 0;
+  wait_for([&] {
+    chosen = idle = 0;
+    for (pid_t t : tids) {
+      if (t == child) continue;
+      if (cpus_of(t) != std::vector<int>{core_}) return false;
+      int p = sched_policy_of(t);
+      chosen += p == SCHED_OTHER;
+      idle += p == SCHED_IDLE;
+    }
+    return chosen == 1 && idle == 2;
+  }, 2000);
+  EXPECT_EQ(chosen, 1);
+  EXPECT_EQ(idle, 2);
+  run_cmd(build_bin("syrupctl") + " --socket " + daemon_->socket() + " map dump --app thrpid syrup_threads", out);
+  EXPECT_NE(out.find("4 entries"), std::string::npos) << out;
+}
+
+// The same policy source on the sched_ext backend needs a sched_ext kernel: the VM test
+// (ctest -R vm) runs it; here it is skipped with the reason.
+TEST_F(ThreadHook, SchedExtBackendRunsInTheVmTest) {
+  if (access("/sys/kernel/sched_ext/state", R_OK) != 0)
+    GTEST_SKIP() << "this kernel has no sched_ext (CONFIG_SCHED_CLASS_EXT unset): the sched_ext backend "
+                    "is tested by the VM test (tests/vm), the agent backend by the tests above";
+}
+
+}  // namespace
+}  // namespace syrup::test

@@ -1,6 +1,9 @@
 #include "harness.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <linux/if_ether.h>
+#include <sched.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -24,13 +27,13 @@ namespace fs = std::filesystem;
 std::string build_bin(const std::string& name) { return std::string(SYRUP_BUILD_BIN) + "/" + name; }
 std::string source_path(const std::string& rel) { return std::string(SYRUP_SOURCE_DIR) + "/" + rel; }
 
-void Daemon::start() {
+void Daemon::start(const std::string& bpffs_root) {
   char tmpl[] = "/tmp/syrup-test-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   dir_ = tmpl;
   chmod(dir_.c_str(), 0755);  // unprivileged test clients must reach the socket
   socket_ = dir_ + "/syrupd.sock";
-  bpffs_root_ = "/sys/fs/bpf/syrup-test-" + std::to_string(getpid());
+  bpffs_root_ = bpffs_root.empty() ? "/sys/fs/bpf/syrup-test-" + std::to_string(getpid()) : bpffs_root;
   std::string logf = dir_ + "/syrupd.log";
   pid_ = fork();
   ASSERT_GE(pid_, 0);
@@ -76,6 +79,13 @@ int Daemon::stop() {
     dir_.clear();
   }
   return status;
+}
+
+void Daemon::crash() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
 }
 
 std::string Daemon::log() const {
@@ -173,6 +183,64 @@ int run_cmd(const std::string& cmd, std::string& out) {
   while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
   int st = pclose(f);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+}  // namespace syrup::test
+
+namespace syrup::test {
+
+TestNet::TestNet(int n) {
+  std::string tag = std::to_string(getpid() % 100000) + "x" + std::to_string(n);
+  host_if = "syh" + tag;
+  peer_if = "syp" + tag;
+  ns = "syrup-test-" + tag;
+  host_ip = "10.250." + std::to_string(n) + ".1";
+  peer_ip = "10.250." + std::to_string(n) + ".2";
+  std::string cmd = "ip netns add " + ns + " && ip link add " + host_if + " type veth peer name " + peer_if +
+                    " && ip link set " + peer_if + " netns " + ns + " && ip addr add " + host_ip + "/30 dev " +
+                    host_if + " && ip link set " + host_if + " up && ip -n " + ns + " addr add " + peer_ip +
+                    "/30 dev " + peer_if + " && ip -n " + ns + " link set " + peer_if + " up && ip -n " + ns +
+                    " link set lo up && ip netns exec " + ns + " ethtool -K " + peer_if +
+                    " tx off >/dev/null 2>&1";
+  std::string out;
+  ok_ = run_cmd(cmd, out) == 0;
+  if (!ok_) ADD_FAILURE() << "cannot make the test network: " << out;
+  // Neighbour entries up front, so no ARP exchange races the first datagrams.
+  run_cmd("ping -c1 -W1 -I " + host_if + " " + peer_ip, out);
+}
+
+TestNet::~TestNet() {
+  std::string out;
+  run_cmd("ip link del " + host_if, out);
+  run_cmd("ip netns del " + ns, out);
+}
+
+int TestNet::in_ns(int domain, int type, int proto) {
+  int fd = -1;
+  std::thread t([&] {
+    int nsfd = open(("/var/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+    if (nsfd >= 0 && setns(nsfd, CLONE_NEWNET) == 0) fd = socket(domain, type | SOCK_CLOEXEC, proto);
+    if (nsfd >= 0) close(nsfd);
+  });
+  t.join();
+  return fd;
+}
+
+int TestNet::peer_udp(uint16_t src_port) {
+  int fd = in_ns(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, peer_ip.c_str(), &a.sin_addr);
+  a.sin_port = htons(src_port);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0)
+    ADD_FAILURE() << "peer socket: " << strerror(errno);
+  return fd;
+}
+
+int TestNet::peer_raw() {
+  int fd = in_ns(AF_PACKET, SOCK_RAW, htons(ETH_P_ALL));
+  if (fd < 0) ADD_FAILURE() << "raw socket: " << strerror(errno);
+  return fd;
 }
 
 }  // namespace syrup::test

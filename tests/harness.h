@@ -27,10 +27,13 @@ std::string source_path(const std::string& rel);  // path in the source tree
 
 class Daemon {
  public:
-  // Starts syrupd; SYRUP_SOCKET points libsyrup at it until stop().
-  void start();
+  // Starts syrupd; SYRUP_SOCKET points libsyrup at it until stop(). `bpffs_root`
+  // defaults to a directory of this test process.
+  void start(const std::string& bpffs_root = "");
   // SIGTERM and wait; returns syrupd's exit status (or -1).
   int stop();
+  // SIGKILL, as a crash: pins and attachments stay for the next syrupd to find.
+  void crash();
   ~Daemon() { stop(); }
   const std::string& socket() const { return socket_; }
   const std::string& bpffs_root() const { return bpffs_root_; }
@@ -40,6 +43,25 @@ class Daemon {
  private:
   pid_t pid_ = -1;
   std::string dir_, socket_, bpffs_root_;
+};
+
+// A veth pair made for one test: `host_if` in this network namespace with 10.250.N.1/30,
+// its peer in a new namespace `ns` with 10.250.N.2/30 (checksum offload off, so frames
+// carry complete checksums after an XDP redirect). Removed in the destructor.
+class TestNet {
+ public:
+  explicit TestNet(int n);
+  ~TestNet();
+  bool ok() const { return ok_; }
+  std::string host_if, peer_if, ns, host_ip, peer_ip;
+  // A UDP socket inside the namespace, bound to peer_ip:src_port (0: any port).
+  int peer_udp(uint16_t src_port = 0);
+  // An AF_PACKET socket on the peer interface, for hand-made frames.
+  int peer_raw();
+
+ private:
+  int in_ns(int domain, int type, int proto);
+  bool ok_ = false;
 };
 
 // N SO_REUSEPORT sockets of one group on 127.0.0.1.

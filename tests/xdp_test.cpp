@@ -254,6 +254,52 @@ struct XskReceiver {
   }
 };
 
+// The shipped cross-layer pair: xdp_classify weighs each request and steers it to the
+// core with the least outstanding work, recording it in core_work; socket_local, at the
+// socket-select hook of the same application, reads core_work and picks the socket of
+// that core. One client flow: without the pair the kernel hash would put it all on one
+// socket.
+TEST_F(Xdp, CrossLayerPairSharesTheWorkMapBetweenXdpAndSocketSelect) {
+  if (libbpf_num_possible_cpus() < 2) GTEST_SKIP() << "needs two cores";
+  std::vector<UniqueFd> socks;
+  std::vector<int> fds;
+  for (int i = 0; i < 2; i++) {
+    UniqueFd s(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    int one = 1;
+    setsockopt(s.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    inet_pton(AF_INET, net_->host_ip.c_str(), &a.sin_addr);
+    a.sin_port = htons(9371);
+    ASSERT_EQ(bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    fds.push_back(s.get());
+    socks.push_back(std::move(s));
+  }
+  syr_deploy_opts o{};
+  o.sz = sizeof o;
+  o.app = "xlayer";
+  o.fds = fds.data();
+  o.n_fds = fds.size();
+  int sid = syr_deploy_policy(source_path("policies/socket_local.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+  ASSERT_GT(sid, 0) << syr_last_error();
+  ids_.push_back(sid);
+  ASSERT_GT(deploy("policies/xdp_classify.c", "xlayer", {9371}, {0, 1}), 0) << syr_last_error();
+
+  UniqueFd peer(net_->peer_udp());
+  send_to(peer.get(), net_->host_ip, 9371, 2, 0);  // a SCAN: weight 70, to core 0
+  for (int i = 1; i <= 20; i++) {
+    send_to(peer.get(), net_->host_ip, 9371, 1, i);  // GETs: core 1 has less work
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  auto on0 = drain(socks[0].get()), on1 = drain(socks[1].get());
+  ASSERT_EQ(on0.size(), 1u);
+  EXPECT_EQ(on0[0][0], 2) << "socket 0 must hold the SCAN";
+  EXPECT_EQ(on1.size(), 20u);
+  for (auto& p : on1) EXPECT_EQ(p[0], 1);
+  EXPECT_EQ(map_u64("xlayer", "core_work", 0), 70u);
+  EXPECT_EQ(map_u64("xlayer", "core_work", 1), 20u);
+}
+
 TEST_F(Xdp, AfXdpSocketGetsExactlyThePacketsItsPolicyChose) {
   XskReceiver rx;
   int r = rx.open(net_->host_if);

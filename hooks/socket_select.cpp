@@ -295,6 +295,18 @@ class GroupTarget : public Target {
     return {{"group", ex_.group()}, {"executors", ex_.sockets.size()}};
   }
 
+  // The sockets themselves cannot be saved: their identity (inodes, in executor order)
+  // and a process that holds them can, and a later syrupd takes them again from there.
+  nlohmann::json save() const override {
+    nlohmann::json inodes = nlohmann::json::array();
+    for (auto& s : ex_.sockets) {
+      struct stat st;
+      inodes.push_back(fstat(s.get(), &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0);
+    }
+    return {{"protocol", ex_.protocol}, {"port", ex_.port}, {"address", ex_.address},
+            {"holder", ex_.holder}, {"inodes", inodes}};
+  }
+
  private:
   Executors ex_;
 };
@@ -337,6 +349,55 @@ int SocketSelectHook::make_target(const Caller& caller, proto::Message& req,
     owner = pid;  // the scheduled process, not the tool that asked
   } else if (int r = from_fds(std::move(req.fds), ex, err)) {
     return r;
+  }
+  ex.holder = owner;
+  out = std::make_unique<GroupTarget>(std::move(ex));
+  return 0;
+}
+
+int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy&, std::unique_ptr<Target>& out,
+                            std::string& err) {
+  Executors ex;
+  ex.protocol = saved.value("protocol", 0);
+  ex.port = saved.value("port", 0);
+  ex.address = saved.value("address", std::string());
+  ex.holder = saved.value("holder", 0);
+  std::vector<uint64_t> inodes = saved.value("inodes", std::vector<uint64_t>{});
+  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, ex.holder, 0)));
+  if (!pidfd) {
+    err = "process " + std::to_string(ex.holder) + ", which held its sockets, is gone";
+    return -ESRCH;
+  }
+  std::map<uint64_t, UniqueFd> found;
+  std::error_code ec;
+  std::string dir = "/proc/" + std::to_string(ex.holder) + "/fd";
+  DIR* d = opendir(dir.c_str());
+  if (!d) {
+    err = "cannot list " + dir;
+    return -ESRCH;
+  }
+  while (dirent* de = readdir(d)) {
+    if (de->d_name[0] == '.') continue;
+    UniqueFd fd(static_cast<int>(syscall(SYS_pidfd_getfd, pidfd.get(), std::atoi(de->d_name), 0)));
+    struct stat st;
+    if (!fd || fstat(fd.get(), &st) < 0 || !S_ISSOCK(st.st_mode)) continue;
+    if (std::find(inodes.begin(), inodes.end(), st.st_ino) != inodes.end() && !found.count(st.st_ino))
+      found[st.st_ino] = std::move(fd);
+  }
+  closedir(d);
+  for (size_t i = 0; i < inodes.size(); i++) {
+    auto it = found.find(inodes[i]);
+    if (it == found.end()) {
+      err = "executor " + std::to_string(i) + " (socket inode " + std::to_string(inodes[i]) +
+            ") is no longer held by process " + std::to_string(ex.holder);
+      return -ENOENT;
+    }
+    ex.sockets.push_back(std::move(it->second));
+    found.erase(it);
+  }
+  if (ex.sockets.empty()) {
+    err = "no executors were saved";
+    return -EINVAL;
   }
   out = std::make_unique<GroupTarget>(std::move(ex));
   return 0;

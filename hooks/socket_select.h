@@ -30,6 +30,7 @@ struct Executors {
   int protocol = 0;             // IPPROTO_UDP or IPPROTO_TCP
   uint16_t port = 0;
   std::string address;          // bound address, e.g. "127.0.0.1" or "::"
+  pid_t holder = 0;             // a process that holds the sockets (for adoption)
   // Identity of the reuseport group: "udp/127.0.0.1:9000".
   std::string group() const;
 };
@@ -63,6 +64,8 @@ class SocketSelectHook : public Hook {
   int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
                   pid_t& owner, std::string& err) override;
   void release_leftover(const std::string& policy_dir) override;
+  int adopt(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
+            std::string& err) override;
 };
 
 // Attaches `prog_fd` to the group (atomically replacing any program there).

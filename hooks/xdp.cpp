@@ -39,7 +39,10 @@ int libxdp_print(enum libxdp_print_level level, const char* fmt, va_list ap) {
   vsnprintf(buf, sizeof buf, fmt, ap);
   std::string line(buf);
   while (!line.empty() && line.back() == '\n') line.pop_back();
-  log(level == LIBXDP_WARN ? LogLevel::kDebug : LogLevel::kDebug, "libxdp: %s", line.c_str());
+  // Even libxdp's warnings are debug here: on kernels without BPF trampolines it warns
+  // that its dispatcher is unavailable, which Syrup expects (its root program dispatches).
+  (void)level;
+  log(LogLevel::kDebug, "libxdp: %s", line.c_str());
   return 0;
 }
 
@@ -135,10 +138,50 @@ class Root {
     return 0;
   }
 
+  // The root a previous syrupd attached to `ifname`, from its pins, still attached.
+  static int adopt(const std::string& ifname, std::shared_ptr<Root>& out, std::string& err) {
+    auto r = std::make_shared<Root>();
+    r->ifname_ = ifname;
+    r->ifindex_ = static_cast<int>(if_nametoindex(ifname.c_str()));
+    r->adopted_prog_.reset(bpf_obj_get(pins::xdp_root_obj(ifname, kRootProg).c_str()));
+    bpf_prog_info info{};
+    uint32_t len = sizeof info;
+    LIBBPF_OPTS(bpf_xdp_query_opts, q);
+    if (!r->ifindex_ || !r->adopted_prog_ ||
+        bpf_prog_get_info_by_fd(r->adopted_prog_.get(), &info, &len) ||
+        bpf_xdp_query(r->ifindex_, 0, &q) || q.prog_id != info.id) {
+      err = "the XDP root program of " + ifname + " is no longer attached";
+      return -ENOENT;
+    }
+    for (const char* m : kRootMaps) {
+      UniqueFd fd(bpf_obj_get(pins::xdp_root_obj(ifname, m).c_str()));
+      if (!fd) {
+        err = std::string("map ") + m + " of the XDP root of " + ifname + " is not pinned";
+        return -ENOENT;
+      }
+      r->adopted_maps_[m] = std::move(fd);
+    }
+    r->xprog_ = xdp_program__from_fd(r->adopted_prog_.get());
+    if (!r->xprog_ || libxdp_get_error(r->xprog_)) {
+      r->xprog_ = nullptr;
+      err = "libxdp cannot use the adopted root program";
+      return -EINVAL;
+    }
+    r->mode_ = q.attach_mode == XDP_ATTACHED_SKB ? XDP_MODE_SKB : XDP_MODE_NATIVE;
+    r->attached_ = true;
+    out = std::move(r);
+    return 0;
+  }
+
   int map_fd(const char* name) const {
+    if (!obj_) {
+      auto it = adopted_maps_.find(name);
+      return it == adopted_maps_.end() ? -ENOENT : it->second.get();
+    }
     bpf_map* m = bpf_object__find_map_by_name(obj_, name);
     return m ? bpf_map__fd(m) : -ENOENT;
   }
+  void mark_used(int slot) { used_[slot] = true; }
 
   // Attaches through libxdp, native mode where the driver has it, generic otherwise.
   int ensure_attached(std::string& err) {
@@ -236,6 +279,8 @@ class Root {
   bool attached_ = false;
   bool used_[SYR_XDP_MAX_APPS] = {};
   std::map<Claim, std::string> claims_;  // (protocol, port) -> application
+  UniqueFd adopted_prog_;                 // when adopted: no bpf_object
+  std::map<std::string, UniqueFd> adopted_maps_;
 };
 
 // ---- Target -------------------------------------------------------------------------
@@ -245,9 +290,11 @@ namespace {
 class XdpTarget : public Target {
  public:
   XdpTarget(XdpHook& hook, std::shared_ptr<Root> root, std::string app, std::set<Claim> ports,
-            std::vector<uint32_t> cpus, std::vector<UniqueFd> xsks)
+            std::vector<uint32_t> cpus, std::vector<UniqueFd> xsks, int slot = -1, int prog_fd = -1,
+            uint32_t n_xsks = 0)
       : hook_(hook), root_(std::move(root)), app_(std::move(app)), ports_(std::move(ports)),
-        cpus_(std::move(cpus)), xsks_(std::move(xsks)) {}
+        cpus_(std::move(cpus)), xsks_(std::move(xsks)), n_xsks_(xsks_.empty() ? n_xsks : xsks_.size()),
+        slot_(slot), prog_fd_(prog_fd) {}
 
   ~XdpTarget() override {
     std::string ifname = root_->ifname();
@@ -257,12 +304,12 @@ class XdpTarget : public Target {
 
   std::string key() const override { return "xdp/" + root_->ifname() + "/" + app_; }
   uint32_t num_executors() const override {
-    return static_cast<uint32_t>(xsks_.empty() ? cpus_.size() : xsks_.size());
+    return static_cast<uint32_t>(n_xsks_ ? n_xsks_ : cpus_.size());
   }
 
   int prepare_load(LoadSpec& spec, const Target*, const LoadedPolicy*) override {
     spec.reuse_maps[SYR_XDP_META_MAP] = root_->map_fd(SYR_XDP_META_MAP);
-    if (!xsks_.empty()) spec.params[SYR_XDP_KIND_VAR] = SYR_XDP_EXEC_XSK;
+    if (n_xsks_) spec.params[SYR_XDP_KIND_VAR] = SYR_XDP_EXEC_XSK;
     return 0;
   }
 
@@ -297,7 +344,10 @@ class XdpTarget : public Target {
         err = "cannot claim " + c.str() + ": " + std::strerror(e);
         for (auto& a : added) {
           auto ak = a.key();
-          if (!prev || !prev->ports_.count(a)) bpf_map_delete_elem(ports, &ak);
+          if (!prev || !prev->ports_.count(a)) {
+            bpf_map_delete_elem(ports, &ak);
+            root_->claims().erase(a);
+          }
         }
         if (prev) {
           int ofd = prev->prog_fd_;
@@ -343,10 +393,17 @@ class XdpTarget : public Target {
     json j = {{"ifname", root_->ifname()},
               {"mode", root_->mode_name()},
               {"ports", ports},
-              {"executor_kind", xsks_.empty() ? "cpu" : "af_xdp"},
+              {"executor_kind", n_xsks_ ? "af_xdp" : "cpu"},
               {"root", root_->stats()}};
-    if (xsks_.empty()) j["cpus"] = cpus_;
+    if (!n_xsks_) j["cpus"] = cpus_;
     return j;
+  }
+
+  json save() const override {
+    json ports = json::array();
+    for (auto& c : ports_) ports.push_back({c.protocol, c.port});
+    return {{"ifname", root_->ifname()}, {"app", app_},   {"ports", ports},
+            {"cpus", cpus_},             {"xsks", n_xsks_}, {"slot", slot_}};
   }
 
  private:
@@ -384,6 +441,7 @@ class XdpTarget : public Target {
   std::set<Claim> ports_;
   std::vector<uint32_t> cpus_;
   std::vector<UniqueFd> xsks_;
+  size_t n_xsks_ = 0;  // AF_XDP executors (the sockets are not re-taken on adoption)
   int slot_ = -1;
   int prog_fd_ = -1;  // borrowed from the policy's LoadedPolicy while installed
 };
@@ -456,7 +514,7 @@ int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_
     }
   }
   if (!caller.admin()) {
-    auto held = process_ports(caller.pid);
+    auto held = process_ports(owner);  // the caller's own process, or its --pid
     for (auto& c : ports)
       if (!held.count(c)) {
         err = "the caller has no socket bound to " + c.str() + " (only root may claim other ports)";
@@ -471,7 +529,8 @@ int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_
       err = "executors are either cores (cpus) or AF_XDP sockets (fds), not both";
       return -EINVAL;
     }
-    int ncpu = libbpf_num_possible_cpus();
+    // The CPUMAP is keyed by core number and has SYR_MAX_EXECUTORS entries.
+    int ncpu = std::min(libbpf_num_possible_cpus(), SYR_MAX_EXECUTORS);
     for (auto& c : b["cpus"]) {
       if (!c.is_number_integer() || c.get<int>() < 0 || c.get<int>() >= ncpu) {
         err = "cpus must be cores 0.." + std::to_string(ncpu - 1);
@@ -479,8 +538,13 @@ int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_
       }
       cpus.push_back(c.get<uint32_t>());
     }
+    if (cpus.empty()) {
+      err = "cpus is empty: name at least one core (or leave it out for every core)";
+      return -EINVAL;
+    }
   } else if (xsks.empty()) {
-    for (int c = 0; c < libbpf_num_possible_cpus(); c++) cpus.push_back(static_cast<uint32_t>(c));
+    for (int c = 0; c < std::min(libbpf_num_possible_cpus(), SYR_MAX_EXECUTORS); c++)
+      cpus.push_back(static_cast<uint32_t>(c));
   }
   if (cpus.size() > SYR_MAX_EXECUTORS || xsks.size() > SYR_MAX_EXECUTORS) {
     err = "at most " + std::to_string(SYR_MAX_EXECUTORS) + " executors per policy";
@@ -511,10 +575,36 @@ int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_
   return 0;
 }
 
+int XdpHook::adopt(const json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out, std::string& err) {
+  std::string ifname = saved.value("ifname", std::string());
+  int slot = saved.value("slot", -1);
+  if (slot < 0 || slot >= SYR_XDP_MAX_APPS) {
+    err = "no valid prog-array slot was saved";
+    return -EINVAL;
+  }
+  std::shared_ptr<Root> root;
+  if (auto it = roots_.find(ifname); it != roots_.end()) {
+    root = it->second;
+  } else {
+    if (int r = Root::adopt(ifname, root, err)) return r;
+    roots_[ifname] = root;
+  }
+  std::set<Claim> ports;
+  for (auto& c : saved.value("ports", json::array())) ports.insert({c[0].get<uint8_t>(), c[1].get<uint16_t>()});
+  std::string app = saved.value("app", std::string());
+  root->mark_used(slot);
+  for (auto& c : ports) root->claims()[c] = app;
+  out = std::make_unique<XdpTarget>(*this, root, app, std::move(ports),
+                                    saved.value("cpus", std::vector<uint32_t>{}), std::vector<UniqueFd>{},
+                                    slot, p.prog_fd(), saved.value("xsks", 0u));
+  return 0;
+}
+
 void XdpHook::recover() {
   std::error_code ec;
   for (auto& e : fs::directory_iterator(pins::xdp_dir(), ec)) {
     std::string ifname = e.path().filename();
+    if (roots_.count(ifname)) continue;  // adopted with its policies
     UniqueFd prog(bpf_obj_get(pins::xdp_root_obj(ifname, kRootProg).c_str()));
     int ifindex = static_cast<int>(if_nametoindex(ifname.c_str()));
     bpf_prog_info info{};

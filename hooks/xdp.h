@@ -39,6 +39,8 @@ class XdpHook : public Hook {
   int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
                   pid_t& owner, std::string& err) override;
   void recover() override;
+  int adopt(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
+            std::string& err) override;
 
   // Detaches and forgets the root of `ifname` when no application uses it any more.
   void release_if_unused(const std::string& ifname);

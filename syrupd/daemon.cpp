@@ -21,6 +21,8 @@
 #include <cstring>
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "log.h"
 #include "pins.h"
@@ -93,7 +95,7 @@ int Daemon::init(const DaemonConfig& cfg) {
   pins::set_root(cfg_.bpffs_root);
   hooks_.push_back(std::make_unique<socket_select::SocketSelectHook>());
   hooks_.push_back(std::make_unique<xdp::XdpHook>(compiler_));
-  hooks_.push_back(std::make_unique<thread::ThreadHook>());
+  hooks_.push_back(std::make_unique<thread::ThreadHook>(compiler_));
 
   // One daemon per control socket: the lock is held for the daemon's lifetime.
   fs::path sock(cfg_.socket_path);
@@ -107,22 +109,27 @@ int Daemon::init(const DaemonConfig& cfg) {
     return -EBUSY;
   }
 
-  // Pins left by a syrupd that did not shut down cleanly: nothing can own them now.
+  // What a previous syrupd left: adopt what its state file describes and its pins still
+  // hold; release and remove the rest.
+  adopt_state();
   std::string apps = pins::root() + "/apps";
-  if (fs::exists(apps, ec) && !fs::is_empty(apps, ec)) {
-    // Their programs may still be attached; each hook releases what they hold.
-    int released = 0;
-    for (auto& app_dir : fs::directory_iterator(apps, ec))
-      for (auto& pol : fs::directory_iterator(app_dir.path() / "policies", ec)) {
-        for (auto& h : hooks_) h->release_leftover(pol.path());
-        released++;
-      }
+  int released = 0;
+  for (auto& app_dir : fs::directory_iterator(apps, ec))
+    for (auto& pol : fs::directory_iterator(app_dir.path() / "policies", ec)) {
+      int id = std::atoi(pol.path().filename().c_str());
+      if (policies_.count(id) && policies_[id]->app == app_dir.path().filename().string()) continue;
+      for (auto& h : hooks_) h->release_leftover(pol.path());
+      pins::remove_tree(pol.path());
+      released++;
+    }
+  if (released)
     log(LogLevel::kWarn,
-        "found pins of a previous syrupd under %s: released what its %d policies held (their "
-        "hooks use the kernel's default until deployed to again) and removed the pins",
-        apps.c_str(), released);
-    pins::remove_tree(apps);
-  }
+        "found %d policies of a previous syrupd under %s that could not be adopted: released "
+        "what they held (their hooks use the kernel's default until deployed to again) and "
+        "removed their pins",
+        released, apps.c_str());
+  for (auto& app_dir : fs::directory_iterator(apps, ec))
+    if (!app_owner_.count(app_dir.path().filename().string())) pins::remove_tree(app_dir.path());
   for (auto& h : hooks_) h->recover();
   if ((r = pins::make_dirs(apps))) {
     log(LogLevel::kError, "cannot create %s: %s", apps.c_str(), std::strerror(-r));
@@ -165,6 +172,12 @@ int Daemon::init(const DaemonConfig& cfg) {
     epoll_event ev{EPOLLIN, {.fd = fd}};
     epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev);
   }
+  for (auto& [id, p] : policies_)
+    if (p->owner_pidfd) {
+      epoll_event ev{EPOLLIN, {.fd = p->owner_pidfd.get()}};
+      epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, p->owner_pidfd.get(), &ev);
+    }
+  save_state();
   log(LogLevel::kInfo, "serving on %s, pins under %s", cfg_.socket_path.c_str(),
       pins::root().c_str());
   return 0;
@@ -201,9 +214,17 @@ int Daemon::run() {
     }
     if (stop) break;
   }
-  std::vector<int> ids;
-  for (auto& [id, p] : policies_) ids.push_back(id);
-  for (int id : ids) remove_policy(id, true, "syrupd is shutting down");
+  if (cfg_.remove_on_exit) {
+    std::vector<int> ids;
+    for (auto& [id, p] : policies_) ids.push_back(id);
+    for (int id : ids) remove_policy(id, true, "syrupd is shutting down");
+  } else {
+    // The data path stays as it is; the next syrupd adopts it from the state file.
+    save_state();
+    log(LogLevel::kInfo, "leaving %zu policies in place for the next syrupd (state in %s)",
+        policies_.size(), cfg_.state_file.c_str());
+  }
+  for (auto& h : hooks_) h->shutdown();
   unlink(cfg_.socket_path.c_str());
   return 0;
 }
@@ -357,6 +378,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
   if (!persist) {
     // Watched from now on, so an owner that exits mid-deploy is not missed.
     pol->owner_pid = owner;
+    pol->owner_start = process_start_time(owner);
     pol->owner_pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, owner, 0)));
     if (!pol->owner_pidfd)
       return {proto::error_response(ESRCH, "process " + std::to_string(owner) +
@@ -409,6 +431,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
     remove_policy(old->id, false, ("replaced by policy " + std::to_string(id)).c_str());
   }
   gc_app(app);
+  save_state();
   return {ok(resp)};
 }
 
@@ -425,6 +448,7 @@ void Daemon::remove_policy(int id, bool detach_hook, const char* why) {
   log(LogLevel::kInfo, "removed policy %d (%s) of app '%s': %s", id, p.name.c_str(), app.c_str(), why);
   policies_.erase(it);
   gc_app(app);
+  save_state();
 }
 
 void Daemon::gc_app(const std::string& app) {
@@ -468,6 +492,107 @@ Daemon::Response Daemon::remove(const Caller& caller, const json& req) {
                                              std::to_string(it->second->uid))};
   remove_policy(id, true, ("removed by pid " + std::to_string(caller.pid)).c_str());
   return {ok({{"id", id}})};
+}
+
+uint64_t process_start_time(pid_t pid) {
+  // Field 22 of /proc/PID/stat, after the parenthesised command name.
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t close = s.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(s.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; i++)
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  return 0;
+}
+
+void Daemon::save_state() {
+  json pols = json::array();
+  for (auto& [id, p] : policies_) {
+    json saved = p->target->save();
+    if (saved.is_null()) continue;
+    pols.push_back({{"id", p->id},
+                    {"app", p->app},
+                    {"hook", p->hook},
+                    {"name", p->name},
+                    {"uid", p->uid},
+                    {"owner_pid", p->owner_pid},
+                    {"owner_start", p->owner_start},
+                    {"params", p->params},
+                    {"created", p->created},
+                    {"user_maps", p->loaded->user_maps},
+                    {"system_maps", p->loaded->system_maps},
+                    {"target", saved}});
+  }
+  json apps = json::object();
+  for (auto& [a, uid] : app_owner_) apps[a] = uid;
+  json state = {{"version", 1}, {"bpffs_root", pins::root()}, {"next_id", next_id_},
+                {"apps", apps}, {"policies", pols}};
+  std::string tmp = cfg_.state_file + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << state.dump(1) << "\n";
+    out.flush();
+    if (!out) {
+      log(LogLevel::kWarn, "cannot write the state file %s", tmp.c_str());
+      return;
+    }
+  }
+  if (rename(tmp.c_str(), cfg_.state_file.c_str()) < 0)
+    log(LogLevel::kWarn, "cannot replace the state file %s: %s", cfg_.state_file.c_str(), std::strerror(errno));
+}
+
+void Daemon::adopt_state() {
+  std::ifstream in(cfg_.state_file);
+  if (!in) return;
+  json state = json::parse(in, nullptr, false);
+  if (state.is_discarded() || state.value("version", 0) != 1 ||
+      state.value("bpffs_root", std::string()) != pins::root()) {
+    log(LogLevel::kWarn, "ignoring the state file %s (unreadable or for another pin root)", cfg_.state_file.c_str());
+    return;
+  }
+  next_id_ = std::max(next_id_, state.value("next_id", 1));
+  int adopted = 0;
+  for (auto& s : state["policies"]) {
+    auto pol = std::make_unique<Policy>();
+    pol->id = s.value("id", 0);
+    pol->app = s.value("app", std::string());
+    pol->hook = s.value("hook", std::string());
+    pol->name = s.value("name", std::string());
+    pol->uid = s.value("uid", 0u);
+    pol->owner_pid = s.value("owner_pid", 0);
+    pol->owner_start = s.value("owner_start", uint64_t{0});
+    pol->params = s.value("params", std::map<std::string, uint64_t>{});
+    pol->created = s.value("created", time_t{0});
+    Hook* hook = nullptr;
+    for (auto& h : hooks_)
+      if (pol->hook == h->name()) hook = h.get();
+    std::string err;
+    int r = hook ? 0 : -EOPNOTSUPP;
+    if (!hook) err = "unknown hook '" + pol->hook + "'";
+    if (!r)
+      r = adopt_policy(pol->app, pol->id, s.value("user_maps", std::vector<std::string>{}),
+                       s.value("system_maps", std::vector<std::string>{}), pol->loaded, err);
+    if (!r) r = hook->adopt(s["target"], *pol->loaded, pol->target, err);
+    if (r) {
+      log(LogLevel::kWarn, "cannot adopt policy %d (%s) of app '%s': %s", pol->id, pol->name.c_str(),
+          pol->app.c_str(), err.c_str());
+      continue;
+    }
+    if (pol->owner_pid) {
+      pol->owner_pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, pol->owner_pid, 0)));
+      // The same process, not a new one that reused its pid.
+      if (pol->owner_pidfd && process_start_time(pol->owner_pid) != pol->owner_start) pol->owner_pidfd.reset();
+    }
+    app_owner_[pol->app] = state["apps"].value(pol->app, pol->uid);
+    int id = pol->id;
+    bool owner_gone = pol->owner_pid && !pol->owner_pidfd;
+    policies_.emplace(id, std::move(pol));
+    adopted++;
+    if (owner_gone) remove_policy(id, true, "its owner exited while syrupd was down");
+  }
+  log(LogLevel::kInfo, "adopted %d policies of the previous syrupd from %s", adopted, cfg_.state_file.c_str());
 }
 
 json Daemon::describe(const Policy& p) const {

@@ -38,6 +38,7 @@ struct Policy {
   std::string name;
   uid_t uid = 0;
   pid_t owner_pid = 0;  // 0 when the policy persists
+  uint64_t owner_start = 0;  // the owner's start time, to tell it from a reused pid
   UniqueFd owner_pidfd;
   std::map<std::string, uint64_t> params;
   std::unique_ptr<Target> target;        // where it is attached, with its executors
@@ -50,7 +51,12 @@ struct DaemonConfig {
   CompilerConfig compiler;
   std::string bpffs_root;
   size_t max_source_bytes = 1 << 20;
+  std::string state_file;       // what is deployed, for the next syrupd to adopt
+  bool remove_on_exit = false;  // SIGTERM: remove every policy (else leave them running)
 };
+
+// Field 22 of /proc/PID/stat (0 if unknown).
+uint64_t process_start_time(pid_t pid);
 
 class Daemon {
  public:
@@ -79,6 +85,9 @@ class Daemon {
   // Detaches (if `detach_hook`), unpins and forgets a policy; cleans its app's pins.
   void remove_policy(int id, bool detach_hook, const char* why);
   void owner_exited(int pidfd);
+  // The state file: written after every change; read once at start to adopt.
+  void save_state();
+  void adopt_state();
   void gc_app(const std::string& app);
   nlohmann::json describe(const Policy& p) const;
   nlohmann::json policy_stats(const Policy& p) const;

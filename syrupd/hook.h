@@ -54,6 +54,8 @@ class Target {
   virtual void uninstall(LoadedPolicy& p) = 0;
   // Hook-specific fields for `list`.
   virtual nlohmann::json describe() const = 0;
+  // What a later syrupd needs to adopt this attachment (Hook::adopt); null: it cannot.
+  virtual nlohmann::json save() const { return nullptr; }
 };
 
 class Hook {
@@ -72,7 +74,16 @@ class Hook {
   virtual void release_leftover(const std::string& policy_dir) { (void)policy_dir; }
   // Once at start, before any deploy: hook-wide state a previous syrupd left behind.
   virtual void recover() {}
-  // Once at shutdown, after every policy was removed.
+  // Takes over an attachment a previous syrupd made (Target::save()'s `saved`), with its
+  // program and maps `p` opened from the pins. The kernel state is left as it is: not a
+  // packet is lost. 0 or -errno with `err`; on failure the caller releases the policy.
+  virtual int adopt(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
+                    std::string& err) {
+    (void)saved, (void)p, (void)out;
+    err = std::string("the ") + name() + " hook cannot adopt a policy";
+    return -EOPNOTSUPP;
+  }
+  // Once when syrupd exits, after the policies were removed or left for the next one.
   virtual void shutdown() {}
 };
 

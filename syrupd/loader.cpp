@@ -1,5 +1,6 @@
 #include "loader.h"
 
+#include <bpf/bpf.h>
 #include <bpf/btf.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -130,8 +131,44 @@ LoadedPolicy::~LoadedPolicy() {
 }
 
 int LoadedPolicy::map_fd(const char* name) const {
+  if (!obj) {
+    auto it = adopted_maps.find(name);
+    return it == adopted_maps.end() ? -ENOENT : it->second.get();
+  }
   bpf_map* m = bpf_object__find_map_by_name(obj, name);
   return m ? bpf_map__fd(m) : -ENOENT;
+}
+
+int adopt_policy(const std::string& app, int id, const std::vector<std::string>& user_maps,
+                 const std::vector<std::string>& system_maps, std::unique_ptr<LoadedPolicy>& out,
+                 std::string& err) {
+  auto p = std::make_unique<LoadedPolicy>();
+  p->app = app;
+  p->policy_id = id;
+  p->user_maps = user_maps;
+  p->system_maps = system_maps;
+  p->adopted_prog.reset(bpf_obj_get(pins::policy_prog(app, id).c_str()));
+  if (!p->adopted_prog) {
+    int e = errno;
+    err = "its program is not pinned at " + pins::policy_prog(app, id) + ": " + std::strerror(e);
+    return -e;
+  }
+  auto open_pin = [&](const std::string& name, const std::string& path) {
+    UniqueFd fd(bpf_obj_get(path.c_str()));
+    if (!fd) {
+      int e = errno;
+      err = "map " + name + " is not pinned at " + path + ": " + std::strerror(e);
+      return -e;
+    }
+    p->adopted_maps[name] = std::move(fd);
+    return 0;
+  };
+  for (auto& m : system_maps)
+    if (int r = open_pin(m, pins::policy_map(app, id, m))) return r;
+  for (auto& m : user_maps)
+    if (int r = open_pin(m, pins::app_map(app, m))) return r;
+  out = std::move(p);
+  return 0;
 }
 
 void LoadedPolicy::unpin() {
@@ -164,7 +201,13 @@ int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFa
     nprogs++;
     p->prog = prog;
   }
-  if (nprogs != 1) {
+  if (!spec.programs.empty()) {
+    p->prog = bpf_object__find_program_by_name(p->obj, spec.programs[0].c_str());
+    for (auto& n : spec.programs)
+      if (!bpf_object__find_program_by_name(p->obj, n.c_str())) p->prog = nullptr;
+    if (p->prog && nprogs == static_cast<int>(spec.programs.size())) nprogs = 1;
+  }
+  if (nprogs != 1 || !p->prog) {
     fail.message = "policy " + spec.policy_name +
                    " defines BPF programs of its own (a policy is one SYR_POLICY function)";
     return -EINVAL;

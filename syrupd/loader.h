@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "unique_fd.h"
+
 namespace syrup {
 
 struct LoadSpec {
@@ -32,6 +34,9 @@ struct LoadSpec {
   // System maps the new program must share with existing ones (name -> fd), e.g. a
   // replaced policy's executor map or the XDP root program's scratch map.
   std::map<std::string, int> reuse_maps;
+  // The hook wrapper's programs when it makes more than one (the thread hook's sched_ext
+  // wrapper: enqueue and dispatch); the first is pinned as "prog". Empty: exactly one.
+  std::vector<std::string> programs;
 };
 
 struct LoadFailure {
@@ -39,17 +44,21 @@ struct LoadFailure {
   std::string log;      // the relevant tail of the verifier log or libbpf's messages
 };
 
+// A policy's program and maps: either loaded by this syrupd (obj set), or adopted from
+// the pins a previous syrupd left (obj null, fds opened from bpffs).
 class LoadedPolicy {
  public:
   ~LoadedPolicy();
   bpf_object* obj = nullptr;
   bpf_program* prog = nullptr;
+  UniqueFd adopted_prog;
+  std::map<std::string, UniqueFd> adopted_maps;
   std::vector<std::string> user_maps;    // names of the application maps it uses
   std::vector<std::string> system_maps;  // pinned under the policy's directory
   std::string app;
   int policy_id = 0;
 
-  int prog_fd() const { return bpf_program__fd(prog); }
+  int prog_fd() const { return obj ? bpf_program__fd(prog) : adopted_prog.get(); }
   int map_fd(const char* name) const;
   // Removes the pins of the program and system maps (not the application's maps).
   void unpin();
@@ -60,6 +69,12 @@ void loader_init();
 
 // 0 or -errno with `fail` filled.
 int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFailure& fail);
+
+// Opens a pinned policy (program, system maps, the application's maps it uses) as a
+// previous syrupd left it. 0 or -errno with `err`.
+int adopt_policy(const std::string& app, int id, const std::vector<std::string>& user_maps,
+                 const std::vector<std::string>& system_maps, std::unique_ptr<LoadedPolicy>& out,
+                 std::string& err);
 
 // Byte-exact tail of the last `max_lines` lines of `text`.
 std::string tail_lines(const std::string& text, size_t max_lines);

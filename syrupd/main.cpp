@@ -20,6 +20,12 @@ DEFINE_string(kernel_dir, "",
 DEFINE_string(cache_dir, "/var/cache/syrup", "where compiled policy objects are cached by content");
 DEFINE_string(log_level, "info", "debug, info, warn or error");
 DEFINE_uint64(max_source_bytes, 1 << 20, "largest policy source accepted, in bytes");
+DEFINE_string(state_file, "",
+              "where syrupd records what it deployed, so a restarted syrupd adopts it without "
+              "disturbing the data path (default: syrupd.state.json next to --socket)");
+DEFINE_string(on_exit, "keep",
+              "on SIGINT/SIGTERM: 'keep' every policy running for the next syrupd to adopt, or "
+              "'remove' them all");
 
 namespace {
 
@@ -36,8 +42,9 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "the Syrup daemon: deploys user-defined scheduling policies.\n\n"
       "Usage: syrupd [--socket PATH] [--bpffs_root DIR] [--clang PATH] [--log_level LEVEL]\n\n"
-      "Runs as root in the foreground; logs to stderr. SIGINT/SIGTERM remove every\n"
-      "deployed policy and exit. Talk to it with syrupctl or libsyrup.");
+      "Runs as root in the foreground; logs to stderr. On SIGINT/SIGTERM it exits and, by\n"
+      "default, leaves every policy running: the next syrupd adopts them (--on_exit).\n"
+      "Talk to it with syrupctl or libsyrup.");
   gflags::SetVersionString("0.1.0");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   if (argc > 1) {
@@ -55,6 +62,14 @@ int main(int argc, char** argv) {
   cfg.socket_path = FLAGS_socket;
   cfg.bpffs_root = FLAGS_bpffs_root;
   cfg.max_source_bytes = FLAGS_max_source_bytes;
+  if (FLAGS_on_exit != "keep" && FLAGS_on_exit != "remove") {
+    std::fprintf(stderr, "syrupd: --on_exit must be keep or remove\n");
+    return 2;
+  }
+  cfg.remove_on_exit = FLAGS_on_exit == "remove";
+  cfg.state_file = FLAGS_state_file.empty()
+                       ? (std::filesystem::path(FLAGS_socket).parent_path() / "syrupd.state.json").string()
+                       : FLAGS_state_file;
   cfg.compiler.clang = FLAGS_clang;
   cfg.compiler.kernel_dir = FLAGS_kernel_dir.empty() ? default_kernel_dir() : FLAGS_kernel_dir;
   cfg.compiler.cache_dir = FLAGS_cache_dir;

@@ -28,13 +28,16 @@ std::string build_bin(const std::string& name) { return std::string(SYRUP_BUILD_
 std::string source_path(const std::string& rel) { return std::string(SYRUP_SOURCE_DIR) + "/" + rel; }
 
 void Daemon::start(const std::string& bpffs_root) {
-  char tmpl[] = "/tmp/syrup-test-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  dir_ = tmpl;
+  if (dir_.empty()) {  // a restart after crash() keeps the directory (and the state file)
+    char tmpl[] = "/tmp/syrup-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
   chmod(dir_.c_str(), 0755);  // unprivileged test clients must reach the socket
   socket_ = dir_ + "/syrupd.sock";
   bpffs_root_ = bpffs_root.empty() ? "/sys/fs/bpf/syrup-test-" + std::to_string(getpid()) : bpffs_root;
   std::string logf = dir_ + "/syrupd.log";
+  if (access(logf.c_str(), F_OK) == 0) rename(logf.c_str(), (logf + ".previous").c_str());
   pid_ = fork();
   ASSERT_GE(pid_, 0);
   if (pid_ == 0) {
@@ -42,8 +45,9 @@ void Daemon::start(const std::string& bpffs_root) {
     (void)f;
     std::string bin = build_bin("syrupd");
     std::string a1 = "--socket=" + socket_, a2 = "--bpffs_root=" + bpffs_root_,
-                a3 = "--cache_dir=" + dir_ + "/cache", a4 = "--log_level=debug";
-    execl(bin.c_str(), bin.c_str(), a1.c_str(), a2.c_str(), a3.c_str(), a4.c_str(), nullptr);
+                a3 = "--cache_dir=" + dir_ + "/cache", a4 = "--log_level=debug",
+                a5 = "--on_exit=remove";
+    execl(bin.c_str(), bin.c_str(), a1.c_str(), a2.c_str(), a3.c_str(), a4.c_str(), a5.c_str(), nullptr);
     _exit(127);
   }
   // Ready when it answers a ping.

@@ -32,7 +32,8 @@ class Daemon {
   void start(const std::string& bpffs_root = "");
   // SIGTERM and wait; returns syrupd's exit status (or -1).
   int stop();
-  // SIGKILL, as a crash: pins and attachments stay for the next syrupd to find.
+  // SIGKILL, as a crash: pins, attachments and the state file stay for the next syrupd;
+  // start() again (same bpffs root) restarts on them.
   void crash();
   ~Daemon() { stop(); }
   const std::string& socket() const { return socket_; }

@@ -390,10 +390,17 @@ TEST_F(SocketSelect, LiveSwapUnderSteadyTrafficLosesAndMisroutesNothing) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   done = true;
   receiver.join();
-  auto rest = g.drain(&got, 100);
-  (void)rest;
+  {
+    std::vector<std::vector<std::string>> rest;
+    auto c = g.drain(&rest, 100);
+    for (int i = 0; i < kSockets; i++) {
+      counts[i] += c[i];
+      for (auto& p : rest[i]) got[i].push_back(std::move(p));
+    }
+  }
   int total = 0, misrouted = 0;
   for (int i = 0; i < kSockets; i++) {
+    EXPECT_EQ(got[i].size(), static_cast<size_t>(counts[i]));
     total += counts[i];
     for (auto& p : got[i]) {
       uint32_t key;
@@ -515,6 +522,83 @@ TEST_F(SocketSelect, AnUnprivilegedApplicationDeploysAndWritesHintsWithoutCapabi
   waitpid(child, &st, 0);
   ASSERT_TRUE(WIFEXITED(st));
   EXPECT_EQ(WEXITSTATUS(st), 0) << "10: setuid, 11: deploy, 12: map, 13: routing, 14: remove";
+}
+
+// syrupd killed with SIGKILL under steady traffic and restarted: the program stays
+// attached throughout, the new syrupd adopts it, and `list` shows the same state.
+TEST(SocketSelectRestart, SigkillUnderTrafficLosesNothingAndTheRestartAdopts) {
+  SYRUP_REQUIRE_ROOT();
+  Daemon d;
+  d.start();
+  constexpr int kSockets = 3, kDatagrams = 15000;
+  UdpGroup g(kSockets);
+  auto fds = g.fds();
+  syr_deploy_opts o{};
+  o.sz = sizeof o;
+  o.app = "restart";
+  o.fds = fds.data();
+  o.n_fds = fds.size();
+  int id = syr_deploy_policy(source_path("tests/policies/by_key.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+  ASSERT_GT(id, 0) << syr_last_error();
+  std::string before;
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json list", before), 0);
+
+  std::atomic<bool> done{false};
+  std::vector<std::vector<std::string>> got(kSockets);
+  std::thread receiver([&] {
+    while (!done.load()) {
+      std::vector<std::vector<std::string>> p;
+      g.drain(&p, 0);
+      for (int i = 0; i < kSockets; i++)
+        for (auto& s : p[i]) got[i].push_back(std::move(s));
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  std::thread sender([&] {
+    UdpClient c(g.port());
+    for (uint32_t k = 0; k < kDatagrams; k++) {
+      c.send_request(1, k);
+      if (k % 64 == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  d.crash();
+  d.start(d.bpffs_root());
+  sender.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  done = true;
+  receiver.join();
+  {
+    std::vector<std::vector<std::string>> rest;
+    g.drain(&rest, 100);
+    for (int i = 0; i < kSockets; i++)
+      for (auto& p : rest[i]) got[i].push_back(std::move(p));
+  }
+
+  int total = 0, misrouted = 0;
+  for (int i = 0; i < kSockets; i++)
+    for (auto& p : got[i]) {
+      uint32_t key;
+      memcpy(&key, p.data() + 4, 4);
+      total++;
+      misrouted += key % kSockets != static_cast<uint32_t>(i);
+    }
+  EXPECT_EQ(total, kDatagrams) << "datagrams lost across the restart";
+  EXPECT_EQ(misrouted, 0);
+  EXPECT_NE(d.log().find("adopted 1 policies"), std::string::npos) << d.log();
+  std::string after;
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json list", after), 0);
+  auto jb = nlohmann::json::parse(before), ja = nlohmann::json::parse(after);
+  ASSERT_EQ(ja.size(), 1u) << after;
+  for (const char* k : {"id", "app", "name", "hook", "target", "executors", "owner_pid", "prog_id"})
+    EXPECT_EQ(ja[0][k], jb[0][k]) << k;
+  // The adopted policy is fully managed: removing it restores the kernel's hash.
+  ASSERT_EQ(syr_remove_policy(id), 0) << syr_last_error();
+  UdpClient c(g.port());
+  for (int i = 0; i < 30; i++) c.send_request(1, i);
+  auto counts = g.drain();
+  EXPECT_EQ(std::count(counts.begin(), counts.end(), 30), 1);
+  EXPECT_EQ(d.stop(), 0);
 }
 
 }  // namespace

@@ -414,9 +414,16 @@ TEST_F(Xdp, MalformedFramesNeverReachThePolicyAndArePassed) {
   std::string opts_v4 = ipv4(6, 24, 0) + std::string(4, '\x01') + udp(9331);  // IHL 6: 4 bytes of NOPs
   sendf(opts_v4);
   sendf(ipv6(hop_dst, 0) + udp(9331));
+  std::string ah(12, '\0');  // authentication header: length in 4-byte units, minus 2
+  ah[0] = IPPROTO_UDP;
+  ah[1] = 1;
+  std::string hop_ah(8, '\0');  // hop-by-hop -> AH -> UDP: each length in its own units
+  hop_ah[0] = IPPROTO_AH;
+  sendf(ipv6(ah, IPPROTO_AH) + udp(9331));
+  sendf(ipv6(hop_ah + ah, 0) + udp(9331));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(map_u64("parse", "seen", 0), 2u) << "IPv4 options / IPv6 extension headers mis-parsed";
-  EXPECT_EQ(map_u64("parse", "seen", 1), 48u) << "the policy's input must start at the UDP header";
+  EXPECT_EQ(map_u64("parse", "seen", 0), 4u) << "IPv4 options / IPv6 extension headers mis-parsed";
+  EXPECT_EQ(map_u64("parse", "seen", 1), 4u * 24) << "the policy's input must start at the UDP header";
   EXPECT_GT(daemon_.pid(), 0);
   (void)before;
 }
@@ -483,7 +490,7 @@ TEST_F(Xdp, RemovingTheLastPolicyDetachesAndLeavesTheInterfaceAsItWas) {
   EXPECT_EQ(drain(s.get()).size(), 5u);
 }
 
-TEST_F(Xdp, LeftoverRootOfACrashedDaemonIsRemovedAndAForeignProgramIsRefused) {
+TEST_F(Xdp, CrashedDaemonIsAdoptedOrItsLeftoverRemovedAndAForeignProgramIsRefused) {
   ASSERT_GT(deploy("policies/pass.c", "crash", {9361}), 0) << syr_last_error();
   uint32_t leftover = attached_xdp_prog(net_->host_if);
   ASSERT_NE(leftover, 0u);
@@ -511,7 +518,22 @@ TEST_F(Xdp, LeftoverRootOfACrashedDaemonIsRemovedAndAForeignProgramIsRefused) {
   }
   EXPECT_EQ(attached_xdp_prog(net_->host_if), leftover);
 
-  // The next syrupd on the same pins recognises its predecessor's root and removes it.
+  // The next syrupd on the same pins and state adopts it: same program, same policy.
+  UniqueFd s(udp_server(net_->host_ip, 9361));
+  daemon_.start(root);
+  EXPECT_EQ(attached_xdp_prog(net_->host_if), leftover);
+  EXPECT_NE(daemon_.log().find("adopted 1 policies"), std::string::npos) << daemon_.log();
+  json p = policy_entry(1);
+  EXPECT_EQ(p["app"], "crash");
+  EXPECT_EQ(p["ports"], json::array({"udp:9361"}));
+  UniqueFd peer(net_->peer_udp());
+  for (int i = 0; i < 5; i++) send_to(peer.get(), net_->host_ip, 9361, 1, i);
+  EXPECT_EQ(drain(s.get()).size(), 5u);
+
+  // Without its state file, the next syrupd recognises its predecessor's root and
+  // removes it (the interface is left as it was).
+  daemon_.crash();
+  unlink((daemon_.socket().substr(0, daemon_.socket().rfind('/')) + "/syrupd.state.json").c_str());
   daemon_.start(root);
   EXPECT_EQ(attached_xdp_prog(net_->host_if), 0u);
   EXPECT_NE(daemon_.log().find("removed the XDP root program a previous syrupd left on " + net_->host_if),

@@ -127,8 +127,9 @@ int syr_xdp_root(struct xdp_md *ctx)
 			struct ip6_ext *ext = data + off;
 			if ((void *)(ext + 1) > end)
 				return count(SYR_XDP_ROOT_MALFORMED, XDP_PASS);
-			l4 = ext->nexthdr;
+			/* The length is in the units of this header's own type. */
 			off += l4 == IPPROTO_AH ? (ext->hdrlen + 2) * 4 : (ext->hdrlen + 1) * 8;
+			l4 = ext->nexthdr;
 		}
 	} else {
 		return count(SYR_XDP_ROOT_NOT_L4, XDP_PASS);
@@ -166,8 +167,15 @@ int syr_xdp_root(struct xdp_md *ctx)
 	meta->ip_protocol = l4;
 	meta->hash = hash * 0x9e3779b1U;
 	meta->slot = *slot;
-	count(SYR_XDP_ROOT_DISPATCHED, 0);
+	/* Counted before the call (a successful tail call does not return) and taken back
+	 * when the slot turns out empty. */
+	__u32 dk = SYR_XDP_ROOT_DISPATCHED;
+	__u64 *dispatched = bpf_map_lookup_elem(&syr_xdp_root_stats, &dk);
+	if (dispatched)
+		*dispatched += 1;
 	bpf_tail_call(ctx, &syr_xdp_apps, *slot);
+	if (dispatched)
+		*dispatched -= 1;
 	return count(SYR_XDP_ROOT_NO_POLICY, XDP_PASS);
 }
 

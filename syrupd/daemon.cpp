@@ -21,6 +21,7 @@
 #include <cstring>
 #include <algorithm>
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <sstream>
 
@@ -251,6 +252,17 @@ void Daemon::serve_client(int fd) {
   socklen_t cl = sizeof cred;
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) return drop();
   Caller caller{cred.pid, cred.uid, cred.gid};
+  if (!cfg_.admin_gids.empty()) {
+    // Supplementary groups count too; SO_PEERCRED has only the primary one.
+    std::ifstream st("/proc/" + std::to_string(cred.pid) + "/status");
+    std::set<gid_t> groups = {cred.gid};
+    for (std::string line; std::getline(st, line);)
+      if (line.starts_with("Groups:")) {
+        std::istringstream gs(line.substr(7));
+        for (gid_t g; gs >> g;) groups.insert(g);
+      }
+    for (gid_t g : cfg_.admin_gids) caller.in_admin_group |= groups.count(g) > 0;
+  }
 
   proto::Message req;
   std::string why;
@@ -270,6 +282,10 @@ Daemon::Response Daemon::handle(const Caller& caller, proto::Message& req) {
   const json& b = req.body;
   std::string op = b.contains("op") && b["op"].is_string() ? b["op"].get<std::string>() : "";
   log(LogLevel::kDebug, "pid %d uid %u: %s", caller.pid, caller.uid, op.c_str());
+  if (!admit_request(caller))
+    return {proto::error_response(EAGAIN, "uid " + std::to_string(caller.uid) + " is over its limit of " +
+                                              std::to_string(cfg_.quotas.requests_per_second) +
+                                              " requests per second (syrupd --quota_rps); retry later")};
   try {
     if (op == "ping") return {ok({{"version", proto::kVersion}, {"pid", getpid()}})};
     if (op == "deploy") return deploy(caller, req);
@@ -391,8 +407,18 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
   if (!app_owner_.count(app)) app_owner_[app] = caller.uid;
   auto undo_app = [&] { gc_app(app); };  // new map pins, and a new app entry
   LoadFailure lf;
-  LoadSpec spec{cr.object_path, app, pol->id, name, target->num_executors(), params,
-                hi->system_maps(), {}};
+  LoadSpec spec;
+  spec.object_path = cr.object_path;
+  spec.app = app;
+  spec.policy_id = pol->id;
+  spec.policy_name = name;
+  spec.hook = hook;
+  spec.num_executors = target->num_executors();
+  spec.params = params;
+  spec.system_maps = hi->system_maps();
+  spec.allowed_helpers = hi->allowed_helpers();
+  spec.allow_kfuncs = hi->allows_kfuncs();
+  spec.check_quota = [&](const LoadFootprint& fp) { return check_quota(caller, app, old, fp); };
   if (int r = target->prepare_load(spec, old ? old->target.get() : nullptr,
                                    old ? old->loaded.get() : nullptr)) {
     undo_app();
@@ -425,6 +451,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
       name.c_str(), app.c_str(), pol->target->key().c_str(), pol->target->num_executors(),
       cr.cached ? " (cached object)" : "");
   int id = pol->id;
+  secure_app_dir(app, app_owner_[app], caller.gid);
   policies_.emplace(id, std::move(pol));
   if (old) {
     resp["replaced"] = old->id;
@@ -433,6 +460,65 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
   gc_app(app);
   save_state();
   return {ok(resp)};
+}
+
+void Daemon::secure_app_dir(const std::string& app, uid_t uid, gid_t gid) {
+  // The application's uid may open its own pins; nobody else gets past the directory.
+  std::string dir = pins::app_dir(app);
+  std::error_code ec;
+  if (chown(dir.c_str(), uid, gid) == 0) chmod(dir.c_str(), 0700);
+  for (auto& e : fs::recursive_directory_iterator(dir, ec)) {
+    if (lchown(e.path().c_str(), uid, gid) < 0) break;
+    if (e.is_directory()) chmod(e.path().c_str(), 0700);
+  }
+}
+
+bool Daemon::admit_request(const Caller& caller) {
+  if (caller.admin()) return true;
+  double rate = cfg_.quotas.requests_per_second, burst = rate;
+  auto now = std::chrono::steady_clock::now();
+  auto [it, fresh] = buckets_.try_emplace(caller.uid, Bucket{burst, now});
+  Bucket& b = it->second;
+  b.tokens = std::min(burst, b.tokens + rate * std::chrono::duration<double>(now - b.last).count());
+  b.last = now;
+  if (b.tokens < 1) return false;
+  b.tokens -= 1;
+  return true;
+}
+
+std::string Daemon::check_quota(const Caller& caller, const std::string& app, const Policy* replaced,
+                                const LoadFootprint& fp) const {
+  if (caller.admin()) return {};
+  const Quotas& q = cfg_.quotas;
+  size_t policies = 0, insns = fp.insns;
+  for (auto& [id, p] : policies_) {
+    if (p->app != app || p.get() == replaced) continue;
+    policies++;
+    bpf_prog_info info{};
+    uint32_t len = sizeof info;
+    if (bpf_prog_get_info_by_fd(p->loaded->prog_fd(), &info, &len) == 0) insns += info.xlated_prog_len / 8;
+  }
+  size_t maps = fp.new_maps.size();
+  uint64_t bytes = fp.new_map_bytes;
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(pins::app_maps_dir(app), ec)) {
+    UniqueFd m(bpf_obj_get(e.path().c_str()));
+    bpf_map_info info{};
+    uint32_t len = sizeof info;
+    if (!m || bpf_map_get_info_by_fd(m.get(), &info, &len)) continue;
+    maps++;
+    bytes += uint64_t{info.key_size + info.value_size} * info.max_entries;
+  }
+  auto over = [&](const char* what, uint64_t have, uint64_t limit) {
+    return "application '" + app + "' would have " + std::to_string(have) + " " + what +
+           "; its quota is " + std::to_string(limit) + " (syrupd --quota_" +
+           std::string(what == std::string("bytes of maps") ? "map_bytes" : what) + ")";
+  };
+  if (policies + 1 > q.policies) return over("policies", policies + 1, q.policies);
+  if (maps > q.maps) return over("maps", maps, q.maps);
+  if (bytes > q.map_bytes) return over("bytes of maps", bytes, q.map_bytes);
+  if (insns > q.insns) return over("insns", insns, q.insns);
+  return {};
 }
 
 void Daemon::remove_policy(int id, bool detach_hook, const char* why) {

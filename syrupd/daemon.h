@@ -18,6 +18,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <ctime>
 #include <map>
 #include <memory>
@@ -46,7 +47,18 @@ struct Policy {
   time_t created = 0;
 };
 
+// Per-application limits for callers that are not admins (docs/protocol.md).
+struct Quotas {
+  size_t policies = 32;
+  size_t maps = 64;
+  uint64_t map_bytes = 64ull << 20;
+  size_t insns = 200000;          // BPF instructions over all the application's programs
+  unsigned requests_per_second = 200;  // per uid, on the control socket
+};
+
 struct DaemonConfig {
+  Quotas quotas;
+  std::vector<gid_t> admin_gids;  // members of these groups act as root does
   std::string socket_path;
   CompilerConfig compiler;
   std::string bpffs_root;
@@ -93,6 +105,13 @@ class Daemon {
   nlohmann::json policy_stats(const Policy& p) const;
   // "" if `caller` may act on application `app`, else why not.
   std::string may_use_app(const Caller& caller, const std::string& app) const;
+  // "" if deploying `fp` for `app` stays within the caller's quotas, else which one not.
+  std::string check_quota(const Caller& caller, const std::string& app, const Policy* replaced,
+                          const LoadFootprint& fp) const;
+  // Makes apps/<app> owned by the application's uid, mode 0700 (docs/pin-layout.md).
+  void secure_app_dir(const std::string& app, uid_t uid, gid_t gid);
+  // Token bucket per uid; false: over the rate.
+  bool admit_request(const Caller& caller);
   // Whether `caller` may see `p` in list and stats: its own, its applications', or root.
   bool visible(const Caller& caller, const Policy& p) const;
 
@@ -103,6 +122,11 @@ class Daemon {
   std::map<int, std::unique_ptr<Policy>> policies_;
   std::map<std::string, uid_t> app_owner_;
   std::vector<std::unique_ptr<Hook>> hooks_;
+  struct Bucket {
+    double tokens = 0;
+    std::chrono::steady_clock::time_point last;
+  };
+  std::map<uid_t, Bucket> buckets_;
   int next_id_ = 1;
 };
 

@@ -16,8 +16,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
+
+#include <linux/bpf.h>
 
 #include <nlohmann/json.hpp>
 
@@ -37,8 +40,21 @@ struct Caller {
   pid_t pid = 0;
   uid_t uid = 0;
   gid_t gid = 0;
-  bool admin() const { return uid == 0; }
+  bool in_admin_group = false;  // a member of syrupd's --admin_group
+  bool admin() const { return uid == 0 || in_admin_group; }
 };
+
+// Helpers every packet policy may use: maps, time, random numbers, its CPU, bounded
+// loops, spin locks, ring buffers. No tracing, probing or packet-changing helpers.
+inline std::set<int> packet_policy_helpers() {
+  return {BPF_FUNC_map_lookup_elem, BPF_FUNC_map_update_elem, BPF_FUNC_map_delete_elem,
+          BPF_FUNC_map_push_elem,   BPF_FUNC_map_pop_elem,    BPF_FUNC_map_peek_elem,
+          BPF_FUNC_ktime_get_ns,    BPF_FUNC_ktime_get_boot_ns, BPF_FUNC_ktime_get_coarse_ns,
+          BPF_FUNC_jiffies64,       BPF_FUNC_get_prandom_u32, BPF_FUNC_get_smp_processor_id,
+          BPF_FUNC_get_numa_node_id, BPF_FUNC_loop,           BPF_FUNC_spin_lock,
+          BPF_FUNC_spin_unlock,     BPF_FUNC_ringbuf_output,  BPF_FUNC_ringbuf_reserve,
+          BPF_FUNC_ringbuf_submit,  BPF_FUNC_ringbuf_discard};
+}
 
 class Target {
  public:
@@ -66,6 +82,10 @@ class Hook {
   virtual const char* wrapper() const = 0;         // e.g. socket_select.bpf.h
   // The maps the wrapper declares (all named "syr_..."); see LoadSpec::system_maps.
   virtual std::vector<std::string> system_maps() const = 0;
+  // The BPF helpers a policy at this hook may call (empty: not checked), and whether it
+  // may call kernel functions.
+  virtual std::set<int> allowed_helpers() const { return {}; }
+  virtual bool allows_kfuncs() const { return true; }
   // Builds the target of a deploy request, checking `caller` may use it; `owner` is set to
   // the process whose exit ends the policy. 0 or -errno with `err`.
   virtual int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,

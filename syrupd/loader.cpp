@@ -109,6 +109,15 @@ std::string verifier_reason(const std::string& vlog) {
   return reason;
 }
 
+// A helper's name, from the UAPI header's list (for messages).
+std::string helper_name(int id) {
+#define SYR_HELPER_NAME(x) {BPF_FUNC_##x, "bpf_" #x}
+  static const std::map<int, const char*> names = {__BPF_FUNC_MAPPER(SYR_HELPER_NAME)};
+#undef SYR_HELPER_NAME
+  auto it = names.find(id);
+  return it == names.end() ? "BPF helper #" + std::to_string(id) : it->second;
+}
+
 }  // namespace
 
 std::string tail_lines(const std::string& text, size_t max_lines) {
@@ -266,6 +275,52 @@ int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFa
     }
     bpf_map__set_pin_path(m, pins::app_map(spec.app, name).c_str());
     p->user_maps.emplace_back(name);
+  }
+
+  // What the policy may call and declare, checked before the verifier sees it.
+  static const std::set<bpf_map_type> kUserMapTypes = {
+      BPF_MAP_TYPE_ARRAY,       BPF_MAP_TYPE_HASH,     BPF_MAP_TYPE_PERCPU_ARRAY,
+      BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH,
+      BPF_MAP_TYPE_QUEUE,       BPF_MAP_TYPE_STACK,    BPF_MAP_TYPE_RINGBUF};
+  LoadFootprint fp;
+  bpf_object__for_each_map(m, p->obj) {
+    if (bpf_map__is_internal(m)) continue;
+    std::string name = bpf_map__name(m);
+    if (std::find(p->user_maps.begin(), p->user_maps.end(), name) == p->user_maps.end()) continue;
+    if (!kUserMapTypes.count(bpf_map__type(m))) {
+      fail.message = "map '" + name + "' is a " + libbpf_bpf_map_type_str(bpf_map__type(m)) +
+                     " map; policies may declare array, hash, per-CPU, LRU, queue, stack and ring buffer maps";
+      return -EPERM;
+    }
+    if (access(pins::app_map(spec.app, name).c_str(), F_OK) == 0) continue;  // shared, exists
+    fp.new_maps.push_back(name);
+    fp.new_map_bytes += uint64_t{bpf_map__key_size(m) + bpf_map__value_size(m)} * bpf_map__max_entries(m);
+  }
+  bpf_program* pr;
+  bpf_object__for_each_program(pr, p->obj) {
+    const bpf_insn* insns = bpf_program__insns(pr);
+    size_t n = bpf_program__insn_cnt(pr);
+    fp.insns += n;
+    for (size_t i = 0; i < n; i++) {
+      if (insns[i].code != (BPF_JMP | BPF_CALL)) continue;
+      if (insns[i].src_reg == BPF_PSEUDO_KFUNC_CALL && !spec.allow_kfuncs) {
+        fail.message = "policy " + spec.policy_name + " calls a kernel function; this hook allows none";
+        return -EPERM;
+      }
+      if (insns[i].src_reg == 0 && !spec.allowed_helpers.empty() && !spec.allowed_helpers.count(insns[i].imm)) {
+        fail.message = "policy " + spec.policy_name + " calls " + helper_name(insns[i].imm) +
+                       ", which the " + spec.hook + " hook does not allow (no tracing, probe or "
+                       "packet-changing helpers; see docs/policy-abi.md)";
+        return -EPERM;
+      }
+    }
+  }
+  if (spec.check_quota) {
+    std::string why = spec.check_quota(fp);
+    if (!why.empty()) {
+      fail.message = why;
+      return -EDQUOT;
+    }
   }
 
   int r = bpf_object__load(p->obj);

@@ -12,6 +12,8 @@
 #include <bpf/libbpf.h>
 
 #include <cstdint>
+#include <functional>
+#include <set>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,6 +28,7 @@ struct LoadSpec {
   std::string app;
   int policy_id = 0;
   std::string policy_name;  // for messages
+  std::string hook;         // for messages
   uint32_t num_executors = 1;
   std::map<std::string, uint64_t> params;
   // The hook wrapper's own maps (names start with "syr_"): pinned in the policy's
@@ -37,6 +40,19 @@ struct LoadSpec {
   // The hook wrapper's programs when it makes more than one (the thread hook's sched_ext
   // wrapper: enqueue and dispatch); the first is pinned as "prog". Empty: exactly one.
   std::vector<std::string> programs;
+  // BPF helpers (BPF_FUNC_* ids) the hook lets a policy call; empty: not checked.
+  std::set<int> allowed_helpers;
+  bool allow_kfuncs = true;
+  // Called after open, before the verifier, with what the load would add; a non-empty
+  // answer refuses the load with EDQUOT and that message (quotas).
+  std::function<std::string(const struct LoadFootprint&)> check_quota;
+};
+
+// What one policy brings: its instructions and the application maps it would create.
+struct LoadFootprint {
+  size_t insns = 0;
+  std::vector<std::string> new_maps;  // application maps not pinned yet
+  uint64_t new_map_bytes = 0;          // their key+value bytes times entries
 };
 
 struct LoadFailure {

@@ -1,6 +1,7 @@
 // syrupd: the Syrup daemon. Compiles, loads, attaches and keeps the scheduling policies
 // applications deploy through libsyrup or syrupctl (see README.md and docs/).
 #include <gflags/gflags.h>
+#include <grp.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -23,6 +24,12 @@ DEFINE_uint64(max_source_bytes, 1 << 20, "largest policy source accepted, in byt
 DEFINE_string(state_file, "",
               "where syrupd records what it deployed, so a restarted syrupd adopts it without "
               "disturbing the data path (default: syrupd.state.json next to --socket)");
+DEFINE_uint64(quota_policies, 32, "most policies per application (callers that are not admins)");
+DEFINE_uint64(quota_maps, 64, "most maps per application");
+DEFINE_uint64(quota_map_bytes, 64ull << 20, "most bytes of map keys and values per application");
+DEFINE_uint64(quota_insns, 200000, "most BPF instructions over all of an application's programs");
+DEFINE_uint32(quota_rps, 200, "most control requests per second per uid");
+DEFINE_string(admin_group, "", "members of this group may act for any process, as root does");
 DEFINE_string(on_exit, "keep",
               "on SIGINT/SIGTERM: 'keep' every policy running for the next syrupd to adopt, or "
               "'remove' them all");
@@ -62,6 +69,16 @@ int main(int argc, char** argv) {
   cfg.socket_path = FLAGS_socket;
   cfg.bpffs_root = FLAGS_bpffs_root;
   cfg.max_source_bytes = FLAGS_max_source_bytes;
+  cfg.quotas = {FLAGS_quota_policies, FLAGS_quota_maps, FLAGS_quota_map_bytes, FLAGS_quota_insns,
+                FLAGS_quota_rps};
+  if (!FLAGS_admin_group.empty()) {
+    struct group* g = getgrnam(FLAGS_admin_group.c_str());
+    if (!g) {
+      std::fprintf(stderr, "syrupd: --admin_group: no group '%s'\n", FLAGS_admin_group.c_str());
+      return 2;
+    }
+    cfg.admin_gids.push_back(g->gr_gid);
+  }
   if (FLAGS_on_exit != "keep" && FLAGS_on_exit != "remove") {
     std::fprintf(stderr, "syrupd: --on_exit must be keep or remove\n");
     return 2;

@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 std::string build_bin(const std::string& name) { return std::string(SYRUP_BUILD_BIN) + "/" + name; }
 std::string source_path(const std::string& rel) { return std::string(SYRUP_SOURCE_DIR) + "/" + rel; }
 
-void Daemon::start(const std::string& bpffs_root) {
+void Daemon::start(const std::string& bpffs_root, const std::vector<std::string>& extra_args) {
   if (dir_.empty()) {  // a restart after crash() keeps the directory (and the state file)
     char tmpl[] = "/tmp/syrup-test-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
@@ -47,7 +47,12 @@ void Daemon::start(const std::string& bpffs_root) {
     std::string a1 = "--socket=" + socket_, a2 = "--bpffs_root=" + bpffs_root_,
                 a3 = "--cache_dir=" + dir_ + "/cache", a4 = "--log_level=debug",
                 a5 = "--on_exit=remove";
-    execl(bin.c_str(), bin.c_str(), a1.c_str(), a2.c_str(), a3.c_str(), a4.c_str(), a5.c_str(), nullptr);
+    std::vector<std::string> args = {bin, a1, a2, a3, a4, a5};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(bin.c_str(), argv.data());
     _exit(127);
   }
   // Ready when it answers a ping.

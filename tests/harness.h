@@ -29,7 +29,7 @@ class Daemon {
  public:
   // Starts syrupd; SYRUP_SOCKET points libsyrup at it until stop(). `bpffs_root`
   // defaults to a directory of this test process.
-  void start(const std::string& bpffs_root = "");
+  void start(const std::string& bpffs_root = "", const std::vector<std::string>& extra_args = {});
   // SIGTERM and wait; returns syrupd's exit status (or -1).
   int stop();
   // SIGKILL, as a crash: pins, attachments and the state file stay for the next syrupd;

@@ -1,0 +1,328 @@
+// Multi-tenant tests: unprivileged tenants (real uids, no capabilities) against a real
+// syrupd. Each tenant runs in a child process that drops to its uid and reports what it
+// saw through a pipe; the parent asserts on the error texts the tenant got.
+#include <bpf/bpf.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "harness.h"
+#include "protocol.h"
+#include "syrup/syrup.h"
+
+namespace syrup::test {
+namespace {
+
+using nlohmann::json;
+
+constexpr uid_t kUidA = 61001, kUidB = 61002, kUidC = 61003;
+
+// Runs `fn` as `uid` in a child; returns the JSON it reported (its "exit" too).
+json as_user(uid_t uid, const std::function<json()>& fn) {
+  int p[2];
+  EXPECT_EQ(pipe(p), 0);
+  pid_t c = fork();
+  if (c == 0) {
+    close(p[0]);
+    json out;
+    if (setgid(uid) || setuid(uid)) out = {{"error", "setuid failed"}};
+    else out = fn();
+    std::string s = out.dump();
+    (void)!write(p[1], s.data(), s.size());
+    _exit(0);
+  }
+  close(p[1]);
+  std::string s;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(p[0], buf, sizeof buf)) > 0) s.append(buf, static_cast<size_t>(n));
+  close(p[0]);
+  waitpid(c, nullptr, 0);
+  json j = json::parse(s, nullptr, false);
+  return j.is_discarded() ? json{{"error", "child reported nothing"}} : j;
+}
+
+json result(int r) { return {{"r", r}, {"err", syr_last_error()}}; }
+
+int deploy_on(const UdpGroup& g, const char* rel, const char* app) {
+  auto fds = g.fds();
+  syr_deploy_opts o{};
+  o.sz = sizeof o;
+  o.app = app;
+  o.fds = fds.data();
+  o.n_fds = fds.size();
+  return syr_deploy_policy(source_path(rel).c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+}
+
+class Tenants : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SYRUP_REQUIRE_ROOT();
+    d_.start("", {"--quota_policies=2", "--quota_map_bytes=65536", "--max_source_bytes=4096",
+                  "--quota_rps=40"});
+  }
+  void TearDown() override {
+    if (d_.pid() > 0) EXPECT_EQ(d_.stop(), 0);
+  }
+  Daemon d_;
+};
+
+TEST_F(Tenants, EachUserOwnsItsPoliciesMapsAndProcessesAndNothingElse) {
+  // Tenant A: a long-lived process with its group, policy and mapped hint.
+  int ready[2], quit[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(quit), 0);
+  pid_t a = fork();
+  if (a == 0) {
+    close(ready[0]);
+    close(quit[1]);
+    if (setgid(kUidA) || setuid(kUidA)) _exit(1);
+    UdpGroup g(2);
+    int id = deploy_on(g, "policies/scan_avoid.c", "tenant-a");
+    int fd = syr_map_open("scan_map");
+    syr_mapped_array m{};
+    int mr = fd >= 0 ? syr_map_mmap(fd, &m) : fd;
+    if (mr == 0) syr_hint_set(&m, 0, 1);
+    json j = {{"id", id}, {"port", g.port()}, {"map", mr}, {"err", syr_last_error()}};
+    std::string s = j.dump() + "\n";
+    (void)!write(ready[1], s.data(), s.size());
+    char c;
+    (void)!read(quit[0], &c, 1);
+    _exit(0);
+  }
+  close(ready[1]);
+  close(quit[0]);
+  char buf[4096];
+  ssize_t n = read(ready[0], buf, sizeof buf);
+  ASSERT_GT(n, 0);
+  json ja = json::parse(std::string(buf, static_cast<size_t>(n)));
+  ASSERT_GT(ja["id"].get<int>(), 0) << ja.dump();
+  ASSERT_EQ(ja["map"], 0) << ja.dump();
+  int a_id = ja["id"];
+  uint16_t a_port = ja["port"];
+
+  json jb = as_user(kUidB, [&] {
+    json out;
+    UdpGroup g(2);
+    out["own_deploy"] = result(deploy_on(g, "policies/round_robin.c", "tenant-b"));
+    out["own_map"] = result(syr_map_open_app("tenant-b", "no_such_map"));
+    out["other_map"] = result(syr_map_open_app("tenant-a", "scan_map"));
+    out["other_app_name"] = result(deploy_on(g, "policies/pass.c", "tenant-a"));
+    out["other_remove"] = result(syr_remove_policy(a_id));
+    std::string o;
+    out["other_pid"] = {{"r", run_cmd(build_bin("syrupctl") + " deploy --hook socket-select --pid " +
+                                          std::to_string(a) + " --port " + std::to_string(a_port) + " " +
+                                          source_path("policies/pass.c"), o)},
+                        {"err", o}};
+    out["other_threads"] = {{"r", run_cmd(build_bin("syrupctl") + " deploy --hook thread --pid " +
+                                              std::to_string(a) + " " + source_path("policies/fifo.c"), o)},
+                            {"err", o}};
+    int pin = bpf_obj_get((d_.bpffs_root() + "/apps/tenant-a/maps/scan_map").c_str());
+    out["other_pin"] = {{"r", pin < 0 ? -errno : 0}};
+    run_cmd(build_bin("syrupctl") + " --json list", o);
+    out["list"] = json::parse(o, nullptr, false);
+    return out;
+  });
+
+  EXPECT_GT(jb["own_deploy"]["r"].get<int>(), 0) << jb.dump();
+  EXPECT_EQ(jb["own_map"]["r"], -ENOENT);
+  EXPECT_EQ(jb["other_map"]["r"], -EPERM);
+  EXPECT_NE(jb["other_map"]["err"].get<std::string>().find("belongs to uid 61001"), std::string::npos);
+  EXPECT_EQ(jb["other_app_name"]["r"], -EPERM);
+  EXPECT_NE(jb["other_app_name"]["err"].get<std::string>().find("application 'tenant-a' belongs to uid 61001"),
+            std::string::npos);
+  EXPECT_EQ(jb["other_remove"]["r"], -EPERM);
+  EXPECT_NE(jb["other_remove"]["err"].get<std::string>().find("belongs to uid 61001"), std::string::npos);
+  EXPECT_EQ(jb["other_pid"]["r"], 1);
+  EXPECT_NE(jb["other_pid"]["err"].get<std::string>().find("belongs to uid 61001, not to the caller"),
+            std::string::npos)
+      << jb["other_pid"]["err"];
+  EXPECT_EQ(jb["other_threads"]["r"], 1);
+  EXPECT_NE(jb["other_threads"]["err"].get<std::string>().find("61001"), std::string::npos)
+      << jb["other_threads"]["err"];
+  EXPECT_EQ(jb["other_pin"]["r"], -EACCES) << "another uid opened a tenant's pin directly";
+  ASSERT_TRUE(jb["list"].is_array());
+  ASSERT_EQ(jb["list"].size(), 1u) << "a tenant sees only its own policies: " << jb["list"].dump();
+  EXPECT_EQ(jb["list"][0]["app"], "tenant-b");
+
+  // The pins of A's application belong to A, mode 0700.
+  struct stat st;
+  ASSERT_EQ(stat((d_.bpffs_root() + "/apps/tenant-a").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, kUidA);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  (void)!write(quit[1], "x", 1);
+  waitpid(a, nullptr, 0);
+  close(ready[0]);
+  close(quit[1]);
+}
+
+TEST_F(Tenants, QuotasAndTheRequestRateGiveClearErrorsNamingTheLimit) {
+  json j = as_user(kUidC, [&] {
+    json out;
+    UdpGroup g1(2), g2(2), g3(2);
+    out["first"] = result(deploy_on(g1, "policies/round_robin.c", "quota"));
+    out["second"] = result(deploy_on(g2, "policies/round_robin.c", "quota"));
+    out["third"] = result(deploy_on(g3, "policies/round_robin.c", "quota"));
+    out["replace"] = result(deploy_on(g1, "policies/pass.c", "quota"));  // a replacement is not one more
+    out["big_map"] = result(deploy_on(g3, "tests/policies/big_map.c", "quota2"));
+    std::string big = "#include <syrup/policy.h>\n/*" + std::string(5000, 'x') + "*/\n"
+                      "SYR_POLICY(struct syr_input *in) { return SYR_PASS; }\n";
+    auto fds = g3.fds();
+    syr_deploy_opts o{};
+    o.sz = sizeof o;
+    o.app = "quota3";
+    o.fds = fds.data();
+    o.n_fds = fds.size();
+    out["big_source"] = result(syr_deploy_policy_source(big.data(), big.size(), "big.c", SYR_HOOK_SOCKET_SELECT, &o));
+    int limited = 0;
+    std::string msg;
+    for (int i = 0; i < 100; i++) {
+      int r = syr_remove_policy(999999);
+      if (r == -EAGAIN) {
+        limited++;
+        msg = syr_last_error();
+      }
+    }
+    out["rate"] = {{"limited", limited}, {"err", msg}};
+    return out;
+  });
+  EXPECT_GT(j["first"]["r"].get<int>(), 0) << j.dump();
+  EXPECT_GT(j["second"]["r"].get<int>(), 0) << j.dump();
+  EXPECT_EQ(j["third"]["r"], -EDQUOT);
+  EXPECT_NE(j["third"]["err"].get<std::string>().find("would have 3 policies; its quota is 2"), std::string::npos)
+      << j["third"]["err"];
+  EXPECT_GT(j["replace"]["r"].get<int>(), 0) << j.dump();
+  EXPECT_EQ(j["big_map"]["r"], -EDQUOT);
+  EXPECT_NE(j["big_map"]["err"].get<std::string>().find("bytes of maps; its quota is 65536"), std::string::npos)
+      << j["big_map"]["err"];
+  EXPECT_EQ(j["big_source"]["r"], -EFBIG);
+  EXPECT_NE(j["big_source"]["err"].get<std::string>().find("the limit is 4096"), std::string::npos);
+  EXPECT_GT(j["rate"]["limited"].get<int>(), 0);
+  EXPECT_NE(j["rate"]["err"].get<std::string>().find("over its limit of 40 requests per second"), std::string::npos);
+}
+
+TEST_F(Tenants, PolicyIsCheckedForHelpersAndMapTypesBeforeLoad) {
+  UdpGroup g(2);
+  EXPECT_EQ(deploy_on(g, "tests/policies/trace_printk.c", "checked"), -EPERM);
+  EXPECT_NE(std::string(syr_last_error()).find("calls bpf_trace_printk, which the socket-select hook does not allow"),
+            std::string::npos)
+      << syr_last_error();
+  EXPECT_EQ(deploy_on(g, "tests/policies/prog_array_map.c", "checked"), -EPERM);
+  EXPECT_NE(std::string(syr_last_error()).find("map 'jumps' is a prog_array map"), std::string::npos)
+      << syr_last_error();
+}
+
+// Raw bytes on the control socket: every bad message gets an error or a closed
+// connection, the daemon keeps serving, and a deployed policy keeps working.
+TEST_F(Tenants, MalformedControlMessagesAndGarbageSourcesLeaveTheDaemonServing) {
+  UdpGroup g(2);
+  int id = deploy_on(g, "policies/round_robin.c", "survivor");
+  ASSERT_GT(id, 0) << syr_last_error();
+  auto raw = [&](const std::string& bytes, bool close_early = false) {
+    UniqueFd s(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    strcpy(a.sun_path, d_.socket().c_str());
+    EXPECT_EQ(connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    (void)!write(s.get(), bytes.data(), bytes.size());
+    if (close_early) return json();
+    proto::Message m;
+    std::string why;
+    timeval tv{7, 0};
+    setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return proto::recv_message(s.get(), m) == 0 ? m.body : json{{"closed", true}};
+  };
+  auto frame = [](const std::string& payload, uint32_t len = UINT32_MAX) {
+    uint32_t h[2] = {proto::kMagic, len == UINT32_MAX ? static_cast<uint32_t>(payload.size()) : len};
+    return std::string(reinterpret_cast<char*>(h), 8) + payload;
+  };
+  json r;
+  r = raw("GET / HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(r.value("errno", 0), EPROTO) << r.dump();
+  EXPECT_NE(r.value("error", std::string()).find("bad frame magic"), std::string::npos);
+  r = raw(frame("", proto::kMaxPayload + 1));
+  EXPECT_EQ(r.value("errno", 0), EPROTO) << r.dump();
+  raw(frame("{\"op\":\"li", 100), true);  // truncated, then gone
+  r = raw(frame("[1,2,3]"));
+  EXPECT_NE(r.value("error", std::string()).find("not a JSON object"), std::string::npos) << r.dump();
+  r = raw(frame(R"({"op":"remove","id":"seven"})"));
+  EXPECT_EQ(r.value("errno", 0), EINVAL) << r.dump();
+  r = raw(frame(R"({"op":"deploy","hook":"socket-select","app":"x","source":"y","params":[1]})"));
+  EXPECT_NE(r.value("error", std::string()).find("params must be an object"), std::string::npos) << r.dump();
+  r = raw(frame(R"({"op":"deploy","hook":"socket-select","app":"tenant/../etc","source":"y"})"));
+  EXPECT_NE(r.value("error", std::string()).find("character outside"), std::string::npos) << r.dump();
+  r = raw(frame(R"({"op":"map_open","app":"survivor","map":"x/../../apps"})"));
+  EXPECT_NE(r.value("error", std::string()).find("character outside"), std::string::npos) << r.dump();
+  r = raw(frame(R"({"op":"launch_missiles"})"));
+  EXPECT_NE(r.value("error", std::string()).find("unknown request 'launch_missiles'"), std::string::npos);
+
+  // Garbage as policy source: binary with NUL bytes, and bytes that are no C.
+  std::string bin(1000, '\0');
+  for (size_t i = 0; i < bin.size(); i++) bin[i] = static_cast<char>((i * 7919) & 0xff);
+  auto fds = g.fds();
+  syr_deploy_opts o{};
+  o.sz = sizeof o;
+  o.app = "survivor";
+  o.fds = fds.data();
+  o.n_fds = fds.size();
+  EXPECT_EQ(syr_deploy_policy_source(bin.data(), bin.size(), "garbage.bin", SYR_HOOK_SOCKET_SELECT, &o), -EINVAL);
+  EXPECT_NE(std::string(syr_last_error()).find("NUL bytes"), std::string::npos);
+  std::string text = "\x7f" "ELF this is not C at all {{{";
+  EXPECT_EQ(syr_deploy_policy_source(text.data(), text.size(), "garbage.c", SYR_HOOK_SOCKET_SELECT, &o), -EINVAL);
+  EXPECT_NE(std::string(syr_last_error()).find("garbage.c:1"), std::string::npos) << syr_last_error();
+
+  // Still serving, and the policy still splits one flow exactly.
+  std::string out;
+  EXPECT_EQ(run_cmd(build_bin("syrupctl") + " ping", out), 0) << out;
+  UdpClient c(g.port());
+  for (int i = 0; i < 40; i++) c.send_request(1, i);
+  EXPECT_EQ(g.drain(), (std::vector<int>{20, 20}));
+}
+
+size_t fd_count(pid_t pid) {
+  size_t n = 0;
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) (void)e, n++;
+  return n;
+}
+
+TEST_F(Tenants, DeployAndExitCyclesLeakNothing) {
+  constexpr int kCycles = 300;
+  UdpGroup warm(2);
+  ASSERT_GT(deploy_on(warm, "policies/round_robin.c", "cycle"), 0) << syr_last_error();  // compile once
+  size_t fds_before = 0;
+  for (int i = 0; i < kCycles; i++) {
+    pid_t c = fork();
+    if (c == 0) {
+      UdpGroup g(2);
+      _exit(deploy_on(g, "policies/round_robin.c", ("cycle-" + std::to_string(i % 7)).c_str()) > 0 ? 0 : 1);
+    }
+    int st = 0;
+    waitpid(c, &st, 0);
+    ASSERT_EQ(WEXITSTATUS(st), 0) << "cycle " << i;
+    if (i == 10) fds_before = fd_count(d_.pid());
+  }
+  std::string out;
+  json list;
+  for (int t = 0; t < 200; t++) {
+    run_cmd(build_bin("syrupctl") + " --json list", out);
+    list = json::parse(out);
+    if (list.size() == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(list.size(), 1u) << "policies of exited processes must be removed";
+  size_t fds_after = fd_count(d_.pid());
+  EXPECT_LE(fds_after, fds_before + 2) << "syrupd leaks file descriptors";
+  int apps = 0;
+  for (auto& e : std::filesystem::directory_iterator(d_.bpffs_root() + "/apps")) (void)e, apps++;
+  EXPECT_EQ(apps, 1) << "pins of exited applications must be gone";
+}
+
+}  // namespace
+}  // namespace syrup::test

@@ -1,11 +1,13 @@
 // The shared pieces of syrup_bench (see harness.h): the private syrupd, BPF run-time
-// statistics, and UDP groups with their load generator.
+// statistics, UDP groups with their load generator, and veth pairs.
 #include "harness.h"
 
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -14,6 +16,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -21,6 +24,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -72,8 +77,11 @@ int PrivateDaemon::start(const std::string& syrupd_path) {
 
   // Everything the child needs is prepared before fork: it only calls async-signal-safe
   // functions.
+  // --on_exit=remove: on SIGTERM (also the one PR_SET_PDEATHSIG sends if the bench dies)
+  // syrupd removes every policy instead of leaving them for a successor; --undefok keeps a
+  // syrupd without that flag (which always removes them) starting.
   std::vector<std::string> args = {syrupd_path, "--socket", socket_, "--bpffs_root", bpffs_root_,
-                                   "--cache_dir", cache};
+                                   "--cache_dir", cache, "--on_exit=remove", "--undefok=on_exit"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -254,6 +262,161 @@ int UdpGroup::send(uint32_t count) {
   for (auto& m : members_) pfds.push_back({m.get(), POLLIN, 0});
   while (total_received() < expected && poll(pfds.data(), pfds.size(), 50) > 0) drain();
   return 0;
+}
+
+namespace {
+std::atomic<bool> g_terminating{false};
+}  // namespace
+
+void set_terminating() { g_terminating = true; }
+bool terminating() { return g_terminating; }
+
+int run_cmd(const std::string& cmd, std::string* out) {
+  if (out) out->clear();
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  if (!f) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+    if (out) out->append(buf, n);
+  int st = pclose(f);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+namespace {
+
+// Every VethNet between create() and destroy(), for the signal path.
+std::mutex g_nets_mu;
+std::set<VethNet*> g_nets;
+
+// Deletes the pair and the namespace (the host end goes with its peer). Caller holds
+// g_nets_mu.
+void delete_net(const std::string& host_if, const std::string& ns) {
+  run_cmd("ip link del " + host_if);
+  run_cmd("ip netns del " + ns);
+}
+
+// Whether `pid` is a running syrup_bench (the owner of names carrying that pid).
+bool bench_alive(long pid) {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec);
+  return !ec && exe.filename() == "syrup_bench";
+}
+
+}  // namespace
+
+// Namespaces, interfaces and bpffs roots that a syrup_bench killed with SIGKILL left behind.
+void remove_stale_leftovers() {
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator("/var/run/netns", ec)) {
+    std::string name = e.path().filename();
+    long pid = 0;
+    if (std::sscanf(name.c_str(), "syrup-bench-%ld-", &pid) != 1 || pid == getpid() || bench_alive(pid))
+      continue;
+    std::fprintf(stderr, "syrup_bench: removing network namespace %s left by a killed bench\n",
+                 name.c_str());
+    run_cmd("ip netns del " + name);
+  }
+  for (auto& e : fs::directory_iterator("/sys/class/net", ec)) {
+    std::string name = e.path().filename();
+    long pid = 0;
+    if ((std::sscanf(name.c_str(), "sbh%ldx", &pid) != 1 && std::sscanf(name.c_str(), "sbp%ldx", &pid) != 1) ||
+        pid == getpid() || bench_alive(pid))
+      continue;
+    std::fprintf(stderr, "syrup_bench: removing interface %s left by a killed bench\n", name.c_str());
+    run_cmd("ip link del " + name);
+  }
+  for (auto& e : fs::directory_iterator("/sys/fs/bpf", ec)) {
+    std::string name = e.path().filename();
+    long pid = 0;
+    char rest = 0;
+    if (std::sscanf(name.c_str(), "syrup-bench-%ld%c", &pid, &rest) != 1 || pid == getpid() || bench_alive(pid))
+      continue;
+    std::fprintf(stderr, "syrup_bench: removing the pins under /sys/fs/bpf/%s left by a killed bench\n",
+                 name.c_str());
+    std::error_code rec;
+    fs::remove_all(e.path(), rec);
+  }
+}
+
+namespace {
+
+std::string mac_str(const uint8_t* m) {
+  char b[18];
+  std::snprintf(b, sizeof b, "%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5]);
+  return b;
+}
+
+}  // namespace
+
+int VethNet::create(int n) {
+  if (n < 0 || n > 63) return -EINVAL;
+  long pid = getpid();
+  std::string tag = std::to_string(pid) + "x" + std::to_string(n);
+  host_if = "sbh" + tag;
+  peer_if = "sbp" + tag;
+  ns = "syrup-bench-" + std::to_string(pid) + "-" + std::to_string(n);
+  std::string net = "10.251." + std::to_string(pid % 250) + ".";
+  host_ip = net + std::to_string(4 * n + 1);
+  peer_ip = net + std::to_string(4 * n + 2);
+  // Locally administered, unicast: 02:5b:<pid>:<n>:<end>.
+  uint8_t base[6] = {0x02, 0x5b, static_cast<uint8_t>(pid >> 8), static_cast<uint8_t>(pid),
+                     static_cast<uint8_t>(n), 1};
+  std::memcpy(host_mac, base, 6);
+  std::memcpy(peer_mac, base, 6);
+  peer_mac[5] = 2;
+  {
+    std::lock_guard lk(g_nets_mu);
+    g_nets.insert(this);  // from here on the signal path removes it
+  }
+  std::string v6off = "sysctl -qw net.ipv6.conf.";
+  std::string cmd =
+      "ip netns add " + ns + " && ip link add " + host_if + " address " + mac_str(host_mac) +
+      " type veth peer name " + peer_if + " address " + mac_str(peer_mac) + " && ip link set " + peer_if +
+      " netns " + ns + " && { " + v6off + host_if + ".disable_ipv6=1; ip netns exec " + ns + " " + v6off +
+      peer_if + ".disable_ipv6=1; true; } && ip addr add " + host_ip + "/30 dev " + host_if +
+      " && ip -n " + ns + " addr add " + peer_ip + "/30 dev " + peer_if + " && ip netns exec " + ns +
+      " ethtool -K " + peer_if + " tx off >/dev/null && ip link set " + host_if + " up && ip -n " + ns +
+      " link set " + peer_if + " up && ip -n " + ns + " link set lo up && ip neigh replace " + peer_ip +
+      " lladdr " + mac_str(peer_mac) + " dev " + host_if + " nud permanent && ip -n " + ns +
+      " neigh replace " + host_ip + " lladdr " + mac_str(host_mac) + " dev " + peer_if + " nud permanent";
+  std::string out;
+  if (run_cmd(cmd, &out) != 0) {
+    std::fprintf(stderr, "syrup_bench: cannot make the veth pair %s/%s: %s", host_if.c_str(),
+                 peer_if.c_str(), out.c_str());
+    destroy();
+    return -EIO;
+  }
+  host_ifindex = static_cast<int>(if_nametoindex(host_if.c_str()));
+  if (!host_ifindex) {
+    destroy();
+    return -ENODEV;
+  }
+  return 0;
+}
+
+void VethNet::destroy() {
+  std::lock_guard lk(g_nets_mu);
+  if (g_nets.erase(this)) delete_net(host_if, ns);
+}
+
+void remove_all_nets() {
+  std::lock_guard lk(g_nets_mu);
+  for (VethNet* n : g_nets) delete_net(n->host_if, n->ns);
+  g_nets.clear();
+}
+
+int VethNet::peer_socket(int domain, int type, int proto) const {
+  int fd = -1, err = 0;
+  std::thread t([&] {
+    int nsfd = ::open(("/var/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+    if (nsfd >= 0 && setns(nsfd, CLONE_NEWNET) == 0)
+      fd = socket(domain, type | SOCK_CLOEXEC, proto);
+    if (fd < 0) err = errno;
+    if (nsfd >= 0) ::close(nsfd);
+  });
+  t.join();
+  return fd >= 0 ? fd : -(err ? err : EIO);
 }
 
 double median(std::vector<double> v) {

@@ -1,12 +1,15 @@
 // What the syrup_bench benchmarks share: a private syrupd, the kernel's run-time
-// statistics of BPF programs, SO_REUSEPORT UDP groups with a client that loads them, and
-// small statistics helpers.
+// statistics of BPF programs, SO_REUSEPORT UDP groups with a client that loads them,
+// veth pairs in network namespaces of their own (XDP benchmarks), and small statistics
+// helpers.
 //
 // Design: each benchmark is one function, run_<name>(env, out), that prints its table
 // to stdout and fills its part of the JSON report. Everything a benchmark creates
-// (sockets, deployed policies, maps) is released before it returns; the private syrupd
-// and the switch of the BPF statistics belong to main. Functions return 0 or -errno and
-// print what failed to stderr.
+// (sockets, deployed policies, maps, veth pairs) is released before it returns; the
+// private syrupd and the switch of the BPF statistics belong to main. On SIGINT/SIGTERM/
+// SIGHUP main's signal thread stops syrupd and then deletes the veth pairs that are
+// still alive (remove_all_nets). Functions return 0 or -errno and print what failed to
+// stderr.
 #pragma once
 
 #include <unistd.h>
@@ -55,6 +58,13 @@ struct Env {
   uint64_t hints = 0;           // mmap'ed stores per round
   uint64_t syscalls = 0;        // map-update syscalls per round
   uint32_t deploys = 0;         // cold and warm deploys each
+  // XDP benchmarks (xdp-cost, xdp-scale, xdp-pps).
+  std::string handwritten_xdp_obj;  // handwritten_xdp_rr.bpf.o
+  uint32_t xdp_repeat = 0;      // BPF_PROG_TEST_RUN repeat per measurement
+  uint32_t xdp_rounds = 0;      // interleaved rounds of test runs
+  uint32_t xdp_apps = 0;        // applications on the crowded interface (xdp-scale)
+  double pps_seconds = 0;       // measured window per case (xdp-pps)
+  uint32_t pps_rounds = 0;      // interleaved rounds (xdp-pps)
 };
 
 // A syrupd of the bench's own (socket, bpffs root and cache in fresh places), started
@@ -107,6 +117,43 @@ class UdpGroup {
   std::vector<uint64_t> received_;
 };
 
+// A veth pair the bench makes for the XDP benchmarks: `host_if` in the bench's network
+// namespace with host_ip/30, its peer `peer_if` in a new namespace `ns` with peer_ip/30,
+// fixed MAC addresses, the peer's TX checksum offload off (frames carry complete
+// checksums, as a cpumap redirect needs) and the neighbour entries made up front.
+// Names carry the bench's pid (netns "syrup-bench-<pid>-<n>", interfaces
+// "sbh<pid>x<n>"/"sbp<pid>x<n>"). Removed by the destructor, or by remove_all_nets()
+// (the signal path).
+class VethNet {
+ public:
+  VethNet() = default;
+  VethNet(const VethNet&) = delete;
+  VethNet& operator=(const VethNet&) = delete;
+  ~VethNet() { destroy(); }
+  int create(int n);  // 0 or -errno (the failing command's output on stderr)
+  void destroy();
+  // A socket in the peer namespace (it stays there whichever thread uses it).
+  int peer_socket(int domain, int type, int proto) const;
+
+  std::string host_if, peer_if, ns, host_ip, peer_ip;
+  int host_ifindex = 0;
+  uint8_t host_mac[6] = {}, peer_mac[6] = {};
+};
+// Deletes every VethNet that is still alive (signal path; safe to call at any time).
+void remove_all_nets();
+// Removes what a syrup_bench killed with SIGKILL left behind: its namespaces and veths,
+// and its private syrupd's bpffs root (/sys/fs/bpf/syrup-bench-<pid>), for every <pid>
+// that no longer runs syrup_bench. Its /tmp/syrup-bench-* directory stays.
+void remove_stale_leftovers();
+
+// Set by the signal path before it cleans up: the benchmarks then stop asking the
+// (stopping) syrupd for anything and leave the rest to it.
+void set_terminating();
+bool terminating();
+
+// Runs `cmd` with /bin/sh; its exit status (or -1). stdout+stderr in `out` if given.
+int run_cmd(const std::string& cmd, std::string* out = nullptr);
+
 // Median and nearest-rank percentile (p in [0, 100]; 0 is the minimum, 100 the
 // maximum) of a non-empty sample.
 double median(std::vector<double> v);
@@ -120,5 +167,8 @@ void print_target(const char* what, double value, const char* unit, const char* 
 int run_decision(const Env& env, nlohmann::json& out);
 int run_hint(const Env& env, nlohmann::json& out);
 int run_deploy(const Env& env, nlohmann::json& out);
+int run_xdp_cost(const Env& env, nlohmann::json& out);
+int run_xdp_scale(const Env& env, nlohmann::json& out);
+int run_xdp_pps(const Env& env, nlohmann::json& out);
 
 }  // namespace syrup_bench

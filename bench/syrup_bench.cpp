@@ -1,6 +1,6 @@
 // syrup_bench: Syrup's benchmarks (see README.md).
 //
-//   syrup_bench [all|decision|hint|deploy] [--out PATH] [--datagrams N] [--rounds N] ...
+//   syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps] [--out PATH] [flags]
 //
 // Design: runs as root. It starts a private syrupd found next to its own executable
 // (its own socket, bpffs root and cache under fresh temporary paths) and points libsyrup
@@ -8,9 +8,11 @@
 // decision benchmark (BPF_ENABLE_STATS: off again when the process exits), runs the
 // benchmarks asked for, each printing its table, and writes every result to --out as
 // JSON. On any exit, including SIGINT/SIGTERM/SIGHUP (caught by a thread that waits for
-// them), syrupd is stopped with SIGTERM and its directories are removed.
+// them), syrupd is stopped with SIGTERM and its directories are removed, and the veth
+// pairs and network namespaces the XDP benchmarks made are deleted.
 #include <gflags/gflags.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -35,6 +37,11 @@ DEFINE_uint64(hints, 10000000, "hint: mmap'ed stores per round");
 DEFINE_uint64(syscalls, 100000, "hint: bpf(BPF_MAP_UPDATE_ELEM) calls per round");
 DEFINE_uint32(deploys, 20, "deploy: cold and warm deploys each");
 DEFINE_string(policies, SYRUP_BENCH_POLICY_DIR, "directory of the shipped policies");
+DEFINE_uint32(xdp_repeat, 1000000, "xdp-cost, xdp-scale: BPF_PROG_TEST_RUN repeat per measurement");
+DEFINE_uint32(xdp_rounds, 15, "xdp-cost, xdp-scale: interleaved rounds (medians are reported)");
+DEFINE_uint32(xdp_apps, 1000, "xdp-scale: applications on the crowded interface (2..1024)");
+DEFINE_double(pps_seconds, 1, "xdp-pps: measured seconds per case");
+DEFINE_uint32(pps_rounds, 5, "xdp-pps: interleaved rounds (medians are reported)");
 
 namespace {
 
@@ -52,6 +59,9 @@ constexpr Benchmark kBenchmarks[] = {
     {"decision", run_decision},
     {"hint", run_hint},
     {"deploy", run_deploy},
+    {"xdp-cost", run_xdp_cost},
+    {"xdp-scale", run_xdp_scale},
+    {"xdp-pps", run_xdp_pps},
 };
 
 std::mutex g_cleanup_mu;
@@ -59,7 +69,8 @@ PrivateDaemon g_daemon;
 
 void cleanup() {
   std::lock_guard lk(g_cleanup_mu);
-  g_daemon.stop();
+  g_daemon.stop();  // first: syrupd detaches its root programs while the interfaces exist
+  remove_all_nets();
 }
 
 // Termination signals go to a thread that cleans up and exits, whatever main is doing.
@@ -71,6 +82,7 @@ void handle_termination_signals() {
   std::thread([set] {
     int sig = 0;
     sigwait(&set, &sig);
+    set_terminating();
     std::fprintf(stderr, "\nsyrup_bench: %s: stopping syrupd and cleaning up\n", strsignal(sig));
     cleanup();
     std::fflush(stdout);  // the tables so far (a thread, not a handler: stdio is allowed)
@@ -112,23 +124,40 @@ int write_json(const std::string& path, const json& j) {
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "Syrup's benchmarks (bench/README.md).\n\n"
-      "Usage: syrup_bench [all|decision|hint|deploy] [flags]\n\n"
-      "  decision  ns/decision of each shipped policy at the socket-select hook, and of a\n"
-      "            hand-written sk_reuseport round robin (kernel BPF statistics)\n"
-      "  hint      mmap'ed hint store vs bpf(BPF_MAP_UPDATE_ELEM)\n"
-      "  deploy    cold and warm deploy latency\n\n"
+      "Usage: syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps] [flags]\n\n"
+      "  decision   ns/decision of each shipped policy at the socket-select hook, and of a\n"
+      "             hand-written sk_reuseport round robin (kernel BPF statistics)\n"
+      "  hint       mmap'ed hint store vs bpf(BPF_MAP_UPDATE_ELEM)\n"
+      "  deploy     cold and warm deploy latency\n"
+      "  xdp-cost   ns/packet of Syrup's XDP root + tail call + policy vs hand-written\n"
+      "             standalone XDP programs (BPF_PROG_TEST_RUN)\n"
+      "  xdp-scale  the same dispatch path with 1 and with --xdp_apps applications\n"
+      "  xdp-pps    packets/s through a veth pair without XDP, hand-written, and Syrup\n"
+      "  xdp        the three XDP benchmarks\n\n"
       "Runs as root; starts its own syrupd from the directory of this executable.");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   std::string what = argc > 1 ? argv[1] : "all";
-  bool known = what == "all";
+  // "xdp": the three XDP benchmarks.
+  auto selected = [&](const std::string& name) {
+    return what == "all" || what == name || (what == "xdp" && name.starts_with("xdp-"));
+  };
+  bool known = what == "all" || what == "xdp";
   for (auto& b : kBenchmarks) known |= what == b.name;
   if (argc > 2 || !known) {
-    std::fprintf(stderr, "syrup_bench: expected one of all, decision, hint, deploy (see --help)\n");
+    std::fprintf(stderr,
+                 "syrup_bench: expected one of all, decision, hint, deploy, xdp, xdp-cost, xdp-scale, xdp-pps "
+                 "(see --help)\n");
     return 2;
   }
-  if (!FLAGS_datagrams || !FLAGS_rounds || !FLAGS_hints || !FLAGS_syscalls || !FLAGS_deploys) {
+  if (!FLAGS_datagrams || !FLAGS_rounds || !FLAGS_hints || !FLAGS_syscalls || !FLAGS_deploys ||
+      !FLAGS_xdp_repeat || !FLAGS_xdp_rounds || !FLAGS_pps_rounds || !(FLAGS_pps_seconds > 0)) {
     std::fprintf(stderr,
-                 "syrup_bench: --datagrams, --rounds, --hints, --syscalls and --deploys must be > 0\n");
+                 "syrup_bench: --datagrams, --rounds, --hints, --syscalls, --deploys, --xdp_repeat, "
+                 "--xdp_rounds, --pps_seconds and --pps_rounds must be > 0\n");
+    return 2;
+  }
+  if (FLAGS_xdp_apps < 2 || FLAGS_xdp_apps > 1024) {
+    std::fprintf(stderr, "syrup_bench: --xdp_apps must be in 2..1024\n");
     return 2;
   }
   if (geteuid() != 0) {
@@ -137,12 +166,20 @@ int main(int argc, char** argv) {
   }
 
   handle_termination_signals();
+  // syrupd (started from here, so it inherits this) holds several descriptors per policy;
+  // xdp-scale deploys ~1000 policies, more than the usual soft limit of 1024 allows.
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
   std::error_code ec;
   fs::path exe_dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
   if (ec) {
     std::fprintf(stderr, "syrup_bench: cannot resolve /proc/self/exe: %s\n", ec.message().c_str());
     return 1;
   }
+  remove_stale_leftovers();
   if (g_daemon.start(exe_dir / "syrupd")) return 1;
   setenv("SYRUP_SOCKET", g_daemon.socket().c_str(), 1);
 
@@ -156,6 +193,12 @@ int main(int argc, char** argv) {
   env.hints = FLAGS_hints;
   env.syscalls = FLAGS_syscalls;
   env.deploys = FLAGS_deploys;
+  env.handwritten_xdp_obj = exe_dir / "handwritten_xdp_rr.bpf.o";
+  env.xdp_repeat = FLAGS_xdp_repeat;
+  env.xdp_rounds = FLAGS_xdp_rounds;
+  env.xdp_apps = FLAGS_xdp_apps;
+  env.pps_seconds = FLAGS_pps_seconds;
+  env.pps_rounds = FLAGS_pps_rounds;
 
   json report = {{"machine", machine()},
                  {"command", what},
@@ -165,6 +208,11 @@ int main(int argc, char** argv) {
                    {"hints", env.hints},
                    {"syscalls", env.syscalls},
                    {"deploys", env.deploys},
+                   {"xdp_repeat", env.xdp_repeat},
+                   {"xdp_rounds", env.xdp_rounds},
+                   {"xdp_apps", env.xdp_apps},
+                   {"pps_seconds", env.pps_seconds},
+                   {"pps_rounds", env.pps_rounds},
                    {"policies", env.policy_dir}}}};
   std::printf("syrup_bench: kernel %s, %ld CPUs; private syrupd on %s\n",
               report["machine"]["kernel"].get<std::string>().c_str(), sysconf(_SC_NPROCESSORS_ONLN),
@@ -173,7 +221,7 @@ int main(int argc, char** argv) {
   Fd stats;
   int failed = 0;
   for (auto& b : kBenchmarks) {
-    if (what != "all" && what != b.name) continue;
+    if (!selected(b.name)) continue;
     json part = json::object();
     int r = std::string(b.name) == "decision" ? enable_bpf_stats(stats) : 0;
     if (!r) r = b.run(env, part);

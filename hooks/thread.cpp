@@ -22,6 +22,7 @@
 #include "log.h"
 #include "pins.h"
 #include "thread_agent.h"
+#include "thread_scx.h"
 #include "unique_fd.h"
 
 extern char** environ;
@@ -274,19 +275,41 @@ class AgentTarget : public Target {
 }  // namespace
 
 Backend detect_backend(std::string& why) {
-  if (access("/sys/kernel/sched_ext/state", R_OK) != 0) {
+  const char* force = std::getenv("SYRUP_THREAD_BACKEND");
+  bool have_scx = access("/sys/kernel/sched_ext/state", R_OK) == 0;
+  if (force && std::string(force) == "agent") {
+    why = "SYRUP_THREAD_BACKEND=agent";
+    return Backend::kAgent;
+  }
+  if (!have_scx) {
     why = "sched_ext is absent from this kernel (no /sys/kernel/sched_ext: CONFIG_SCHED_CLASS_EXT unset)";
     return Backend::kAgent;
   }
-  why = "sched_ext is present, but syrupd runs thread policies in the user-space agent on this build";
-  return Backend::kAgent;
+  why = force && std::string(force) == "sched_ext" ? "SYRUP_THREAD_BACKEND=sched_ext"
+                                                    : "sched_ext is present (/sys/kernel/sched_ext)";
+  return Backend::kSchedExt;
 }
 
-ThreadHook::ThreadHook() {
+ThreadHook::ThreadHook(Compiler& compiler) : compiler_(compiler) {
   backend_ = detect_backend(why_);
-  log(LogLevel::kInfo, "thread hook: %s: thread policies run in a per-process user-space agent",
-      why_.c_str());
+  if (backend_ == Backend::kSchedExt) {
+    scx_ = make_scx_backend(compiler_);
+    log(LogLevel::kInfo,
+        "thread hook: %s: thread policies run in syrupd's sched_ext scheduler (one partial-mode "
+        "root for all applications, loaded at the first thread deploy)",
+        why_.c_str());
+  } else {
+    log(LogLevel::kInfo, "thread hook: %s: thread policies run in a per-process user-space agent", why_.c_str());
+  }
 }
+
+ThreadHook::~ThreadHook() = default;
+
+std::vector<std::string> ThreadHook::system_maps() const {
+  if (backend_ == Backend::kSchedExt) return scx_system_maps();
+  return {SYR_EXECUTORS_MAP, SYR_STATS_MAP};
+}
+
 
 int ThreadHook::make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
                             pid_t& owner, std::string& err) {
@@ -319,6 +342,7 @@ int ThreadHook::make_target(const Caller& caller, proto::Message& req, std::uniq
     return r;
   }
   owner = pid;
+  if (backend_ == Backend::kSchedExt) return scx_make_target(scx_, pid, all, std::move(base), out, err);
   out = std::make_unique<AgentTarget>(pid, all, std::move(base));
   return 0;
 }

@@ -2,9 +2,11 @@
 // thread policy (kernel/include/syrup/policy.h, SYR_HOOK_THREAD).
 //
 // Two backends, one policy source. With sched_ext in the kernel (CONFIG_SCHED_CLASS_EXT,
-// /sys/kernel/sched_ext present) the policy runs inside syrupd's partial-mode sched_ext
-// scheduler; without it -- as on this project's CI hosts -- it runs in a per-process
-// user-space agent (thread_agent.h). syrupd picks at start and logs which, with why.
+// /sys/kernel/sched_ext present) the policy runs inside syrupd's one partial-mode
+// sched_ext root scheduler, shared by all applications (thread_scx.h); without it -- as
+// on this project's CI hosts -- it runs in a per-process user-space agent
+// (thread_agent.h). syrupd picks at start and logs which, with why;
+// SYRUP_THREAD_BACKEND=agent|sched_ext in syrupd's environment forces one.
 //
 // Agent backend design: the target is one process (the deploying process, whose threads
 // opt in with syr_thread_register(), or --pid PID, every thread of it registered in
@@ -24,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler.h"
 #include "hook.h"
 #include "syrup/abi.h"
 
@@ -34,21 +37,29 @@ enum class Backend { kAgent, kSchedExt };
 // Which backend this kernel gets, and why (for the log and `list`).
 Backend detect_backend(std::string& why);
 
+class ScxBackend;
+
 class ThreadHook : public Hook {
  public:
-  ThreadHook();
+  explicit ThreadHook(Compiler& compiler);
+  ~ThreadHook() override;
   const char* name() const override { return "thread"; }
   const char* compile_define() const override { return "SYR_HOOK_THREAD"; }
-  const char* wrapper() const override { return "thread_agent.bpf.h"; }
-  // syr_executors holds the agent's batch of threads (the executors are the cores).
-  std::vector<std::string> system_maps() const override { return {SYR_EXECUTORS_MAP, SYR_STATS_MAP}; }
+  const char* wrapper() const override {
+    return backend_ == Backend::kSchedExt ? "thread_scx.bpf.h" : "thread_agent.bpf.h";
+  }
+  // Agent: syr_executors holds the agent's batch of threads (the executors are the cores).
+  std::vector<std::string> system_maps() const override;
   int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
                   pid_t& owner, std::string& err) override;
   void release_leftover(const std::string& policy_dir) override;
+  Backend backend() const { return backend_; }
 
  private:
+  Compiler& compiler_;
   Backend backend_;
   std::string why_;
+  std::shared_ptr<ScxBackend> scx_;  // shared with its targets
 };
 
 }  // namespace syrup::thread

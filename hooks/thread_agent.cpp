@@ -138,6 +138,7 @@ int capture_baseline(pid_t tgid, Baseline& out) {
   out.nice = a.sched_nice;
   // A process already demoted by a previous agent of ours: its baseline is normal.
   if (out.policy == SCHED_IDLE) out.policy = SCHED_OTHER, out.nice = 0;
+  if (out.policy == 7 /* SCHED_EXT: a previous syrupd's sched_ext backend */) out.policy = SCHED_OTHER;
   cpu_set_t s;
   if (sched_getaffinity(tgid, sizeof s, &s) < 0) return -errno;
   out.cpus.clear();
@@ -421,9 +422,9 @@ void Agent::reconcile() {
       pass.push_back(&t);
     }
   }
-  size_t free_cores = 0;
+  std::vector<int> free;
   for (int c : allowed)
-    if (c >= 0 && uint32_t(c) < nr_cpus_ && !chosen[c]) free_cores++;
+    if (c >= 0 && uint32_t(c) < nr_cpus_ && !chosen[c]) free.push_back(c);
   std::sort(pass.begin(), pass.end(), [&](const Thr* a, const Thr* b) { return better(a, b, a->cpu); });
   int nice = o_.baseline.nice;
   for (auto& [tid, t] : thr_) {
@@ -433,8 +434,28 @@ void Agent::reconcile() {
       apply(t, Applied{chosen[c] == &t ? SCHED_OTHER : SCHED_IDLE, chosen[c] == &t ? nice : 0, {int(c)}});
     }
   }
+  // SYR_PASS: the best ones run, one per free core, each pinned to its own core (left to
+  // itself the kernel may stack two of them on one core while a waiting thread gets the
+  // other); a thread keeps the core it is on when that core is free. The rest wait as
+  // SCHED_IDLE on all the cores.
+  size_t n = std::min(pass.size(), free.size());
+  std::vector<int> core_of(n, -1);
+  std::vector<bool> taken(free.size(), false);
+  for (size_t i = 0; i < n; i++)
+    for (size_t f = 0; f < free.size(); f++)
+      if (!taken[f] && free[f] == int(pass[i]->cpu)) {
+        core_of[i] = free[f];
+        taken[f] = true;
+        break;
+      }
+  for (size_t i = 0; i < n; i++)
+    for (size_t f = 0; f < free.size() && core_of[i] < 0; f++)
+      if (!taken[f]) {
+        core_of[i] = free[f];
+        taken[f] = true;
+      }
   for (size_t i = 0; i < pass.size(); i++)
-    apply(*pass[i], Applied{i < free_cores ? SCHED_OTHER : SCHED_IDLE, i < free_cores ? nice : 0, allowed});
+    apply(*pass[i], i < n ? Applied{SCHED_OTHER, nice, {core_of[i]}} : Applied{SCHED_IDLE, 0, allowed});
 }
 
 void Agent::restore_all() {

@@ -12,13 +12,14 @@ fi
 
 BOOKWORM_PKGS=(
   build-essential cmake ninja-build pkg-config git
-  clang-19 llvm-19 lld-19
+  clang-19 llvm-19 lld-19 libclang-rt-19-dev
   libelf-dev zlib1g-dev
   libxdp-dev xdp-tools bpftool
   libyaml-cpp-dev libgflags-dev libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libssl-dev
+  nlohmann-json3-dev libssl-dev libcpp-httplib-dev
   iproute2 procps ethtool
   qemu-system-x86 busybox-static cpio zstd python3
+  librocksdb-dev python3-matplotlib
 )
 BACKPORTS_PKGS=(libbpf-dev libbpf1)
 

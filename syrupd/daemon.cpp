@@ -25,6 +25,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "config.h"
 #include "log.h"
 #include "pins.h"
 #include "socket_select.h"
@@ -178,7 +179,30 @@ int Daemon::init(const DaemonConfig& cfg) {
       epoll_event ev{EPOLLIN, {.fd = p->owner_pidfd.get()}};
       epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, p->owner_pidfd.get(), &ev);
     }
-  save_state();
+  if (cfg_.metrics_port) {
+    std::string merr;
+    if ((r = metrics_.start(cfg_.metrics_port, merr))) {
+      log(LogLevel::kError, "metrics endpoint: %s", merr.c_str());
+      return r;
+    }
+    metrics_refresh_fd_ = metrics_.refresh_fd();
+    epoll_event ev{EPOLLIN, {.fd = metrics_refresh_fd_}};
+    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, metrics_refresh_fd_, &ev);
+    for (auto& a : metrics_.addresses()) log(LogLevel::kInfo, "metrics on http://%s/metrics", a.c_str());
+  }
+  if (!cfg_.config_path.empty()) {
+    // At start a bad file is fatal (the operator is there to see it); on SIGHUP the
+    // running configuration stays.
+    std::vector<config::Diagnostic> errs;
+    config::LoadOptions lo;
+    lo.max_source_bytes = cfg_.max_source_bytes;
+    if (config::load(cfg_.config_path, config_, errs, lo)) {
+      for (auto& d : errs) log(LogLevel::kError, "%s", d.str().c_str());
+      return -EINVAL;
+    }
+    apply_config();
+  }
+  changed();
   log(LogLevel::kInfo, "serving on %s, pins under %s", cfg_.socket_path.c_str(),
       pins::root().c_str());
   return 0;
@@ -202,13 +226,17 @@ int Daemon::run() {
         signalfd_siginfo si;
         if (read(fd, &si, sizeof si) != sizeof si) continue;
         if (si.ssi_signo == SIGHUP) {
-          log(LogLevel::kInfo, "SIGHUP: nothing to reload (no --config)");
+          if (cfg_.config_path.empty()) log(LogLevel::kInfo, "SIGHUP: nothing to reload (no --config)");
+          else reload_config();
           continue;
         }
         log(LogLevel::kInfo, "%s: shutting down", strsignal(static_cast<int>(si.ssi_signo)));
         stop = true;
       } else if (clients_.count(fd)) {
         serve_client(fd);
+      } else if (fd == metrics_refresh_fd_) {
+        uint64_t n;
+        if (read(fd, &n, sizeof n) == sizeof n) publish_metrics();
       } else {
         owner_exited(fd);
       }
@@ -252,7 +280,12 @@ void Daemon::serve_client(int fd) {
   socklen_t cl = sizeof cred;
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) return drop();
   Caller caller{cred.pid, cred.uid, cred.gid};
-  if (!cfg_.admin_gids.empty()) {
+  std::vector<gid_t> admin_gids = cfg_.admin_gids;
+  gid_t cg;
+  std::string gerr;
+  if (!config_.admin_group.empty() && config::resolve_group(config_.admin_group, cg, gerr) == 0)
+    admin_gids.push_back(cg);
+  if (!admin_gids.empty()) {
     // Supplementary groups count too; SO_PEERCRED has only the primary one.
     std::ifstream st("/proc/" + std::to_string(cred.pid) + "/status");
     std::set<gid_t> groups = {cred.gid};
@@ -261,7 +294,7 @@ void Daemon::serve_client(int fd) {
         std::istringstream gs(line.substr(7));
         for (gid_t g; gs >> g;) groups.insert(g);
       }
-    for (gid_t g : cfg_.admin_gids) caller.in_admin_group |= groups.count(g) > 0;
+    for (gid_t g : admin_gids) caller.in_admin_group |= groups.count(g) > 0;
   }
 
   proto::Message req;
@@ -279,6 +312,15 @@ void Daemon::serve_client(int fd) {
 }
 
 Daemon::Response Daemon::handle(const Caller& caller, proto::Message& req) {
+  Response r = dispatch(caller, req);
+  if (!r.body.value("ok", false)) {
+    std::string op = req.body.is_object() ? req.body.value("op", std::string("?")) : "?";
+    totals_.error(op, r.body.value("errno", EIO));
+  }
+  return r;
+}
+
+Daemon::Response Daemon::dispatch(const Caller& caller, proto::Message& req) {
   const json& b = req.body;
   std::string op = b.contains("op") && b["op"].is_string() ? b["op"].get<std::string>() : "";
   log(LogLevel::kDebug, "pid %d uid %u: %s", caller.pid, caller.uid, op.c_str());
@@ -458,7 +500,8 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
     remove_policy(old->id, false, ("replaced by policy " + std::to_string(id)).c_str());
   }
   gc_app(app);
-  save_state();
+  totals_.deploys++;
+  changed();
   return {ok(resp)};
 }
 
@@ -475,7 +518,11 @@ void Daemon::secure_app_dir(const std::string& app, uid_t uid, gid_t gid) {
 
 bool Daemon::admit_request(const Caller& caller) {
   if (caller.admin()) return true;
-  double rate = cfg_.quotas.requests_per_second, burst = rate;
+  // A tenant of the config file has its own rate; anyone else the daemon's default.
+  double rate = cfg_.quotas.requests_per_second;
+  for (auto& t : config_.tenants)
+    if (t.uid == caller.uid && t.effective.requests_per_second) rate = static_cast<double>(*t.effective.requests_per_second);
+  double burst = rate;
   auto now = std::chrono::steady_clock::now();
   auto [it, fresh] = buckets_.try_emplace(caller.uid, Bucket{burst, now});
   Bucket& b = it->second;
@@ -489,7 +536,9 @@ bool Daemon::admit_request(const Caller& caller) {
 std::string Daemon::check_quota(const Caller& caller, const std::string& app, const Policy* replaced,
                                 const LoadFootprint& fp) const {
   if (caller.admin()) return {};
-  const Quotas& q = cfg_.quotas;
+  config::Quotas cq = quotas_for(app);
+  Quotas q{config::Quotas::limit(cq.policies), config::Quotas::limit(cq.maps),
+           config::Quotas::limit(cq.map_bytes), config::Quotas::limit(cq.insns), 0};
   size_t policies = 0, insns = fp.insns;
   for (auto& [id, p] : policies_) {
     if (p->app != app || p.get() == replaced) continue;
@@ -534,7 +583,8 @@ void Daemon::remove_policy(int id, bool detach_hook, const char* why) {
   log(LogLevel::kInfo, "removed policy %d (%s) of app '%s': %s", id, p.name.c_str(), app.c_str(), why);
   policies_.erase(it);
   gc_app(app);
-  save_state();
+  totals_.removals++;
+  changed();
 }
 
 void Daemon::gc_app(const std::string& app) {
@@ -593,6 +643,111 @@ uint64_t process_start_time(pid_t pid) {
   return 0;
 }
 
+void Daemon::changed() {
+  save_state();
+  publish_metrics();
+}
+
+void Daemon::publish_metrics() {
+  if (!cfg_.metrics_port) return;
+  metrics::Snapshot s;
+  s.start_time_unix = static_cast<double>(start_time_);
+  s.totals = totals_;
+  std::map<std::string, metrics::TenantSample> tenants;
+  for (auto& [id, p] : policies_) {
+    s.policies.push_back(metrics::policy_sample(policy_stats(*p), p->hook, p->target->key()));
+    auto& t = tenants[p->app];
+    t.tenant = p->app;
+    t.policies++;
+  }
+  for (auto& [app, t] : tenants) {
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(pins::app_maps_dir(app), ec)) {
+      UniqueFd m(bpf_obj_get(e.path().c_str()));
+      bpf_map_info info{};
+      uint32_t len = sizeof info;
+      if (!m || bpf_map_get_info_by_fd(m.get(), &info, &len)) continue;
+      t.maps++;
+      t.map_bytes += uint64_t{info.key_size + info.value_size} * info.max_entries;
+    }
+    t.quotas = quotas_for(app).limits();
+    s.tenants.push_back(t);
+  }
+  metrics_.publish(std::move(s));
+}
+
+config::Quotas Daemon::quotas_for(const std::string& app) const {
+  if (const config::Tenant* t = config_.tenant(app)) return t->effective;
+  config::Quotas q;
+  q.policies = cfg_.quotas.policies;
+  q.maps = cfg_.quotas.maps;
+  q.map_bytes = cfg_.quotas.map_bytes;
+  q.insns = cfg_.quotas.insns;
+  q.source_bytes = cfg_.max_source_bytes;
+  q.requests_per_second = cfg_.quotas.requests_per_second;
+  return q;
+}
+
+void Daemon::reload_config() {
+  config::Config next;
+  std::vector<config::Diagnostic> errs;
+  config::LoadOptions lo;
+  lo.max_source_bytes = cfg_.max_source_bytes;
+  if (config::load(cfg_.config_path, next, errs, lo)) {
+    for (auto& d : errs) log(LogLevel::kError, "%s", d.str().c_str());
+    log(LogLevel::kError, "SIGHUP: %s has errors; the running configuration stays", cfg_.config_path.c_str());
+    totals_.config_reloads++;
+    totals_.config_reload_failures++;
+    changed();
+    return;
+  }
+  config_ = std::move(next);
+  apply_config();
+  changed();
+}
+
+void Daemon::apply_config() {
+  std::vector<config::Applied> current;
+  for (auto& [id, p] : policies_)
+    if (!p->config_identity.empty()) current.push_back({p->config_identity, p->config_hash, id});
+  config::Plan plan = config::plan(config_, current);
+  for (auto& a : plan.to_remove) remove_policy(a.policy_id, true, ("no longer in " + cfg_.config_path).c_str());
+  int failed = 0;
+  for (auto& d : plan.to_deploy) {
+    const config::PolicyEntry& e = d.entry;
+    std::string where = config_.path + ":" + std::to_string(e.line) + ": " + e.where;
+    proto::Message msg;
+    std::string err;
+    if (int r = config::make_request(e, msg.body, err)) {
+      log(LogLevel::kError, "%s: %s", where.c_str(), err.c_str());
+      totals_.error("config", r);
+      failed++;
+      continue;
+    }
+    // Deployed for the tenant (its uid owns the application), with an operator's rights:
+    // the operator who wrote the file may name any port or process.
+    Caller as{getpid(), e.uid, e.uid, true};
+    Response resp = deploy(as, msg);
+    if (!resp.body.value("ok", false)) {
+      log(LogLevel::kError, "%s: %s%s", where.c_str(), resp.body.value("error", std::string()).c_str(),
+          resp.body.contains("log") ? ("\n" + resp.body["log"].get<std::string>()).c_str() : "");
+      totals_.error("config", resp.body.value("errno", EIO));
+      failed++;
+      continue;
+    }
+    int id = resp.body["id"];
+    policies_[id]->config_identity = e.identity;
+    policies_[id]->config_hash = e.hash;
+    if (d.replaces && resp.body.value("replaced", 0) != d.replaces)
+      remove_policy(d.replaces, true, ("replaced by " + e.identity).c_str());
+  }
+  totals_.config_reloads++;
+  if (failed) totals_.config_reload_failures++;
+  else totals_.config_last_success_unix = static_cast<double>(time(nullptr));
+  log(LogLevel::kInfo, "applied %s: %zu deployed, %zu removed, %zu unchanged, %d failed", cfg_.config_path.c_str(),
+      plan.to_deploy.size() - failed, plan.to_remove.size(), plan.unchanged.size(), failed);
+}
+
 void Daemon::save_state() {
   json pols = json::array();
   for (auto& [id, p] : policies_) {
@@ -607,6 +762,8 @@ void Daemon::save_state() {
                     {"owner_start", p->owner_start},
                     {"params", p->params},
                     {"created", p->created},
+                    {"config_identity", p->config_identity},
+                    {"config_hash", p->config_hash},
                     {"user_maps", p->loaded->user_maps},
                     {"system_maps", p->loaded->system_maps},
                     {"target", saved}});
@@ -651,6 +808,8 @@ void Daemon::adopt_state() {
     pol->owner_start = s.value("owner_start", uint64_t{0});
     pol->params = s.value("params", std::map<std::string, uint64_t>{});
     pol->created = s.value("created", time_t{0});
+    pol->config_identity = s.value("config_identity", std::string());
+    pol->config_hash = s.value("config_hash", std::string());
     Hook* hook = nullptr;
     for (auto& h : hooks_)
       if (pol->hook == h->name()) hook = h.get();
@@ -734,10 +893,13 @@ json Daemon::policy_stats(const Policy& p) const {
   bpf_prog_info info{};
   uint32_t len = sizeof info;
   bpf_prog_get_info_by_fd(p.loaded->prog_fd(), &info, &len);
-  return {{"id", p.id},           {"app", p.app},      {"name", p.name},
-          {"executors", execs},   {"pass", pass},      {"drop", drop},
-          {"fallback", fb},       {"decisions", total + pass + drop + fb},
-          {"run_cnt", info.run_cnt}, {"run_time_ns", info.run_time_ns}};
+  json st = {{"id", p.id},           {"app", p.app},      {"name", p.name},
+             {"executors", execs},   {"pass", pass},      {"drop", drop},
+             {"fallback", fb},       {"decisions", total + pass + drop + fb},
+             {"run_cnt", info.run_cnt}, {"run_time_ns", info.run_time_ns}};
+  // A hook's health (e.g. a thread policy the kernel ejected), as `list` shows it.
+  if (json d = p.target->describe(); d.is_object() && d.contains("status")) st["status"] = d["status"];
+  return st;
 }
 
 Daemon::Response Daemon::stats(const Caller& caller, const json& req) {

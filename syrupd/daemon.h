@@ -26,6 +26,8 @@
 #include <vector>
 
 #include "compiler.h"
+#include "config.h"
+#include "metrics.h"
 #include "hook.h"
 #include "loader.h"
 #include "protocol.h"
@@ -45,6 +47,8 @@ struct Policy {
   std::unique_ptr<Target> target;        // where it is attached, with its executors
   std::unique_ptr<LoadedPolicy> loaded;  // declared after target: destroyed first
   time_t created = 0;
+  std::string config_identity;  // "<tenant>/<name>" when deployed from --config
+  std::string config_hash;
 };
 
 // Per-application limits for callers that are not admins (docs/protocol.md).
@@ -64,6 +68,8 @@ struct DaemonConfig {
   std::string bpffs_root;
   size_t max_source_bytes = 1 << 20;
   std::string state_file;       // what is deployed, for the next syrupd to adopt
+  std::string config_path;      // --config: tenants and their policies (docs/operations.md)
+  uint16_t metrics_port = 0;    // --metrics_port: Prometheus text on localhost (0: off)
   bool remove_on_exit = false;  // SIGTERM: remove every policy (else leave them running)
 };
 
@@ -86,7 +92,8 @@ class Daemon {
 
   void accept_client();
   void serve_client(int fd);
-  Response handle(const Caller& caller, proto::Message& req);
+  Response handle(const Caller& caller, proto::Message& req);  // dispatch + error totals
+  Response dispatch(const Caller& caller, proto::Message& req);
   Response deploy(const Caller& caller, proto::Message& req);
   Response remove(const Caller& caller, const nlohmann::json& req);
   Response list(const Caller& caller);
@@ -100,6 +107,13 @@ class Daemon {
   // The state file: written after every change; read once at start to adopt.
   void save_state();
   void adopt_state();
+  // After every change: the state file and the metrics snapshot.
+  void changed();
+  void publish_metrics();
+  // --config: load at start, reload on SIGHUP, deploy/remove only what changed.
+  void reload_config();
+  void apply_config();
+  config::Quotas quotas_for(const std::string& app) const;
   void gc_app(const std::string& app);
   nlohmann::json describe(const Policy& p) const;
   nlohmann::json policy_stats(const Policy& p) const;
@@ -127,6 +141,11 @@ class Daemon {
     std::chrono::steady_clock::time_point last;
   };
   std::map<uid_t, Bucket> buckets_;
+  config::Config config_;
+  metrics::Metrics metrics_;
+  metrics::Totals totals_;
+  int metrics_refresh_fd_ = -1;
+  time_t start_time_ = time(nullptr);
   int next_id_ = 1;
 };
 

@@ -29,6 +29,9 @@ DEFINE_uint64(quota_maps, 64, "most maps per application");
 DEFINE_uint64(quota_map_bytes, 64ull << 20, "most bytes of map keys and values per application");
 DEFINE_uint64(quota_insns, 200000, "most BPF instructions over all of an application's programs");
 DEFINE_uint32(quota_rps, 200, "most control requests per second per uid");
+DEFINE_string(config, "", "YAML file of tenants and their policies, applied at start and on SIGHUP "
+              "(docs/operations.md; check one with syrupctl validate)");
+DEFINE_uint32(metrics_port, 0, "serve Prometheus metrics on 127.0.0.1/[::1]:PORT/metrics (0: off)");
 DEFINE_string(admin_group, "", "members of this group may act for any process, as root does");
 DEFINE_string(on_exit, "keep",
               "on SIGINT/SIGTERM: 'keep' every policy running for the next syrupd to adopt, or "
@@ -84,6 +87,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   cfg.remove_on_exit = FLAGS_on_exit == "remove";
+  cfg.config_path = FLAGS_config;
+  if (FLAGS_metrics_port > 65535) {
+    std::fprintf(stderr, "syrupd: --metrics_port must be at most 65535\n");
+    return 2;
+  }
+  cfg.metrics_port = static_cast<uint16_t>(FLAGS_metrics_port);
   cfg.state_file = FLAGS_state_file.empty()
                        ? (std::filesystem::path(FLAGS_socket).parent_path() / "syrupd.state.json").string()
                        : FLAGS_state_file;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "client.h"
+#include "config.h"
 #include "protocol.h"
 
 DEFINE_string(socket, "", "syrupd's control socket (default: $SYRUP_SOCKET or /run/syrup/syrupd.sock)");
@@ -37,14 +38,16 @@ const char* kUsage =
     "control the Syrup daemon.\n\n"
     "Usage:\n"
     "  syrupctl deploy --hook socket-select --pid PID --port PORT [--protocol udp|tcp]\n"
-    "  syrupctl deploy --hook xdp --ifname IF --port PORT [--cpus C,...] [--pid PID]\n"
     "                  [--app NAME] [--params K=V,...] [--persist] POLICY.c\n"
+    "  syrupctl deploy --hook xdp --ifname IF --port PORT [--cpus C,...] [--pid PID]\n"
+    "                  [--app NAME] [--params K=V,...] POLICY.c\n"
     "  syrupctl deploy --hook thread --pid PID [--app NAME] [--params K=V,...] POLICY.c\n"
     "  syrupctl remove ID\n"
     "  syrupctl list\n"
     "  syrupctl stats [ID]\n"
     "  syrupctl map dump --app APP MAP\n"
-    "  syrupctl ping\n\n"
+    "  syrupctl ping\n"
+    "  syrupctl validate FILE        check a syrupd --config file (no syrupd needed)\n\n"
     "Global: --json (machine-readable output), --socket PATH.\n"
     "Exit codes: 0 ok, 1 syrupd refused or failed, 2 usage, 3 syrupd unreachable.";
 
@@ -234,6 +237,8 @@ int cmd_stats(const std::vector<std::string>& args) {
     std::printf("  pass         %llu\n  drop         %llu\n  fallback     %llu\n",
                 s["pass"].get<unsigned long long>(), s["drop"].get<unsigned long long>(),
                 s["fallback"].get<unsigned long long>());
+    if (s.contains("status") && s["status"].is_string() && s["status"].get<std::string>() != "running")
+      std::printf("  status       %s\n", s["status"].get<std::string>().c_str());
     if (s["run_cnt"].get<unsigned long long>() > 0)
       std::printf("  cost         %.1f ns/decision (kernel.bpf_stats_enabled)\n",
                   double(s["run_time_ns"].get<unsigned long long>()) / double(s["run_cnt"].get<unsigned long long>()));
@@ -263,6 +268,53 @@ int cmd_map(const std::vector<std::string>& args) {
   return 0;
 }
 
+// Checks a --config file offline, as syrupd would load it: every problem as
+// "FILE:LINE: KEY: MESSAGE" on stderr, exit 1; valid: a summary, exit 0.
+int cmd_validate(const std::vector<std::string>& args) {
+  if (args.size() != 1) return usage("validate takes one FILE (a syrupd --config file)");
+  syrup::config::Config cfg;
+  std::vector<syrup::config::Diagnostic> errs;
+  int r = syrup::config::load(args[0], cfg, errs);
+  if (FLAGS_json) {
+    nlohmann::json diags = nlohmann::json::array(), pols = nlohmann::json::array();
+    for (auto& d : errs)
+      diags.push_back({{"file", d.file}, {"line", d.line}, {"key", d.key}, {"message", d.message}});
+    if (r == 0)
+      for (const auto* e : cfg.entries()) {
+        nlohmann::json req = e->request;
+        req["source_bytes"] = req["source"].get<std::string>().size();
+        req.erase("source");
+        pols.push_back({{"identity", e->identity}, {"line", e->line}, {"target", e->target.str()},
+                        {"hash", e->hash}, {"request", req}});
+      }
+    nlohmann::json tenants = nlohmann::json::array();
+    if (r == 0)
+      for (auto& t : cfg.tenants)
+        tenants.push_back({{"name", t.name}, {"uid", t.uid}, {"quotas", t.effective.to_json()},
+                           {"policies", t.policies.size()}});
+    std::cout << nlohmann::json{{"file", args[0]}, {"valid", r == 0}, {"diagnostics", diags},
+                                {"admin_group", cfg.admin_group}, {"tenants", tenants}, {"policies", pols}}
+                     .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+              << "\n";
+    return r ? kExitFailed : 0;
+  }
+  for (auto& d : errs) std::fprintf(stderr, "%s\n", d.str().c_str());
+  if (r) {
+    std::fprintf(stderr, "%s: invalid: %zu problem%s\n", args[0].c_str(), errs.size(), errs.size() == 1 ? "" : "s");
+    return kExitFailed;
+  }
+  std::printf("%s: valid: %zu tenant%s, %zu polic%s\n", args[0].c_str(), cfg.tenants.size(),
+              cfg.tenants.size() == 1 ? "" : "s", cfg.num_policies(), cfg.num_policies() == 1 ? "y" : "ies");
+  for (auto& t : cfg.tenants) {
+    std::string line = "  " + t.name + " (uid " + std::to_string(t.uid) + "):";
+    if (t.policies.empty()) line += " no policies";
+    for (size_t i = 0; i < t.policies.size(); i++)
+      line += (i ? ", " : " ") + t.policies[i].identity + " (" + t.policies[i].hook + ")";
+    std::printf("%s\n", line.c_str());
+  }
+  return 0;
+}
+
 int cmd_ping(const std::vector<std::string>&) {
   nlohmann::json out;
   if (int r = call({{"op", "ping"}}, out)) return r;
@@ -277,7 +329,7 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage(kUsage);
   gflags::SetVersionString("0.1.0");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
-  if (argc < 2) return usage("missing command (deploy, remove, list, stats, map, ping)");
+  if (argc < 2) return usage("missing command (deploy, remove, list, stats, map, ping, validate)");
   std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "deploy") return cmd_deploy(args);
@@ -286,5 +338,6 @@ int main(int argc, char** argv) {
   if (cmd == "stats") return cmd_stats(args);
   if (cmd == "map") return cmd_map(args);
   if (cmd == "ping") return cmd_ping(args);
+  if (cmd == "validate") return cmd_validate(args);
   return usage("unknown command '" + cmd + "'");
 }

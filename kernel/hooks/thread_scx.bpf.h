@@ -1,96 +1,39 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
- * The thread hook wrapper for the sched_ext backend: included after the policy source,
- * it turns the policy's syr_schedule() into a partial-mode sched_ext scheduler
- * (SCX_OPS_SWITCH_PARTIAL): only threads switched to SCHED_EXT -- the registered threads
- * of the application -- run in it; every other thread stays in the fair class, so a bad
- * policy can only hurt its own application.
+ * The thread hook wrapper for the sched_ext backend: included by syrupd after the policy
+ * source, it turns the policy's syr_schedule() into the two programs syrupd's root
+ * scheduler (thread_scx_root.bpf.c) tail-calls for this application's threads:
  *
- * The same policy source as the agent backend: on enqueue the wrapper fills a struct
- * syr_thread from the task, calls the policy, and inserts the task into the chosen
- * core's DSQ (or the shared DSQ for SYR_PASS) ordered by the policy's key (vtime DSQs:
- * lowest key first). dispatch() on a core drains its own DSQ first, then the shared one.
+ *  - syr_app_enqueue(p): asks the policy for p's core and key, queues p in the
+ *    application's DSQ (by enqueue time), kicks the chosen core if idle (SYR_PASS: any
+ *    idle core p may use), or preempts a thread of the same application running with a
+ *    worse key;
+ *  - syr_app_dispatch(cpu, prev): asks the policy again about prev (if it is still
+ *    runnable and ours) and every queued thread of the application (the oldest
+ *    SYR_SCX_MAX_SCAN), with the hints as they are NOW, and runs on `cpu` the lowest key
+ *    among those bound to `cpu` or to no core (ties: prev, then the lower tid). A thread
+ *    that waited longer than syr_scx_starve_ns goes first regardless of its key (the
+ *    kernel's watchdog would otherwise eject the whole scheduler, every application's
+ *    policy with it). Threads bound to other cores get those cores kicked. If nothing
+ *    here is for `cpu`, it hands the round back to the root, which tries the next
+ *    application.
  *
- * No vmlinux.h: the few kernel types it touches are declared with CO-RE relocations
- * (libbpf matches struct_ops members by name), so it compiles with syrupd's ordinary
- * policy flags against any kernel with sched_ext.
+ * Program association: the two programs are referenced by two (never attached)
+ * struct_ops maps, so the kernel cannot associate them with one struct_ops instance and
+ * their scx kfunc calls resolve to the root scheduler, the one that tail-calls them
+ * (kernel/sched/ext: scx_prog_sched() falls back to scx_root for unassociated programs).
  *
- * Exit: when the kernel ejects the scheduler (watchdog stall, runtime error), exit()
- * records the kind, the reason and the message in syr_exit_info for syrupd to report.
- * Current scope: one application's policy per scheduler (syrupd's per-application
- * dispatch through one root scheduler is not done yet; see hooks/thread.h).
+ * syrupd sets syr_scx_slot (its slot), syr_scx_starve_ns, and reuses the root's
+ * syr_scx_* maps before load. syr_stats counts every policy answer, re-decisions at
+ * dispatch included.
  */
 #ifndef SYRUP_HOOK_THREAD_SCX_H
 #define SYRUP_HOOK_THREAD_SCX_H
 
-#include <bpf/bpf_tracing.h>
+#include "thread_scx_common.h"
 
-#define SYR_SCX_SHARED_DSQ 0x5000ULL
-#define SYR_SCX_CORE_DSQ(c) (0x5100ULL + (c))
-#define SYR_SCX_MAX_CPUS 64
-#define SYR_SCX_SLICE_NS 3000000ULL
-#define SYR_SCX_OPS_SWITCH_PARTIAL 8ULL
-#define SYR_SCX_ENQ_WAKEUP 1ULL
-#define SYR_SCX_KICK_IDLE 1ULL
-
-struct sched_ext_entity {
-	__u32 flags;
-	__u64 dsq_vtime;
-} __attribute__((preserve_access_index));
-
-struct task_struct {
-	int pid;
-	int tgid;
-	struct sched_ext_entity scx;
-} __attribute__((preserve_access_index));
-
-#define SYR_SCX_TASK_QUEUED 1
-
-enum scx_exit_kind { SYR_SCX_EXIT_ERROR = 1024 };
-
-struct scx_exit_info {
-	enum scx_exit_kind kind;
-	int exit_cpu;
-	long long exit_code;
-	__u64 flags;
-	const char *reason;
-	unsigned long *bt;
-	__u32 bt_len;
-	char *msg;
-	char *dump;
-} __attribute__((preserve_access_index));
-
-extern void scx_bpf_dsq_insert_vtime(struct task_struct *p, __u64 dsq_id, __u64 slice, __u64 vtime,
-				     __u64 enq_flags) __weak __ksym;
-extern _Bool scx_bpf_dsq_move_to_local(__u64 dsq_id) __weak __ksym;
-extern int scx_bpf_create_dsq(__u64 dsq_id, int node) __weak __ksym;
-extern int scx_bpf_task_cpu(const struct task_struct *p) __weak __ksym;
-extern __u32 scx_bpf_nr_cpu_ids(void) __weak __ksym;
-extern void scx_bpf_kick_cpu(int cpu, __u64 flags) __weak __ksym;
-extern struct task_struct *scx_bpf_dsq_peek(__u64 dsq_id) __weak __ksym;
-extern _Bool scx_bpf_task_set_slice(struct task_struct *p, __u64 slice) __weak __ksym;
-
-struct syr_exit_rec {
-	__s32 kind;
-	__s32 pad;
-	__s64 exit_code;
-	char reason[128];
-	char msg[256];
-};
-
-/* syr_executors: per tid, when it became runnable (for runnable_ns and run_ns). */
-struct syr_task_times {
-	__u64 runnable_ns;
-	__u64 running_since;
-	__u64 run_ns;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, __u32);
-	__type(value, struct syr_task_times);
-	__uint(max_entries, 4096);
-} syr_executors SEC(".maps");
+const volatile __u32 syr_scx_slot = 0;
+const volatile __u64 syr_scx_starve_ns = 1000000000ULL;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -98,13 +41,6 @@ struct {
 	__type(value, __u64);
 	__uint(max_entries, SYR_STAT_SLOTS);
 } syr_stats SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__type(key, __u32);
-	__type(value, struct syr_exit_rec);
-	__uint(max_entries, 1);
-} syr_exit_info SEC(".maps");
 
 static __always_inline void syr_count(__u32 slot)
 {
@@ -114,197 +50,264 @@ static __always_inline void syr_count(__u32 slot)
 		*c += 1;
 }
 
-SEC("struct_ops/syr_select_cpu")
-__s32 BPF_PROG(syr_select_cpu, struct task_struct *p, __s32 prev_cpu, __u64 wake_flags)
+static __always_inline __u32 syr_scx_nr_cpus(void)
 {
-	return prev_cpu; /* the core is the policy's choice, made in enqueue */
+	__u32 n = scx_bpf_nr_cpu_ids();
+
+	return n > SYR_SCX_MAX_CPUS ? SYR_SCX_MAX_CPUS : n;
 }
 
-/* Asks the policy about `p`: the DSQ it goes to and its key. 0, or -1 if untracked. */
-static __always_inline int syr_scx_decide(struct task_struct *p, __u32 reason, __u64 *dsq, __u64 *key,
-					  __u64 *slice, __u32 *core_out)
+/* The policy's answer for p now: a core < nr_cpus or SYR_PASS; key and slice out. */
+static __always_inline __u32 syr_scx_decide(struct task_struct *p, __u32 reason, __u64 now, _Bool running,
+					    __u64 *key, __u64 *slice)
 {
 	__u32 tid = p->pid;
-	__u64 now = bpf_ktime_get_ns();
-	struct syr_task_times *tt = bpf_map_lookup_elem(&syr_executors, &tid);
-	struct syr_task_times fresh = { .runnable_ns = now };
+	struct syr_scx_task *tt = bpf_map_lookup_elem(&syr_scx_tasks, &tid);
 	__u32 *exec = bpf_map_lookup_elem(&syrup_threads, &tid);
 	struct syr_thread t = {};
 	__u32 core;
 
-	if (!tt) {
-		bpf_map_update_elem(&syr_executors, &tid, &fresh, BPF_ANY);
-		tt = bpf_map_lookup_elem(&syr_executors, &tid);
-		if (!tt)
-			return -1;
-	}
-	if (reason == SYR_THREAD_WAKEUP) {
-		tt->runnable_ns = now;
-		tt->run_ns = 0;
-	}
 	t.tid = tid;
 	t.tgid = p->tgid;
 	t.executor = exec ? *exec : SYR_NO_EXECUTOR;
 	t.prev_cpu = scx_bpf_task_cpu(p);
-	t.nr_cpus = scx_bpf_nr_cpu_ids();
-	if (t.nr_cpus > SYR_SCX_MAX_CPUS)
-		t.nr_cpus = SYR_SCX_MAX_CPUS;
+	t.nr_cpus = syr_scx_nr_cpus();
 	t.reason = reason;
 	t.now_ns = now;
-	t.runnable_ns = tt->runnable_ns;
-	t.run_ns = tt->run_ns;
-	t.key = tt->runnable_ns;
+	t.runnable_ns = now;
+	if (tt) {
+		t.runnable_ns = tt->runnable_ns;
+		t.run_ns = tt->run_ns;
+		if (running && tt->running_since && now > tt->running_since)
+			t.run_ns += now - tt->running_since;
+	}
+	t.key = t.runnable_ns;
 	t.slice_ns = SYR_SCX_SLICE_NS;
 	core = syr_schedule(&t);
-	if (t.slice_ns == 0 || t.slice_ns > 100000000ULL)
-		t.slice_ns = SYR_SCX_SLICE_NS;
-	if (core == SYR_PASS || core >= t.nr_cpus) {
-		*dsq = SYR_SCX_SHARED_DSQ;
-		*core_out = core == SYR_PASS ? SYR_PASS : SYR_DROP; /* DROP marks a fallback */
-		core = t.prev_cpu;
+	if (core == SYR_PASS) {
+		syr_count(SYR_STAT_PASS);
+	} else if (core >= t.nr_cpus) {
+		syr_count(SYR_STAT_FALLBACK);
+		core = SYR_PASS;
 	} else {
-		*dsq = SYR_SCX_CORE_DSQ(core);
-		*core_out = core;
+		syr_count(SYR_STAT_EXECUTOR_BASE + core);
+	}
+	if (t.slice_ns == 0 || t.slice_ns > SYR_SCX_MAX_SLICE_NS)
+		t.slice_ns = SYR_SCX_SLICE_NS;
+	if (tt) {
+		tt->key = t.key;
+		tt->core = core;
 	}
 	*key = t.key;
 	*slice = t.slice_ns;
-	return (int)core;
+	return core;
 }
 
-SEC("struct_ops/syr_enqueue")
-void BPF_PROG(syr_enqueue, struct task_struct *p, __u64 enq_flags)
+/* The key of the thread of this application running on `cpu`, or 0 if none is. */
+static __always_inline __u64 syr_scx_running_key(__u32 cpu)
 {
-	__u64 dsq, key, slice;
-	__u32 c;
-	int kick = syr_scx_decide(p, (enq_flags & SYR_SCX_ENQ_WAKEUP) ? SYR_THREAD_WAKEUP : SYR_THREAD_PREEMPTED,
-				  &dsq, &key, &slice, &c);
+	struct syr_scx_cpu *c = syr_scx_cpu_state(cpu);
+	struct syr_scx_task *tt;
+	__u32 tid;
 
-	if (kick < 0) {
-		scx_bpf_dsq_insert_vtime(p, SYR_SCX_SHARED_DSQ, SYR_SCX_SLICE_NS, bpf_ktime_get_ns(), enq_flags);
-		return;
+	if (!c || !c->tid || c->slot != syr_scx_slot)
+		return 0;
+	tid = c->tid;
+	tt = bpf_map_lookup_elem(&syr_scx_tasks, &tid);
+	return tt ? tt->key : 0;
+}
+
+struct syr_victim {
+	const struct cpumask *mask;
+	__u64 key, worst;
+	__u32 n;
+	int cpu;
+};
+
+/* bpf_loop callback: the core running this app's thread with the worst key above ours. */
+static long syr_find_victim(__u32 c, struct syr_victim *v)
+{
+	__u64 k;
+
+	if (c >= v->n)
+		return 1;
+	k = syr_scx_running_key(c);
+	if (k > v->key && k > v->worst && bpf_cpumask_test_cpu(c, v->mask)) {
+		v->worst = k;
+		v->cpu = (int)c;
 	}
-	if (c == SYR_PASS)
-		syr_count(SYR_STAT_PASS);
-	else if (c == SYR_DROP)
-		syr_count(SYR_STAT_FALLBACK);
-	else
-		syr_count(SYR_STAT_EXECUTOR_BASE + c);
-	scx_bpf_dsq_insert_vtime(p, dsq, slice, key, enq_flags);
-	scx_bpf_kick_cpu(kick, SYR_SCX_KICK_IDLE);
-}
-
-/* The lowest key waiting for `cpu` (its own DSQ, then the shared one), or ~0. */
-static __always_inline __u64 syr_scx_head_key(__s32 cpu)
-{
-	struct task_struct *h = (__u32)cpu < SYR_SCX_MAX_CPUS ? scx_bpf_dsq_peek(SYR_SCX_CORE_DSQ(cpu)) : 0;
-	struct task_struct *s = scx_bpf_dsq_peek(SYR_SCX_SHARED_DSQ);
-	__u64 k = ~0ULL;
-
-	if (h)
-		k = h->scx.dsq_vtime;
-	if (s && s->scx.dsq_vtime < k)
-		k = s->scx.dsq_vtime;
-	return k;
-}
-
-SEC("struct_ops/syr_dispatch")
-void BPF_PROG(syr_dispatch, __s32 cpu, struct task_struct *prev)
-{
-	/* prev's slice ended and it is still runnable: it is not queued yet, so ask the
-	 * policy now and keep it running if it still comes first (e.g. the marked thread,
-	 * or a thread inside a critical section under cs_aware). */
-	if (prev && (prev->scx.flags & SYR_SCX_TASK_QUEUED)) {
-		__u64 dsq, key, slice;
-		__u32 c;
-		int r = syr_scx_decide(prev, SYR_THREAD_PREEMPTED, &dsq, &key, &slice, &c);
-
-		if (r >= 0 && (dsq == SYR_SCX_SHARED_DSQ || dsq == SYR_SCX_CORE_DSQ(cpu)) &&
-		    key < syr_scx_head_key(cpu)) {
-			scx_bpf_task_set_slice(prev, slice);
-			return;
-		}
-	}
-	if ((__u32)cpu < SYR_SCX_MAX_CPUS && scx_bpf_dsq_move_to_local(SYR_SCX_CORE_DSQ(cpu)))
-		return;
-	scx_bpf_dsq_move_to_local(SYR_SCX_SHARED_DSQ);
-}
-
-SEC("struct_ops/syr_running")
-void BPF_PROG(syr_running, struct task_struct *p)
-{
-	__u32 tid = p->pid;
-	struct syr_task_times *tt = bpf_map_lookup_elem(&syr_executors, &tid);
-
-	if (tt)
-		tt->running_since = bpf_ktime_get_ns();
-}
-
-SEC("struct_ops/syr_stopping")
-void BPF_PROG(syr_stopping, struct task_struct *p, _Bool runnable)
-{
-	__u32 tid = p->pid;
-	struct syr_task_times *tt = bpf_map_lookup_elem(&syr_executors, &tid);
-
-	if (tt && tt->running_since)
-		tt->run_ns += bpf_ktime_get_ns() - tt->running_since;
-}
-
-static long syr_make_dsq(__u32 i, void *unused)
-{
-	scx_bpf_create_dsq(SYR_SCX_CORE_DSQ(i), -1);
 	return 0;
 }
 
-SEC("struct_ops.s/syr_init")
-__s32 BPF_PROG(syr_init)
+static long syr_kick_one(__u32 c, __u64 *mask)
 {
-	__u32 n = scx_bpf_nr_cpu_ids();
-
-	if (n > SYR_SCX_MAX_CPUS)
-		n = SYR_SCX_MAX_CPUS;
-	bpf_loop(n, syr_make_dsq, (void *)0, 0);
-	return scx_bpf_create_dsq(SYR_SCX_SHARED_DSQ, -1);
+	if (!*mask)
+		return 1;
+	if (*mask & (1ULL << (c & 63))) {
+		scx_bpf_kick_cpu((int)c, SYR_SCX_KICK_IDLE);
+		*mask &= ~(1ULL << (c & 63));
+	}
+	return 0;
 }
 
-SEC("struct_ops/syr_exit")
-void BPF_PROG(syr_exit, struct scx_exit_info *ei)
+SEC("struct_ops/syr_app_enqueue")
+void BPF_PROG(syr_app_enqueue, struct task_struct *p, __u64 enq_flags)
 {
-	__u32 z = 0;
-	struct syr_exit_rec *r = bpf_map_lookup_elem(&syr_exit_info, &z);
+	__u64 now = bpf_ktime_get_ns(), key, slice;
+	__u32 reason = (enq_flags & SYR_SCX_ENQ_WAKEUP) ? SYR_THREAD_WAKEUP : SYR_THREAD_PREEMPTED;
+	__u32 core = syr_scx_decide(p, reason, now, 0, &key, &slice);
+	struct syr_victim v = {};
+	int idle;
 
-	if (!r)
+	scx_bpf_dsq_insert_vtime(p, SYR_SCX_APP_DSQ(syr_scx_slot), slice, now, enq_flags);
+	if (core != SYR_PASS) {
+		if (syr_scx_running_key(core) > key)
+			scx_bpf_kick_cpu(core, SYR_SCX_KICK_PREEMPT);
+		else
+			scx_bpf_kick_cpu(core, SYR_SCX_KICK_IDLE);
 		return;
-	r->kind = ei->kind;
-	r->exit_code = ei->exit_code;
-	bpf_probe_read_kernel_str(r->reason, sizeof(r->reason), ei->reason);
-	bpf_probe_read_kernel_str(r->msg, sizeof(r->msg), ei->msg);
+	}
+	idle = scx_bpf_pick_idle_cpu(p->cpus_ptr, 0);
+	if (idle >= 0) {
+		scx_bpf_kick_cpu(idle, SYR_SCX_KICK_IDLE);
+		return;
+	}
+	/* No idle core: preempt the app's thread with the worst key above ours, if any. */
+	v.mask = p->cpus_ptr;
+	v.key = key;
+	v.n = syr_scx_nr_cpus();
+	v.cpu = -1;
+	bpf_loop(SYR_SCX_MAX_CPUS, syr_find_victim, &v, 0);
+	if (v.cpu >= 0)
+		scx_bpf_kick_cpu(v.cpu, SYR_SCX_KICK_PREEMPT);
+}
+
+/* One dispatch's running choice. Kept in a map value, not on the stack: the verifier
+ * then sees the same state at every turn of the DSQ loop and verifies it once. */
+struct syr_scx_pick {
+	__u64 best_key, best_slice, starve_t, starve_slice, kick;
+	__u32 best_tid, starve_tid, scanned, best_prev;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct syr_scx_pick);
+	__uint(max_entries, 1);
+} syr_scx_pick SEC(".maps");
+
+SEC("struct_ops/syr_app_dispatch")
+void BPF_PROG(syr_app_dispatch, __s32 cpu, struct task_struct *prev)
+{
+	__u64 now = bpf_ktime_get_ns(), dsq = SYR_SCX_APP_DSQ(syr_scx_slot), key, slice, kick;
+	__u32 z = 0, core;
+	struct syr_scx_pick *k = bpf_map_lookup_elem(&syr_scx_pick, &z);
+	struct syr_scx_round *r;
+	struct task_struct *p;
+	_Bool moved = 0;
+
+	if (!k)
+		return;
+	k->best_key = ~0ULL;
+	k->best_slice = SYR_SCX_SLICE_NS;
+	k->starve_t = ~0ULL;
+	k->starve_slice = SYR_SCX_SLICE_NS;
+	k->kick = 0;
+	k->best_tid = 0;
+	k->starve_tid = 0;
+	k->scanned = 0;
+	k->best_prev = 0;
+
+	if (prev && (prev->scx.flags & SYR_SCX_TASK_QUEUED) && syr_scx_slot_of(prev) == syr_scx_slot) {
+		core = syr_scx_decide(prev, SYR_THREAD_PREEMPTED, now, 1, &key, &slice);
+		if (core == SYR_PASS || core == (__u32)cpu) {
+			k->best_key = key;
+			k->best_slice = slice;
+			k->best_tid = prev->pid;
+			k->best_prev = 1;
+		} else if (core < SYR_SCX_MAX_CPUS) {
+			k->kick |= 1ULL << core;
+		}
+	}
+
+	bpf_for_each(scx_dsq, p, dsq, 0) {
+		__u32 tid = p->pid;
+		__u64 since = p->scx.dsq_vtime;
+
+		if (++k->scanned > SYR_SCX_MAX_SCAN)
+			break;
+		core = syr_scx_decide(p, SYR_THREAD_TICK, now, 0, &key, &slice);
+		if (core != SYR_PASS && core != (__u32)cpu) {
+			if (core < SYR_SCX_MAX_CPUS)
+				k->kick |= 1ULL << core;
+			continue;
+		}
+		if (!bpf_cpumask_test_cpu((__u32)cpu, p->cpus_ptr))
+			continue;
+		if (syr_scx_starve_ns && now > since && now - since > syr_scx_starve_ns && since < k->starve_t) {
+			k->starve_t = since;
+			k->starve_tid = tid;
+			k->starve_slice = slice;
+		}
+		if (key < k->best_key || (key == k->best_key && !k->best_prev && tid < k->best_tid)) {
+			k->best_key = key;
+			k->best_slice = slice;
+			k->best_tid = tid;
+			k->best_prev = 0;
+		}
+	}
+	if (k->starve_tid) {
+		k->best_tid = k->starve_tid;
+		k->best_slice = k->starve_slice;
+		k->best_prev = 0;
+	}
+
+	if (k->best_prev && prev) {
+		scx_bpf_task_set_slice(prev, k->best_slice);
+		moved = 1;
+	} else if (k->best_tid) {
+		bpf_for_each(scx_dsq, p, dsq, 0) {
+			if ((__u32)p->pid != k->best_tid)
+				continue;
+			scx_bpf_dsq_move_set_slice(&___it, k->best_slice);
+			moved = scx_bpf_dsq_move(&___it, p, SYR_SCX_DSQ_LOCAL, 0);
+			break;
+		}
+	}
+	kick = k->kick & ~(1ULL << ((__u32)cpu & 63));
+	if (kick)
+		bpf_loop(SYR_SCX_MAX_CPUS, syr_kick_one, &kick, 0);
+	if (moved)
+		return;
+	/* Nothing of ours for this core: let the root try the next application. */
+	r = bpf_map_lookup_elem(&syr_scx_round, &z);
+	if (r)
+		r->resume = 1;
+	bpf_tail_call(ctx, &syr_scx_disp, SYR_SCX_RESUME);
+	if (r)
+		r->resume = 0;
 }
 
 struct sched_ext_ops {
-	__s32 (*select_cpu)(struct task_struct *p, __s32 prev_cpu, __u64 wake_flags);
 	void (*enqueue)(struct task_struct *p, __u64 enq_flags);
 	void (*dispatch)(__s32 cpu, struct task_struct *prev);
-	void (*running)(struct task_struct *p);
-	void (*stopping)(struct task_struct *p, _Bool runnable);
-	__s32 (*init)(void);
-	void (*exit)(struct scx_exit_info *ei);
-	__u64 flags;
-	__u32 timeout_ms;
 	char name[128];
 };
 
+/* Never attached: they only carry the programs (two, so that the programs stay
+ * unassociated; see above). */
 SEC(".struct_ops.link")
-struct sched_ext_ops syr_thread_ops = {
-	.select_cpu = (void *)syr_select_cpu,
-	.enqueue = (void *)syr_enqueue,
-	.dispatch = (void *)syr_dispatch,
-	.running = (void *)syr_running,
-	.stopping = (void *)syr_stopping,
-	.init = (void *)syr_init,
-	.exit = (void *)syr_exit,
-	.flags = SYR_SCX_OPS_SWITCH_PARTIAL,
-	.timeout_ms = 3000,
-	.name = "syrup_thread",
+struct sched_ext_ops syr_app_ops = {
+	.enqueue = (void *)syr_app_enqueue,
+	.dispatch = (void *)syr_app_dispatch,
+	.name = "syrup_app",
+};
+
+SEC(".struct_ops.link")
+struct sched_ext_ops syr_app_ops2 = {
+	.enqueue = (void *)syr_app_enqueue,
+	.dispatch = (void *)syr_app_dispatch,
+	.name = "syrup_app2",
 };
 
 char _license[] SEC("license") = "GPL";

@@ -5,8 +5,11 @@
 # download`, never in the system's sources.
 #
 # Picks the newest linux-binary-unsigned-*-cloud-amd64 whose BTF passes the scx kfunc
-# check (Debian 7.2.12 has 21 uncallable kfuncs). Prints, on the last line of stdout,
-#   KERNEL=<dir>     (holding vmlinuz, vmlinux.h, kver)
+# check (Debian 7.2.12 has 21 uncallable kfuncs). Also takes two modules from
+# linux-modules-* (decompressed): virtio_blk and overlay, which the guest needs to mount
+# its disk images (the cloud kernel has neither built in, and no 9p at all). Prints, on
+# the last line of stdout,
+#   KERNEL=<dir>     (holding vmlinuz, vmlinux.h, kver, modules/*.ko)
 # or exits 77 (the ctest SKIP code) with the reason on stderr if nothing can be fetched.
 set -uo pipefail
 CACHE=${SYRUP_VM_CACHE:-/var/cache/syrup-vm}
@@ -30,6 +33,23 @@ if [ ! -f "$stamp" ] || [ -n "$(find "$stamp" -mmin +1440 2>/dev/null)" ]; then
   if apt-get "${APTOPTS[@]}" update -q >"$APT/update.log" 2>&1; then touch "$stamp"; fi
 fi
 
+# The guest's modules, decompressed, into $1/modules (once per kernel).
+ensure_modules() {
+  local dir=$1 kv=$2
+  [ -f "$dir/modules/virtio_blk.ko" ] && [ -f "$dir/modules/overlay.ko" ] && return 0
+  local tmp; tmp=$(mktemp -d)
+  (cd "$tmp" && apt-get "${APTOPTS[@]}" download -q "linux-modules-$kv-cloud-amd64") >&2 2>&1 || {
+    rm -rf "$tmp"; echo "fetch-kernel: cannot download linux-modules-$kv-cloud-amd64" >&2; return 1; }
+  dpkg -x "$tmp"/*.deb "$tmp/x" || { rm -rf "$tmp"; return 1; }
+  mkdir -p "$dir/modules"
+  for m in drivers/block/virtio_blk fs/overlayfs/overlay; do
+    f=$(find "$tmp/x" -path "*/kernel/$m.ko*" | head -1)
+    [ -n "$f" ] || { rm -rf "$tmp"; echo "fetch-kernel: $m not in the modules package" >&2; return 1; }
+    case $f in *.xz) xz -dc "$f" ;; *.zst) zstd -dc "$f" ;; *) cat "$f" ;; esac > "$dir/modules/$(basename "$m").ko"
+  done
+  rm -rf "$tmp"
+}
+
 pick_cached() {  # newest cached kernel that passed the BTF check
   ls -d "$CACHE"/kernels/*/ok 2>/dev/null | xargs -r -n1 dirname | sort -V | tail -1
 }
@@ -44,7 +64,7 @@ fi
 
 for kv in $cands; do
   dir=$CACHE/kernels/$kv
-  if [ -f "$dir/ok" ]; then echo "KERNEL=$dir"; exit 0; fi
+  if [ -f "$dir/ok" ]; then ensure_modules "$dir" "$kv"; echo "KERNEL=$dir"; exit 0; fi
   [ -f "$dir/bad" ] && { echo "fetch-kernel: $kv: $(cat "$dir/bad"), trying older" >&2; continue; }
   mkdir -p "$dir" && cd "$dir" || continue
   rm -rf deb x && mkdir -p deb x
@@ -76,6 +96,7 @@ for kv in $cands; do
   fi
   rm -rf x deb
   touch ok
+  ensure_modules "$dir" "$kv"
   echo "KERNEL=$dir"
   exit 0
 done

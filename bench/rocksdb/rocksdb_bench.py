@@ -1,0 +1,772 @@
+#!/usr/bin/python3
+"""rocksdb_bench.py: the Syrup talk's RocksDB evaluation, on this machine.
+
+Design:
+- One kv_server process per policy configuration, all started up front (one after the
+  other, so only one opens the database for writing at a time) and all idle except the
+  one under load: each has its own socket group, port and Syrup application name
+  ("kv-<config>"), so their maps never mix. All are pinned to the same server core(s)
+  (--server-cpus), use the same calibrated SCAN length, worker count and yield setting.
+- kv_loadgen (open loop, Poisson, 50 flows) runs pinned to its own core (--client-cpu).
+- 100% load is the server's saturation throughput for the mix, measured in the same run
+  (round_robin at 1.4x the calibrated capacity); load points are fractions of it, so
+  every policy sees exactly the same offered rates.
+- Fairness on a shared, noisy machine: for every round and load point, the policies run
+  back to back in a shuffled order with the SAME arrival schedule (same seed); each point
+  is repeated --rounds times and the median is reported. During every run the CPU time
+  of everything else on the machine is measured (/proc/stat minus the server's, the load
+  generator's and syrupd's own); a run where others took more than --max-foreign of a
+  core, or where the generator sent late, is repeated (up to --retries) and flagged.
+- Output: one JSON file with every run and the summary, PNG plots (GET and SCAN p99
+  against offered load, one line per policy), and a Markdown table on stdout.
+
+Run as root (the servers deploy BPF through syrupd). `bench/rocksdb/run.sh` is the one
+command; this script is what it runs.
+"""
+import argparse
+import ctypes
+import json
+import math
+import os
+import random
+import select
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# A configuration: label -> (socket-select policy or None, thread policy or None, params).
+CONFIGS = {
+    "pass": ("pass.c", None, ""),
+    "round_robin": ("round_robin.c", None, ""),
+    "scan_avoid": ("scan_avoid.c", None, ""),
+    "sita": ("sita.c", None, ""),
+    "least_loaded": ("least_loaded.c", None, ""),
+    # The thread policy alone (sockets keep the kernel's hash), and the cross-layer pair.
+    "get_first": (None, "get_first.c", ""),
+    "scan_avoid+get_first": ("scan_avoid.c", "get_first.c", ""),
+}
+MIX_CONFIGS = {
+    99.5: ["pass", "round_robin", "scan_avoid", "sita", "least_loaded"],
+    50.0: ["pass", "round_robin", "scan_avoid", "sita", "least_loaded", "get_first",
+           "scan_avoid+get_first"],
+}
+PENDING = "pending the thread hook"
+
+# The server setting per mix (the same for every policy of a mix; see bench/README.md):
+# - 99.5/0.5 (the talk: one worker per core): a SCAN yields its core every ~20 us, so on
+#   the one shared server core a SCAN delays the OTHER workers' GETs by at most that long,
+#   as it would not at all on cores of their own; what is left is what socket selection
+#   decides: GETs queued behind a SCAN on the same socket.
+# - 50/50 (the talk: more threads than cores, thread scheduling decides): no yielding, so
+#   which runnable worker gets the core is the kernel's (or a thread policy's) choice.
+MIX_SETTINGS = {
+    99.5: {"workers": 4, "yield_us": 20.0},
+    50.0: {"workers": 8, "yield_us": 0.0},
+}
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def mix_name(get_pct):
+    return f"{get_pct:g}-{100 - get_pct:g}"
+
+
+def renice(n):
+    """In the child before exec. The bench's processes get a high CPU weight, so that other
+    work on a shared machine disturbs the measurement less (the same for every policy):
+    with the kernel's autogroups (sched_autogroup_enabled) nice only orders the tasks of
+    one session, so the child gets a session of its own and that session's autogroup the
+    nice value. It also dies with the bench (PR_SET_PDEATHSIG), never left behind."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        os.setsid()
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(n))
+    except OSError:
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, n)
+    except OSError:
+        pass
+
+
+# ---- CPU accounting -----------------------------------------------------------------
+
+def machine_busy_s():
+    """Busy CPU seconds of the whole machine so far (all cores)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]  # idle + iowait
+    return (sum(v[:8]) - idle) / CLK_TCK
+
+
+def proc_cpu_s(pid):
+    """CPU seconds used so far by a process (all its threads), 0 if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def descendants(pid):
+    """Pids of every process below pid."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+# ---- syrupd ---------------------------------------------------------------------------
+
+class Daemon:
+    """A private syrupd (own socket, bpffs root and cache), or the one at --socket."""
+
+    def __init__(self, bindir, socket_path=None, nice=0):
+        self.bindir = bindir
+        self.proc = None
+        self.dir = None
+        self.bpffs = None
+        if socket_path:
+            self.socket = socket_path
+            return
+        self.dir = tempfile.mkdtemp(prefix="syrup-rocksdb-bench-")
+        os.chmod(self.dir, 0o755)
+        self.socket = os.path.join(self.dir, "syrupd.sock")
+        self.bpffs = f"/sys/fs/bpf/syrup-rocksdb-bench-{os.getpid()}"
+        self.logf = open(os.path.join(self.dir, "syrupd.log"), "w")
+        self.proc = subprocess.Popen(
+            [os.path.join(bindir, "syrupd"), f"--socket={self.socket}",
+             f"--bpffs_root={self.bpffs}", f"--cache_dir={self.dir}/cache"],
+            stdout=self.logf, stderr=self.logf, preexec_fn=lambda: renice(nice))
+        for _ in range(200):
+            if subprocess.run([os.path.join(bindir, "syrupctl"), "--socket", self.socket, "ping"],
+                              capture_output=True).returncode == 0:
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError("syrupd exited at start: " + self.log())
+            time.sleep(0.05)
+        raise RuntimeError("syrupd did not answer within 10 s")
+
+    def pid(self):
+        if self.proc:
+            return self.proc.pid
+        if not hasattr(self, "_pid"):
+            # syrupctl ping: "syrupd (pid N) is serving ..."
+            out = subprocess.run([os.path.join(self.bindir, "syrupctl"), "--socket", self.socket, "ping"],
+                                 capture_output=True, text=True).stdout
+            try:
+                self._pid = int(out.split("(pid ", 1)[1].split(")", 1)[0])
+            except (IndexError, ValueError):
+                self._pid = None
+        return self._pid
+
+    def cpu_s(self):
+        """CPU seconds of syrupd and everything it started (thread-hook agents)."""
+        pid = self.pid()
+        if not pid:
+            return 0.0
+        return proc_cpu_s(pid) + sum(proc_cpu_s(c) for c in descendants(pid))
+
+    def log(self):
+        if not self.dir:
+            return ""
+        with open(os.path.join(self.dir, "syrupd.log")) as f:
+            return f.read()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+        if self.bpffs:
+            shutil.rmtree(self.bpffs, ignore_errors=True)
+
+
+# ---- kv_server ------------------------------------------------------------------------
+
+class ThreadHookMissing(Exception):
+    pass
+
+
+class Server:
+    def __init__(self, args, label, socket_path, scan_len, yield_keys, workers, tag):
+        sock_pol, thr_pol, params = CONFIGS[label]
+        self.label = label
+        cmd = [os.path.join(args.bindir, "kv_server"), f"--db={args.db}", f"--keys={args.keys}",
+               f"--workers={workers}", f"--scan_len={scan_len}", f"--yield_keys={yield_keys}",
+               f"--app=kv{tag}-{label.replace('+', '-')}", f"--cpus={args.server_cpus}",
+               f"--cache_mb={args.cache_mb}", f"--slice_us={args.slice_us}"]
+        if sock_pol:
+            cmd.append(f"--policy={os.path.join(args.policies, sock_pol)}")
+        if thr_pol:
+            cmd.append(f"--thread_policy={os.path.join(args.policies, thr_pol)}")
+        if params:
+            cmd.append(f"--params={params}")
+        env = dict(os.environ, SYRUP_SOCKET=socket_path)
+        self.errf = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.errf, env=env, text=True,
+                                     preexec_fn=lambda: renice(args.nice))
+        line = self._readline(60)
+        if not line:
+            rc = self.proc.wait(timeout=10)
+            self.errf.seek(0)
+            err = self.errf.read()
+            if rc == 3:
+                raise ThreadHookMissing(err.strip().splitlines()[-1] if err.strip() else "")
+            raise RuntimeError(f"kv_server ({label}) did not start (status {rc}):\n{err}")
+        self.ready = json.loads(line)
+        self.port = self.ready["port"]
+        self.pid = self.proc.pid
+
+    def _readline(self, timeout):
+        end = time.time() + timeout
+        while time.time() < end:
+            r, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            if r:
+                return self.proc.stdout.readline()
+            if self.proc.poll() is not None:
+                return ""
+        return ""
+
+    def stop(self):
+        """SIGTERM; returns the server's final counters (and whether the policy was removed)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = self.proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        fin = {}
+        for line in out.splitlines():
+            try:
+                j = json.loads(line)
+            except ValueError:
+                continue
+            if j.get("event") == "exit":
+                fin = j
+        fin["status"] = self.proc.returncode
+        return fin
+
+
+def calibrate(args):
+    """Loads the DB if needed and measures GET and SCAN costs on the server core."""
+    cals = []
+    for _ in range(3):
+        out = subprocess.run(
+            [os.path.join(args.bindir, "kv_server"), f"--db={args.db}", f"--keys={args.keys}",
+             f"--cpus={args.server_cpus}", f"--scan_ratio={args.scan_ratio}", "--calibrate_only",
+             f"--cache_mb={args.cache_mb}"],
+            capture_output=True, text=True, preexec_fn=lambda: renice(args.nice))
+        if out.returncode != 0:
+            raise RuntimeError("kv_server --calibrate_only failed:\n" + out.stderr)
+        cals.append(json.loads(out.stdout.strip().splitlines()[-1])["calibration"])
+    # The median run by scan length: one preempted measurement does not set the size.
+    cals.sort(key=lambda c: c["scan_len"])
+    return cals[1]
+
+
+# ---- kv_loadgen -----------------------------------------------------------------------
+
+def run_load(args, server, daemon, rate, get_pct, duration, seed):
+    """One run of the load generator against one server; adds the CPU accounting."""
+    fd, path = tempfile.mkstemp(prefix="kv-loadgen-", suffix=".json")
+    os.close(fd)
+    cmd = [os.path.join(args.bindir, "kv_loadgen"), f"--port={server.port}", f"--rate={rate:.1f}",
+           f"--duration={duration}", f"--warmup={args.warmup}", f"--get_pct={get_pct}",
+           f"--flows={args.flows}", f"--keys={args.keys}", f"--cpu={args.client_cpu}",
+           f"--seed={seed}", f"--json={path}"]
+    busy0, srv0 = machine_busy_s(), proc_cpu_s(server.pid)
+    d0 = daemon.cpu_s()
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, preexec_fn=lambda: renice(args.nice))
+    _, _, ru = os.wait4(proc.pid, 0)
+    wall = time.time() - t0
+    err = proc.stderr.read()
+    proc.stderr.close()
+    busy1, srv1 = machine_busy_s(), proc_cpu_s(server.pid)
+    d1 = daemon.cpu_s()
+    try:
+        with open(path) as f:
+            res = json.load(f)
+    except (OSError, ValueError):
+        raise RuntimeError(f"kv_loadgen failed: {err}")
+    finally:
+        os.unlink(path)
+    gen_cpu = ru.ru_utime + ru.ru_stime
+    foreign = (busy1 - busy0) - (srv1 - srv0) - gen_cpu - (d1 - d0)
+    res["cpu"] = {
+        "wall_s": wall,
+        "server_cores": (srv1 - srv0) / wall,
+        "generator_cores": gen_cpu / wall,
+        "syrupd_cores": (d1 - d0) / wall,
+        "foreign_cores": max(0.0, foreign) / wall,
+    }
+    return res
+
+
+def wait_quiet(args, daemon):
+    """Waits (up to --quiet-wait seconds) until the rest of the machine has been using less
+    than --max-foreign of a core for half a second: on a shared machine a run is then less
+    likely to be disturbed. Our idle servers use nothing; syrupd and its agents are ours."""
+    deadline = time.time() + args.quiet_wait
+    waited = False
+    while True:
+        t0, b0, d0 = time.time(), machine_busy_s(), daemon.cpu_s()
+        time.sleep(0.5)
+        other = (machine_busy_s() - b0 - (daemon.cpu_s() - d0)) / (time.time() - t0)
+        if other <= args.max_foreign or time.time() > deadline:
+            if waited:
+                log(f"    (waited for other work to finish; others now use {other:.2f} cores)")
+            return
+        if not waited:
+            log(f"    others use {other:.2f} cores; waiting up to {args.quiet_wait:.0f} s for quiet")
+        waited = True
+
+
+def healthy(args, res):
+    g = res["generator"]
+    return (res["cpu"]["foreign_cores"] <= args.max_foreign and
+            g["late_sends_pct"] <= 1.0)
+
+
+def measure_capacity(args, server, daemon, get_pct, cal):
+    """Saturation throughput: offered 1.4x the calibrated capacity, the achieved rate."""
+    p = get_pct / 100.0
+    per_req_ns = p * (cal["get_ns"] + cal["io_ns"]) + (1 - p) * (cal["scan_ns"] + cal["io_ns"])
+    est = 1e9 / per_req_ns
+    best = []
+    for attempt in range(args.retries + 2):
+        wait_quiet(args, daemon)
+        res = run_load(args, server, daemon, 1.4 * est, get_pct, max(2.0, args.duration), 999 + attempt)
+        if healthy(args, res) or attempt == args.retries + 1:
+            best.append(res["throughput_rps"])
+        if len(best) >= 2:
+            break
+    return max(best), est
+
+
+# ---- the sweep ------------------------------------------------------------------------
+
+def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
+    scan_len = cal["scan_len"]
+    workers = int(per_mix(args.workers, get_pct, "workers"))
+    yield_us = per_mix(args.yield_us, get_pct, "yield_us")
+    yield_keys = max(1, round(yield_us * 1000 / cal["key_ns"])) if yield_us > 0 else 0
+    servers, pending, finals = {}, {}, {}
+    try:
+        for label in labels:
+            try:
+                servers[label] = Server(args, label, daemon.socket, scan_len, yield_keys, workers, tag)
+                log(f"  {label}: kv_server pid {servers[label].pid} on port {servers[label].port}")
+            except ThreadHookMissing as e:
+                pending[label] = str(e)
+                log(f"  {label}: {PENDING} ({e})")
+        ref = "round_robin" if "round_robin" in servers else next(iter(servers))
+        capacity, estimate = measure_capacity(args, servers[ref], daemon, get_pct, cal)
+        log(f"  saturation throughput ({ref}): {capacity:.0f} req/s (calibration estimate {estimate:.0f})")
+        runs = []
+        rng = random.Random(args.seed + int(get_pct * 10))
+        for rnd in range(args.rounds):
+            for li, load in enumerate(loads):
+                order = list(servers)
+                rng.shuffle(order)
+                seed = args.seed * 100000 + rnd * 1000 + li
+                for label in order:
+                    for attempt in range(args.retries + 1):
+                        wait_quiet(args, daemon)
+                        res = run_load(args, servers[label], daemon, load * capacity, get_pct,
+                                       args.duration, seed)
+                        ok = healthy(args, res)
+                        if ok or attempt == args.retries:
+                            break
+                        log(f"    {label} @ {load:.0%}: noisy run (others used "
+                            f"{res['cpu']['foreign_cores']:.2f} cores, late sends "
+                            f"{res['generator']['late_sends_pct']:.1f}%), again")
+                    runs.append({"config": label, "load": load, "round": rnd, "seed": seed,
+                                 "rate": load * capacity, "healthy": ok, "result": res})
+                    g, s = res["types"]["get"], res["types"]["scan"]
+                    log(f"    round {rnd} {load:4.0%} {label:22s} {res['throughput_rps']:8.0f}/s "
+                        f"GET p99 {g['p99_us']:9.1f} us  SCAN p99 {s['p99_us']:9.1f} us  "
+                        f"loss {res['loss_pct']:.2f}%{'' if ok else '  (noisy)'}")
+    finally:
+        for label, srv in servers.items():
+            finals[label] = srv.stop()
+    for label, fin in finals.items():
+        if fin.get("status") != 0 or not fin.get("policy_removed", False):
+            log(f"  warning: kv_server {label} exited with status {fin.get('status')}")
+    return {"mix": mix_name(get_pct), "get_pct": get_pct, "capacity_rps": capacity,
+            "capacity_estimate_rps": estimate, "capacity_ref": ref, "workers": workers,
+            "scan_len": scan_len, "yield_us": yield_us, "yield_keys": yield_keys, "loads": loads,
+            "configs": labels, "pending": pending, "runs": runs,
+            "server_exit": {k: v.get("stats", {}).get("total", {}) for k, v in finals.items()}}
+
+
+def per_mix(value, get_pct, key):
+    """A setting given as "V" (every mix), "MIX:V,MIX:V", or None (MIX_SETTINGS)."""
+    default = MIX_SETTINGS.get(get_pct, MIX_SETTINGS[99.5])[key]
+    if value is None:
+        return default
+    for part in str(value).split(","):
+        if ":" in part:
+            m, v = part.split(":", 1)
+            if float(m) == get_pct:
+                return float(v)
+        else:
+            return float(part)
+    return default
+
+
+def median_points(mixres):
+    """Per config and load: the median over rounds of each metric."""
+    pts = {}
+    for run in mixres["runs"]:
+        pts.setdefault(run["config"], {}).setdefault(run["load"], []).append(run)
+    out = {}
+    for label, by_load in pts.items():
+        rows = []
+        for load in sorted(by_load):
+            rs = [r["result"] for r in by_load[load]]
+            med = lambda f: statistics.median(f(r) for r in rs)
+            rows.append({
+                "load": load,
+                "offered_rps": med(lambda r: r["offered_rps"]),
+                "throughput_rps": med(lambda r: r["throughput_rps"]),
+                "get_p50_us": med(lambda r: r["types"]["get"]["p50_us"]),
+                "get_p99_us": med(lambda r: r["types"]["get"]["p99_us"]),
+                "get_p999_us": med(lambda r: r["types"]["get"]["p999_us"]),
+                "scan_p50_us": med(lambda r: r["types"]["scan"]["p50_us"]),
+                "scan_p99_us": med(lambda r: r["types"]["scan"]["p99_us"]),
+                "loss_pct": med(lambda r: r["loss_pct"]),
+                "get_p99_min_us": min(r["types"]["get"]["p99_us"] for r in rs),
+                "get_p99_max_us": max(r["types"]["get"]["p99_us"] for r in rs),
+                "scan_share_answered": med(lambda r: (r["types"]["scan"]["n"] /
+                                                      max(1, r["sent_by_type"]["scan"]))),
+                # How unevenly the answers came from the workers: busiest worker's share
+                # times the number of workers (1.0 = perfectly even).
+                "worker_imbalance": med(lambda r: (max(r["answers_by_worker"]) * mixres["workers"] /
+                                                   max(1, sum(r["answers_by_worker"])))
+                                        if r["answers_by_worker"] else 0.0),
+                "healthy_runs": sum(1 for x in by_load[load] if x["healthy"]),
+                "runs": len(rs),
+            })
+        out[label] = rows
+    return out
+
+
+def throughput_at_target(rows, target_us, max_loss):
+    """The throughput up to which GET p99 stays under the target (and loss under max_loss):
+    the last passing load point, interpolated (log p99, linear load) towards the first
+    failing one. Returns (rps, reached_end)."""
+    last = None
+    for i, r in enumerate(rows):
+        ok = r["get_p99_us"] <= target_us and r["loss_pct"] <= max_loss
+        if not ok:
+            if last is None:
+                return 0.0, False
+            a, b = rows[i - 1], r
+            la, lb = math.log(max(a["get_p99_us"], 1e-3)), math.log(max(b["get_p99_us"], 1e-3))
+            frac = 1.0 if b["loss_pct"] > max_loss and b["get_p99_us"] <= target_us else \
+                (math.log(target_us) - la) / (lb - la) if lb > la else 0.0
+            frac = min(max(frac, 0.0), 1.0)
+            return a["throughput_rps"] + frac * (b["offered_rps"] - a["throughput_rps"]), False
+        last = r
+    return last["throughput_rps"], True
+
+
+def at_load(rows, load, key):
+    for r in rows:
+        if abs(r["load"] - load) < 1e-9:
+            return r[key]
+    return None
+
+
+def summarize(mixres, target_us, max_loss):
+    med = median_points(mixres)
+    summary = {}
+    for label in mixres["configs"]:
+        if label in mixres["pending"]:
+            summary[label] = {"pending": PENDING}
+            continue
+        rows = med[label]
+        thr, end = throughput_at_target(rows, target_us, max_loss)
+        summary[label] = {
+            "throughput_at_target_rps": thr,
+            "target_not_crossed": end,
+            "get_p99_at_50_us": at_load(rows, 0.5, "get_p99_us"),
+            "get_p99_at_80_us": at_load(rows, 0.8, "get_p99_us"),
+            "scan_p99_at_80_us": at_load(rows, 0.8, "scan_p99_us"),
+            "throughput_at_80_rps": at_load(rows, 0.8, "throughput_rps"),
+            "scan_answered_at_80": at_load(rows, 0.8, "scan_share_answered"),
+            "worker_imbalance": statistics.median(r["worker_imbalance"] for r in rows),
+            "noisy_points": sum(1 for r in rows if r["healthy_runs"] < r["runs"]),
+        }
+    base = summary.get("pass", {})
+    for label, s in summary.items():
+        if "pending" in s or "pending" in base:
+            continue
+        for k in ("throughput_at_target_rps", "get_p99_at_50_us", "get_p99_at_80_us"):
+            if s.get(k) is not None and base.get(k):
+                s[k.replace("_rps", "").replace("_us", "") + "_vs_pass"] = s[k] / base[k]
+    return med, summary
+
+
+def checks(results, target_us):
+    """The issue's targets, evaluated on this run."""
+    out = []
+    for mix in results["mixes"]:
+        s = mix["summary"]
+        if mix["get_pct"] == 99.5:
+            if "round_robin" in s and "pass" in s and s["pass"].get("throughput_at_target_rps"):
+                r = s["round_robin"]["throughput_at_target_rps"] / s["pass"]["throughput_at_target_rps"]
+                out.append((f"{mix['mix']}: round_robin throughput at GET p99 <= {target_us:g} us vs pass",
+                            f"{r:.2f}x", ">= 1.75x", r >= 1.75))
+            rr80 = s.get("round_robin", {}).get("get_p99_at_80_us")
+            for p in ("sita", "scan_avoid"):
+                v = s.get(p, {}).get("get_p99_at_80_us")
+                if rr80 and v:
+                    out.append((f"{mix['mix']}: {p} GET p99 at 80% load, cut vs round_robin",
+                                f"{rr80 / v:.1f}x", ">= 5x", rr80 / v >= 5))
+        if mix["get_pct"] == 50.0:
+            pair = "scan_avoid+get_first"
+            if pair in mix["pending"]:
+                out.append((f"{mix['mix']}: {pair} lowest GET p99 at 80% load", PENDING, "lowest", None))
+            elif pair in s:
+                v = s[pair]["get_p99_at_80_us"]
+                others = [x["get_p99_at_80_us"] for k, x in s.items() if k != pair and "pending" not in x]
+                starve = (s[pair].get("scan_answered_at_80") or 0) < 0.99
+                out.append((f"{mix['mix']}: {pair} lowest GET p99 at 80% load, SCANs answered",
+                            f"{v:.0f} us vs best other {min(others):.0f} us",
+                            "lowest, >= 99% SCANs answered", v <= min(others) and not starve))
+    return out
+
+
+# ---- output ---------------------------------------------------------------------------
+
+def fmt_us(v):
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def markdown(results, target_us):
+    lines = []
+    for mix in results["mixes"]:
+        lines.append(f"**{mix['mix']} GET/SCAN** — 100% load = {mix['capacity_rps']:,.0f} req/s "
+                     f"(saturation of {mix['capacity_ref']}), {mix['workers']} workers, "
+                     f"SCAN = {mix['scan_len']} keys, GET p99 target {target_us:g} us\n")
+        lines.append("| policy | throughput at target (req/s) | vs pass | GET p99 @50% (us) | vs pass "
+                     "| GET p99 @80% (us) | vs pass | SCAN p99 @80% (us) |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for label in mix["configs"]:
+            s = mix["summary"][label]
+            if "pending" in s:
+                lines.append(f"| {label} | {PENDING} | | | | | | |")
+                continue
+            thr = f"{s['throughput_at_target_rps']:,.0f}" + ("+" if s["target_not_crossed"] else "")
+            r = lambda k: f"{s[k]:.2f}x" if s.get(k) is not None else "-"
+            lines.append(f"| {label} | {thr} | {r('throughput_at_target_vs_pass')} | "
+                         f"{fmt_us(s['get_p99_at_50_us'])} | {r('get_p99_at_50_vs_pass')} | "
+                         f"{fmt_us(s['get_p99_at_80_us'])} | {r('get_p99_at_80_vs_pass')} | "
+                         f"{fmt_us(s['scan_p99_at_80_us'])} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def small_table(results):
+    """The demo's table: per policy at 80% load (or the highest load run)."""
+    lines = []
+    for mix in results["mixes"]:
+        loads = mix["loads"]
+        load = 0.8 if 0.8 in loads else loads[-1]
+        lines.append(f"{mix['mix']} GET/SCAN mix at {load:.0%} load "
+                     f"({load * mix['capacity_rps']:,.0f} req/s offered; 100% = measured saturation):")
+        lines.append(f"  {'policy':22s} {'throughput':>12s} {'GET p99':>12s} {'SCAN p99':>12s}"
+                     f" {'thr. at target':>15s}")
+        for label in mix["configs"]:
+            s = mix["summary"][label]
+            if "pending" in s:
+                lines.append(f"  {label:22s} {PENDING}")
+                continue
+            row = next(r for r in mix["points"][label] if abs(r["load"] - load) < 1e-9)
+            lines.append(f"  {label:22s} {row['throughput_rps']:10,.0f}/s {fmt_us(row['get_p99_us']):>9s} us"
+                         f" {fmt_us(row['scan_p99_us']):>9s} us {s['throughput_at_target_rps']:13,.0f}/s")
+    return "\n".join(lines)
+
+
+def plot(results, outdir, target_us):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    paths = []
+    for mix in results["mixes"]:
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+        for label in mix["configs"]:
+            if label not in mix["points"]:
+                continue
+            rows = mix["points"][label]
+            x = [r["offered_rps"] / 1000 for r in rows]
+            style = dict(marker="o", markersize=4, label=label)
+            axes[0].plot(x, [r["get_p99_us"] for r in rows], **style)
+            axes[1].plot(x, [r["scan_p99_us"] for r in rows], **style)
+        for ax, what in zip(axes, ("GET", "SCAN")):
+            ax.set_yscale("log")
+            ax.set_xlabel("offered load (thousand requests/s)")
+            ax.set_ylabel(f"{what} p99 latency (us)")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.set_title(f"{what} p99, {mix['mix']} GET/SCAN")
+        axes[0].axhline(target_us, color="gray", linestyle="--", linewidth=1, label=f"target {target_us:g} us")
+        axes[0].legend(fontsize=8)
+        for label, why in mix["pending"].items():
+            axes[0].plot([], [], " ", label=f"{label}: {PENDING}")
+        if mix["pending"]:
+            axes[0].legend(fontsize=8)
+        fig.suptitle(f"RocksDB over UDP: {mix['workers']} workers on CPU {results['config']['server_cpus']}, "
+                     f"load generator on CPU {results['config']['client_cpu']}, 50 flows, open loop")
+        fig.tight_layout()
+        path = os.path.join(outdir, f"rocksdb_{mix['mix']}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="the < 10 minute setting")
+    ap.add_argument("--demo", action="store_true", help="the demo's short sweep (99.5/0.5, four policies)")
+    ap.add_argument("--socket", help="use this syrupd instead of starting a private one")
+    ap.add_argument("--bindir", default=os.path.join(ROOT, "build", "bin"))
+    ap.add_argument("--policies", default=os.path.join(ROOT, "policies"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "rocksdb"))
+    ap.add_argument("--db", default="/var/tmp/syrup-kv-db")
+    ap.add_argument("--keys", type=int, default=200000)
+    ap.add_argument("--cache_mb", type=int, default=96)
+    ap.add_argument("--workers", help="workers per server: N, or MIX:N,... (default 99.5:4,50:8)")
+    ap.add_argument("--mixes", default="99.5,50")
+    ap.add_argument("--configs", help="comma-separated subset of configurations")
+    ap.add_argument("--loads", help="comma-separated fractions of saturation")
+    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--warmup", type=float, default=0.5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--retries", type=int, default=2)
+    ap.add_argument("--max-foreign", dest="max_foreign", type=float, default=0.10,
+                    help="cores others may use during a run before it is repeated")
+    ap.add_argument("--quiet-wait", dest="quiet_wait", type=float, default=30,
+                    help="seconds to wait, before each run, for other work on the machine to stop")
+    ap.add_argument("--flows", type=int, default=50)
+    ap.add_argument("--scan-ratio", dest="scan_ratio", type=float, default=70)
+    ap.add_argument("--yield-us", dest="yield_us",
+                    help="a SCAN yields its core about this often, 0 never: U or MIX:U,... (default 99.5:20,50:0)")
+    ap.add_argument("--slice-us", dest="slice_us", type=int, default=0)
+    ap.add_argument("--nice", type=int, default=-20,
+                    help="nice of the servers and the load generator (protects them from other work)")
+    ap.add_argument("--server-cpus", dest="server_cpus", default="1")
+    ap.add_argument("--client-cpu", dest="client_cpu", type=int, default=0)
+    ap.add_argument("--target-us", dest="target_us", type=float, default=500)
+    ap.add_argument("--max-loss", dest="max_loss", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+
+    loads = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+    if args.quick:
+        loads = [0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+        args.duration, args.rounds = 2.0, 1
+    if args.demo:
+        loads = [0.3, 0.5, 0.8]
+        args.duration, args.rounds, args.retries, args.mixes = 1.5, 1, 1, "99.5"
+        args.quiet_wait = min(args.quiet_wait, 5)
+        if not args.configs:
+            args.configs = "pass,round_robin,scan_avoid,sita"
+    if args.loads:
+        loads = [float(x) for x in args.loads.split(",")]
+    if os.geteuid() != 0:
+        sys.exit("rocksdb_bench: run as root (the servers deploy BPF programs through syrupd)")
+    for b in ("kv_server", "kv_loadgen") + (() if args.socket else ("syrupd", "syrupctl")):
+        if not os.access(os.path.join(args.bindir, b), os.X_OK):
+            sys.exit(f"rocksdb_bench: {args.bindir}/{b} is missing: build first (bash scripts/build.sh)")
+    os.makedirs(args.out, exist_ok=True)
+
+    daemon = None
+
+    def on_signal(sig, _frame):
+        raise KeyboardInterrupt(f"signal {sig}")
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, on_signal)
+    t_start = time.time()
+    try:
+        daemon = Daemon(args.bindir, args.socket, args.nice)
+        log(f"rocksdb_bench: syrupd at {daemon.socket}; database {args.db} ({args.keys} keys)")
+        cal = calibrate(args)
+        log(f"  calibration: GET {cal['get_ns'] / 1000:.1f} us + socket work {cal['io_ns'] / 1000:.1f} us; "
+            f"SCAN of {cal['scan_len']} keys {cal['scan_ns'] / 1000:.0f} us; ratio {cal['ratio']:.1f}")
+        results = {"config": {k: v for k, v in vars(args).items()}, "calibration": cal,
+                   "loads": loads, "mixes": [], "machine": {"nproc": os.cpu_count(),
+                                                            "kernel": os.uname().release}}
+        tag = "demo" if args.demo else ""
+        for get_pct in (float(x) for x in args.mixes.split(",")):
+            labels = MIX_CONFIGS.get(get_pct, MIX_CONFIGS[99.5])
+            if args.configs:
+                labels = [c for c in args.configs.split(",") if c in CONFIGS]
+            log(f"mix {mix_name(get_pct)}: {', '.join(labels)}")
+            mixres = sweep_mix(args, daemon, cal, get_pct, labels, loads, tag)
+            mixres["points"], mixres["summary"] = summarize(mixres, args.target_us, args.max_loss)
+            results["mixes"].append(mixres)
+        results["checks"] = [{"what": w, "value": v, "target": t, "met": m}
+                             for w, v, t, m in checks(results, args.target_us)]
+        results["elapsed_s"] = time.time() - t_start
+        name = "demo" if args.demo else ("quick" if args.quick else "full")
+        jpath = os.path.join(args.out, f"rocksdb_{name}.json")
+        with open(jpath, "w") as f:
+            json.dump(results, f, indent=1)
+        pngs = plot(results, args.out, args.target_us)
+        if args.demo:
+            print(small_table(results))
+        else:
+            print(markdown(results, args.target_us))
+            print("targets:")
+            for c in results["checks"]:
+                state = "pending" if c["met"] is None else ("ok" if c["met"] else "MISSED")
+                print(f"  {c['what']}: {c['value']} (target {c['target']}) {state}")
+        print(f"results: {jpath}")
+        for p in pngs:
+            print(f"plot: {p}")
+        log(f"rocksdb_bench: done in {results['elapsed_s']:.0f} s")
+    finally:
+        if daemon:
+            daemon.stop()
+
+
+if __name__ == "__main__":
+    main()

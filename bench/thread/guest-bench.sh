@@ -1,0 +1,29 @@
+#!/bin/sh
+# Runs inside the sched_ext VM (tests/vm/guest.sh, with --bench): the thread benchmarks
+# under the guest's default scheduler and under syrupd's sched_ext scheduler, in the same
+# guest, one after the other. Prints "BENCH ..." lines (the host's bench/thread/run.sh
+# collects them).
+B=/work/main/build
+P=/work/main/policies
+ROUNDS=${ROUNDS:-20000}
+mkdir -p /tmp/bench
+$B/bin/syrupd --socket /tmp/bench/syrupd.sock --bpffs_root /sys/fs/bpf/syrup-bench --cache_dir /tmp/bench/cache \
+  --on_exit=remove 2> /tmp/bench/syrupd.log &
+SYRUPD=$!
+for i in $(seq 1 200); do $B/bin/syrupctl --socket /tmp/bench/syrupd.sock ping >/dev/null 2>&1 && break; sleep 0.05; done
+export SYRUP_SOCKET=/tmp/bench/syrupd.sock
+# Warm the policy cache (clang in the guest is slow): the numbers are not about deploys.
+$B/bin/syrup_thread_bench pingpong --policy $P/fifo.c --rounds 100 >/dev/null 2>&1
+$B/bin/syrup_thread_bench cs --policy $P/cs_aware.c --seconds 1 >/dev/null 2>&1
+for run in 1 2; do
+  for pol in none $P/fifo.c; do
+    arg=; [ $pol != none ] && arg="--policy $pol"
+    $B/bin/syrup_thread_bench pingpong $arg --rounds $ROUNDS | sed "s/^/BENCH run$run /"
+  done
+done
+for pol in none $P/cs_aware.c $P/fifo.c; do
+  arg=; [ $pol != none ] && arg="--policy $pol"
+  $B/bin/syrup_thread_bench cs $arg --threads 4 --seconds 3 | sed 's/^/BENCH /'
+done
+kill $SYRUPD; wait $SYRUPD 2>/dev/null
+grep -E 'sched_ext|error' /tmp/bench/syrupd.log | tail -5 | sed 's/^/BENCH syrupd: /'

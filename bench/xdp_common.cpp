@@ -1,0 +1,237 @@
+// Shared pieces of the XDP benchmarks (see xdp_common.h).
+#include "xdp_common.h"
+
+#include <arpa/inet.h>
+#include <bpf/bpf.h>
+#include <bpf/btf.h>
+#include <linux/bpf.h>
+#include <syrup/syrup.h>
+#include <syrup/xdp_abi.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+namespace syrup_bench::xdp {
+namespace {
+
+// Writes `value` (of `size` bytes) into the .rodata variable `name` of an opened object.
+int set_rodata(bpf_object* obj, const char* name, const void* value, size_t size) {
+  bpf_map* rodata = nullptr;
+  bpf_map* m;
+  bpf_object__for_each_map(m, obj) {
+    if (bpf_map__is_internal(m) && std::strstr(bpf_map__name(m), ".rodata")) rodata = m;
+  }
+  const btf* b = bpf_object__btf(obj);
+  size_t data_size = 0;
+  auto* data = rodata ? static_cast<char*>(bpf_map__initial_value(rodata, &data_size)) : nullptr;
+  int sec = b ? btf__find_by_name_kind(b, ".rodata", BTF_KIND_DATASEC) : -1;
+  if (!data || sec < 0) return -ENOENT;
+  const btf_type* t = btf__type_by_id(b, static_cast<uint32_t>(sec));
+  const btf_var_secinfo* vs = btf_var_secinfos(t);
+  for (int i = 0; i < btf_vlen(t); i++, vs++) {
+    const btf_type* var = btf__type_by_id(b, vs->type);
+    if (std::strcmp(btf__name_by_offset(b, var->name_off), name) != 0) continue;
+    if (vs->size != size || vs->offset + size > data_size) return -EINVAL;
+    std::memcpy(data + vs->offset, value, size);
+    return 0;
+  }
+  return -ENOENT;
+}
+
+int prog_fd(bpf_object* obj, const char* name) {
+  bpf_program* p = obj ? bpf_object__find_program_by_name(obj, name) : nullptr;
+  return p ? bpf_program__fd(p) : -ENOENT;
+}
+
+uint16_t csum_fold(uint32_t sum) {
+  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+  return static_cast<uint16_t>(~sum);
+}
+
+uint32_t csum_add(uint32_t sum, const uint8_t* p, size_t len) {
+  for (size_t i = 0; i + 1 < len; i += 2) sum += static_cast<uint32_t>(p[i] << 8 | p[i + 1]);
+  if (len % 2) sum += static_cast<uint32_t>(p[len - 1] << 8);
+  return sum;
+}
+
+std::string pin(const Env& env, const std::string& ifname, const char* obj) {
+  return env.bpffs_root + "/xdp/" + ifname + "/" + obj;
+}
+
+}  // namespace
+
+int Handwritten::load(const std::string& path, uint16_t port, const std::vector<int>& cpus) {
+  obj_ = bpf_object__open_file(path.c_str(), nullptr);
+  if (!obj_) {
+    int e = errno;
+    std::fprintf(stderr, "syrup_bench: cannot open %s: %s\n", path.c_str(), std::strerror(e));
+    return -e;
+  }
+  uint32_t n = static_cast<uint32_t>(cpus.size());
+  if (int r = set_rodata(obj_, "port", &port, sizeof port); r ||
+      (r = set_rodata(obj_, "num_cpus", &n, sizeof n))) {
+    std::fprintf(stderr, "syrup_bench: %s lacks the .rodata variables port/num_cpus\n", path.c_str());
+    return r;
+  }
+  if (int r = bpf_object__load(obj_)) {
+    std::fprintf(stderr, "syrup_bench: cannot load %s: %s\n", path.c_str(), std::strerror(-r));
+    return r;
+  }
+  int cpumap = bpf_object__find_map_fd_by_name(obj_, "cpu_map");
+  int avail = bpf_object__find_map_fd_by_name(obj_, "cpus_available");
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t cpu = static_cast<uint32_t>(cpus[i]);
+    bpf_cpumap_val v{};
+    v.qsize = 2048;  // what syrupd gives its CPUMAP entries
+    if (bpf_map_update_elem(cpumap, &cpu, &v, BPF_ANY) < 0 ||
+        bpf_map_update_elem(avail, &i, &cpu, BPF_ANY) < 0) {
+      int e = errno;
+      std::fprintf(stderr, "syrup_bench: cannot add core %u to the hand-written CPUMAP: %s\n", cpu,
+                   std::strerror(e));
+      return -e;
+    }
+  }
+  return 0;
+}
+
+int Handwritten::rr_fd() const { return prog_fd(obj_, "handwritten_xdp_rr"); }
+int Handwritten::pass_fd() const { return prog_fd(obj_, "handwritten_xdp_pass"); }
+
+std::vector<uint8_t> udp_frame(const VethNet& net, uint16_t dport) {
+  constexpr size_t kPayload = 16;
+  std::vector<uint8_t> f(14 + 20 + 8 + kPayload, 0);
+  uint8_t* eth = f.data();
+  std::memcpy(eth, net.host_mac, 6);
+  std::memcpy(eth + 6, net.peer_mac, 6);
+  eth[12] = 0x08;  // ETH_P_IP
+  eth[13] = 0x00;
+  uint8_t* ip = eth + 14;
+  uint16_t ip_len = static_cast<uint16_t>(20 + 8 + kPayload);
+  ip[0] = 0x45;
+  ip[2] = static_cast<uint8_t>(ip_len >> 8);
+  ip[3] = static_cast<uint8_t>(ip_len);
+  ip[6] = 0x40;  // DF
+  ip[8] = 64;    // TTL
+  ip[9] = 17;    // UDP
+  inet_pton(AF_INET, net.peer_ip.c_str(), ip + 12);
+  inet_pton(AF_INET, net.host_ip.c_str(), ip + 16);
+  uint16_t c = csum_fold(csum_add(0, ip, 20));
+  ip[10] = static_cast<uint8_t>(c >> 8);
+  ip[11] = static_cast<uint8_t>(c);
+  uint8_t* udp = ip + 20;
+  uint16_t udp_len = static_cast<uint16_t>(8 + kPayload);
+  udp[0] = 40000 >> 8;
+  udp[1] = 40000 & 0xff;
+  udp[2] = static_cast<uint8_t>(dport >> 8);
+  udp[3] = static_cast<uint8_t>(dport);
+  udp[4] = static_cast<uint8_t>(udp_len >> 8);
+  udp[5] = static_cast<uint8_t>(udp_len);
+  udp[8] = 1;  // __u32 type = 1 (little endian), then seq = 0 and padding
+  uint32_t sum = csum_add(0, ip + 12, 8);  // pseudo-header: addresses, protocol, length
+  sum += 17 + udp_len;
+  sum = csum_add(sum, udp, udp_len);
+  c = csum_fold(sum);
+  if (c == 0) c = 0xffff;
+  udp[6] = static_cast<uint8_t>(c >> 8);
+  udp[7] = static_cast<uint8_t>(c);
+  return f;
+}
+
+int test_run(int prog_fd, const std::vector<uint8_t>& frame, uint32_t repeat, bool live, TestRun& out) {
+  LIBBPF_OPTS(bpf_test_run_opts, o, .data_in = frame.data(),
+              .data_size_in = static_cast<uint32_t>(frame.size()), .repeat = static_cast<int>(repeat),
+              .flags = live ? BPF_F_TEST_XDP_LIVE_FRAMES : 0u);
+  timespec a{}, b{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+  int r = bpf_prog_test_run_opts(prog_fd, &o);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+  if (r < 0) {
+    int e = errno ? errno : -r;
+    std::fprintf(stderr, "syrup_bench: BPF_PROG_TEST_RUN%s failed: %s\n", live ? " (live frames)" : "",
+                 std::strerror(e));
+    return -e;
+  }
+  double ns = static_cast<double>(b.tv_sec - a.tv_sec) * 1e9 + static_cast<double>(b.tv_nsec - a.tv_nsec);
+  out.ns = ns / repeat;
+  out.kernel_ns = o.duration;
+  out.retval = o.retval;
+  return 0;
+}
+
+int Deployed::deploy(const std::string& policy_path, const std::string& app, const std::string& ifname,
+                     uint16_t port, const std::vector<int>& cpus) {
+  syr_deploy_opts o{};
+  o.sz = sizeof o;
+  o.app = app.c_str();
+  o.ifname = ifname.c_str();
+  o.ports = &port;
+  o.n_ports = 1;
+  o.cpus = cpus.data();
+  o.n_cpus = cpus.size();
+  int id = syr_deploy_policy(policy_path.c_str(), SYR_HOOK_XDP, &o);
+  if (id < 0) {
+    if (terminating()) return id;
+    std::fprintf(stderr, "syrup_bench: deploying %s for %s on %s:%u failed: %s\n", policy_path.c_str(),
+                 app.c_str(), ifname.c_str(), port, syr_last_error());
+    return id;
+  }
+  ids_.push_back(id);
+  return id;
+}
+
+int Deployed::remove(int id) {
+  std::erase(ids_, id);
+  if (terminating()) return 0;  // syrupd is being stopped, and removes every policy itself
+  int r = syr_remove_policy(id);
+  if (r) std::fprintf(stderr, "syrup_bench: removing policy %d failed: %s\n", id, syr_last_error());
+  return r;
+}
+
+int Deployed::remove_all() {
+  int first = 0;
+  // Newest first: the interface's first application goes last.
+  while (!ids_.empty()) {
+    int r = remove(ids_.back());
+    if (r && !first) first = r;
+  }
+  return first;
+}
+
+int open_root(const Env& env, const std::string& ifname, Fd& out) {
+  std::string p = pin(env, ifname, "prog");
+  out.reset(bpf_obj_get(p.c_str()));
+  if (out) return 0;
+  int e = errno;
+  std::fprintf(stderr, "syrup_bench: cannot open the XDP root program %s: %s\n", p.c_str(), std::strerror(e));
+  return -e;
+}
+
+uint64_t root_stat(const Env& env, const std::string& ifname, uint32_t slot) {
+  Fd map(bpf_obj_get(pin(env, ifname, "syr_xdp_root_stats").c_str()));
+  if (!map) return 0;
+  std::vector<uint64_t> v(static_cast<size_t>(libbpf_num_possible_cpus()));
+  uint64_t sum = 0;
+  if (bpf_map_lookup_elem(map.get(), &slot, v.data()) == 0)
+    for (auto x : v) sum += x;
+  return sum;
+}
+
+std::vector<int> all_cpus() {
+  std::vector<int> v;
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  for (int i = 0; i < n; i++) v.push_back(i);
+  return v;
+}
+
+bool bpf_stats_on() {
+  std::ifstream in("/proc/sys/kernel/bpf_stats_enabled");
+  int v = 0;
+  in >> v;
+  return v != 0;
+}
+
+}  // namespace syrup_bench::xdp

@@ -1,0 +1,314 @@
+// kv_loadgen: an open-loop load generator for kv_server (kv_proto.h).
+//
+// Design:
+// - Open loop: request i is scheduled at t_i, with exponential gaps at the offered rate
+//   (Poisson arrivals), decided in advance of and independently from the responses, so
+//   a slow server cannot slow the offered load. A request's latency is measured from its
+//   SCHEDULED time (carried in the request and echoed), not from when it actually left,
+//   so a generator that falls behind shows up as latency instead of hiding it.
+// - 50 client flows (by default): 50 UDP sockets, each bound to its own source port and
+//   connected to the server, i.e. 50 distinct 5-tuples; each request picks a flow at
+//   random (the sum of 50 Poisson flows of rate/50). Types follow the mix (--get_pct),
+//   keys are uniform.
+// - One thread, pinned (--cpu), busy-polling: send whatever is due, then take whatever
+//   responses are ready (epoll with a zero timeout), timestamping each on arrival. No
+//   sleeping means no wake-up latency in the measurement, and one thread means the
+//   sender and the receiver never wait for each other.
+// - Phases: warm-up (not recorded), measurement (every request scheduled in it is
+//   recorded), a tail that keeps the load on while the last measured requests finish,
+//   then a drain: measured requests still unanswered after --drain_ms count as lost.
+// - Histograms (histogram.h, < 0.4% error) per request type; achieved throughput =
+//   measured requests answered / measurement time; lost = measured requests sent and
+//   never answered (dropped by a full socket, or still queued past the drain).
+// - Is the generator the bottleneck? It reports how late its sends were against their
+//   schedule (send_lag) and the share of its time spent in send/receive system calls
+//   (busy); both are in the JSON so a sweep can reject points where it could not keep up.
+//
+//   kv_loadgen --port P --rate R [--duration S] [--warmup S] [--get_pct 99.5] [--flows 50]
+//              [--keys N] [--cpu C] [--seed N] [--json FILE] [--verify]
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gflags/gflags.h>
+#include <nlohmann/json.hpp>
+
+#include "histogram.h"
+#include "kv_proto.h"
+
+DEFINE_int32(port, 0, "server UDP port on 127.0.0.1");
+DEFINE_double(rate, 10000, "offered load, requests per second (Poisson)");
+DEFINE_double(duration, 3, "measurement time, seconds");
+DEFINE_double(warmup, 0.5, "warm-up time before measuring, seconds");
+DEFINE_double(tail, 0.2, "load kept on after the measurement, seconds");
+DEFINE_int32(drain_ms, 1000, "how long to wait for the last responses");
+DEFINE_double(get_pct, 99.5, "percentage of GETs; the rest are SCANs");
+DEFINE_int32(flows, 50, "client flows (sockets with distinct source ports)");
+DEFINE_uint64(keys, 200000, "keys in the server's database (GET/SCAN keys are uniform below it)");
+DEFINE_uint32(scan_len, 0, "keys per SCAN sent in the request (0: the server's default)");
+DEFINE_int32(cpu, -1, "CPU to pin the generator to (-1: none)");
+DEFINE_uint64(seed, 1, "random seed (same seed, same schedule)");
+DEFINE_string(json, "", "write the results as JSON to this file ('-': stdout)");
+DEFINE_bool(verify, false, "check every GET answer's digest against the expected value");
+
+namespace {
+
+using nlohmann::json;
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// What the generator remembers of each request (index = id).
+struct Sent {
+  uint32_t key;
+  uint8_t type;
+  uint8_t measured;
+  uint8_t answered;
+};
+
+json latency_json(const kv::Histogram& h) {
+  auto us = [](double ns) { return ns / 1000.0; };
+  return {{"n", h.count()},
+          {"min_us", us(static_cast<double>(h.min()))},
+          {"mean_us", us(h.mean())},
+          {"p50_us", us(h.percentile(50))},
+          {"p90_us", us(h.percentile(90))},
+          {"p99_us", us(h.percentile(99))},
+          {"p999_us", us(h.percentile(99.9))},
+          {"max_us", us(static_cast<double>(h.max()))}};
+}
+
+int open_flow(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  int buf = 1 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // Its own ephemeral source port: one 5-tuple per flow.
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) {
+    int e = -errno;
+    close(fd);
+    return e;
+  }
+  a.sin_port = htons(port);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) {
+    int e = -errno;
+    close(fd);
+    return e;
+  }
+  return fd;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("open-loop Poisson load generator for kv_server");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (FLAGS_port <= 0 || FLAGS_port > 65535 || FLAGS_rate <= 0 || FLAGS_duration <= 0 ||
+      FLAGS_warmup < 0 || FLAGS_tail < 0 || FLAGS_get_pct < 0 || FLAGS_get_pct > 100 ||
+      FLAGS_flows < 1 || FLAGS_keys < 1) {
+    fprintf(stderr, "kv_loadgen: need --port 1..65535, --rate > 0, --duration > 0, --get_pct 0..100, --flows >= 1\n");
+    return 2;
+  }
+  if (FLAGS_cpu >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(FLAGS_cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) < 0) {
+      perror("kv_loadgen: sched_setaffinity");
+      return 2;
+    }
+  }
+
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  std::vector<int> flows;
+  for (int i = 0; i < FLAGS_flows; i++) {
+    int fd = open_flow(static_cast<uint16_t>(FLAGS_port));
+    if (fd < 0) {
+      fprintf(stderr, "kv_loadgen: flow socket: %s\n", strerror(-fd));
+      return 1;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u32 = static_cast<uint32_t>(i);
+    epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+    flows.push_back(fd);
+  }
+
+  const double total_s = FLAGS_warmup + FLAGS_duration + FLAGS_tail;
+  std::vector<Sent> sent;
+  sent.reserve(static_cast<size_t>(FLAGS_rate * total_s * 1.05 + 1024));
+  kv::Histogram lat[4], lag;  // lat by type (KV_GET, KV_SCAN); lag of every send
+  std::vector<uint64_t> by_worker;
+  uint64_t rng = FLAGS_seed * 0x9e3779b97f4a7c15ULL + 7;
+  auto uniform = [&rng] { return (static_cast<double>(kv_mix64(&rng) >> 11) + 0.5) * 0x1.0p-53; };
+  const double gap_ns = 1e9 / FLAGS_rate;
+  const double get_frac = FLAGS_get_pct / 100.0;
+
+  uint64_t errors = 0, bad_digest = 0, unknown = 0, send_errors = 0, late = 0, busy_ns = 0;
+  uint64_t start = now_ns() + 1000000;  // 1 ms to settle
+  const uint64_t measure_from = start + static_cast<uint64_t>(FLAGS_warmup * 1e9);
+  const uint64_t measure_to = measure_from + static_cast<uint64_t>(FLAGS_duration * 1e9);
+  const uint64_t send_until = measure_to + static_cast<uint64_t>(FLAGS_tail * 1e9);
+  double next = static_cast<double>(start);
+  uint64_t measured_sent = 0, measured_answered = 0, measured_ok = 0;
+  epoll_event evs[64];
+  char buf[KV_MAX_DATAGRAM];
+  uint64_t drain_deadline = 0;
+
+  for (;;) {
+    uint64_t now = now_ns();
+    // Send everything that is due.
+    while (next <= static_cast<double>(now) && static_cast<uint64_t>(next) < send_until) {
+      uint64_t sched = static_cast<uint64_t>(next);
+      uint64_t id = sent.size();
+      Sent s{};
+      s.type = uniform() < get_frac ? KV_GET : KV_SCAN;
+      s.key = static_cast<uint32_t>(kv_mix64(&rng) % FLAGS_keys);
+      s.measured = sched >= measure_from && sched < measure_to;
+      kv_request q{};
+      q.type = htole32(s.type);
+      q.scan_len = htole32(FLAGS_scan_len);
+      q.key = htole64(s.key);
+      q.id = htole64(id);
+      q.stamp = htole64(sched);
+      int fd = flows[kv_mix64(&rng) % flows.size()];
+      uint64_t t0 = now_ns();
+      if (send(fd, &q, sizeof q, 0) != sizeof q) send_errors++;
+      uint64_t t1 = now_ns();
+      busy_ns += t1 - t0;
+      lag.record(t0 - sched);
+      if (t0 - sched > 50000) late++;
+      measured_sent += s.measured;
+      sent.push_back(s);
+      next += -std::log(uniform()) * gap_ns;
+      now = t1;
+    }
+    // Take every response that is ready.
+    int n = epoll_wait(ep, evs, 64, 0);
+    for (int i = 0; i < n; i++) {
+      int fd = flows[evs[i].data.u32];
+      for (;;) {
+        uint64_t t0 = now_ns();
+        ssize_t len = recv(fd, buf, sizeof buf, 0);
+        uint64_t t1 = now_ns();
+        if (len < 0) break;
+        busy_ns += t1 - t0;
+        if (static_cast<size_t>(len) < sizeof(kv_response)) {
+          unknown++;
+          continue;
+        }
+        kv_response r;
+        memcpy(&r, buf, sizeof r);
+        uint64_t id = le64toh(r.id);
+        if (id >= sent.size() || sent[id].answered) {
+          unknown++;
+          continue;
+        }
+        Sent& s = sent[id];
+        s.answered = 1;
+        measured_answered += s.measured;
+        uint32_t w = le32toh(r.worker);
+        if (w < 4096) {
+          if (by_worker.size() <= w) by_worker.resize(w + 1);
+          by_worker[w]++;
+        }
+        if (le32toh(r.status) != KV_OK) {
+          errors++;
+          continue;
+        }
+        if (FLAGS_verify && s.type == KV_GET) {
+          char v[KV_VALUE_LEN];
+          kv_value(s.key, v);
+          if (le64toh(r.digest) != kv_digest(KV_FNV_BASIS, v, sizeof v)) bad_digest++;
+        }
+        if (!s.measured) continue;
+        measured_ok++;
+        lat[s.type].record(t0 - le64toh(r.stamp));
+      }
+    }
+    if (static_cast<uint64_t>(next) >= send_until) {
+      if (drain_deadline == 0) drain_deadline = now + static_cast<uint64_t>(FLAGS_drain_ms) * 1000000ULL;
+      if (measured_answered >= measured_sent || now > drain_deadline) break;
+    }
+  }
+  uint64_t end = now_ns();
+
+  // Requests of the measurement window that never got an answer, by type.
+  uint64_t lost[4] = {}, sent_by_type[4] = {};
+  for (auto& s : sent) {
+    if (!s.measured) continue;
+    sent_by_type[s.type]++;
+    if (!s.answered) lost[s.type]++;
+  }
+  const double window = FLAGS_duration;
+  json out = {
+      {"config",
+       {{"port", FLAGS_port}, {"rate", FLAGS_rate}, {"duration_s", FLAGS_duration},
+        {"warmup_s", FLAGS_warmup}, {"get_pct", FLAGS_get_pct}, {"flows", FLAGS_flows},
+        {"keys", FLAGS_keys}, {"seed", FLAGS_seed}, {"cpu", FLAGS_cpu}}},
+      {"offered_rps", measured_sent / window},
+      {"throughput_rps", measured_ok / window},
+      {"sent", measured_sent},
+      {"answered", measured_answered},
+      {"answered_ok", measured_ok},
+      {"lost", lost[KV_GET] + lost[KV_SCAN]},
+      {"loss_pct", measured_sent ? 100.0 * (lost[KV_GET] + lost[KV_SCAN]) / measured_sent : 0.0},
+      {"errors", errors},
+      {"bad_digest", bad_digest},
+      {"unknown_responses", unknown},
+      {"send_errors", send_errors},
+      {"types",
+       {{"get", latency_json(lat[KV_GET])}, {"scan", latency_json(lat[KV_SCAN])}}},
+      {"lost_by_type", {{"get", lost[KV_GET]}, {"scan", lost[KV_SCAN]}}},
+      {"sent_by_type", {{"get", sent_by_type[KV_GET]}, {"scan", sent_by_type[KV_SCAN]}}},
+      {"answers_by_worker", by_worker},
+      {"generator",
+       {{"send_lag_p50_us", lag.percentile(50) / 1000.0},
+        {"send_lag_p99_us", lag.percentile(99) / 1000.0},
+        {"send_lag_max_us", lag.max() / 1000.0},
+        {"late_sends_pct", sent.empty() ? 0.0 : 100.0 * late / sent.size()},
+        {"busy_pct", 100.0 * busy_ns / static_cast<double>(end - start)}}}};
+
+  fprintf(stderr,
+          "kv_loadgen: offered %.0f/s, achieved %.0f/s, lost %llu, errors %llu; GET p50 %.1f p99 %.1f "
+          "p99.9 %.1f us; SCAN p50 %.1f p99 %.1f us; send lag p99 %.1f us, busy %.0f%%\n",
+          measured_sent / window, measured_ok / window,
+          static_cast<unsigned long long>(lost[KV_GET] + lost[KV_SCAN]),
+          static_cast<unsigned long long>(errors), lat[KV_GET].percentile(50) / 1e3,
+          lat[KV_GET].percentile(99) / 1e3, lat[KV_GET].percentile(99.9) / 1e3,
+          lat[KV_SCAN].percentile(50) / 1e3, lat[KV_SCAN].percentile(99) / 1e3,
+          lag.percentile(99) / 1e3, 100.0 * busy_ns / static_cast<double>(end - start));
+  if (!FLAGS_json.empty()) {
+    if (FLAGS_json == "-") {
+      printf("%s\n", out.dump(1).c_str());
+    } else {
+      std::ofstream f(FLAGS_json);
+      f << out.dump(1) << "\n";
+      if (!f) {
+        fprintf(stderr, "kv_loadgen: cannot write %s\n", FLAGS_json.c_str());
+        return 1;
+      }
+    }
+  }
+  for (int fd : flows) close(fd);
+  close(ep);
+  return bad_digest ? 1 : 0;
+}

@@ -1,0 +1,600 @@
+#include "thread_scx.h"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "log.h"
+#include "syrup/abi.h"
+#include "unique_fd.h"
+
+namespace syrup::thread {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kSchedExt = 7;
+constexpr int kMaxApps = 64;  // SYR_SCX_MAX_APPS
+constexpr uint32_t kResume = kMaxApps;
+constexpr int kSyncMs = 10;
+constexpr int kMaxEjections = 3;  // per minute, then give up
+
+// Mirrors of thread_scx_common.h.
+struct ExitRec {
+  int32_t kind, exit_cpu;
+  int64_t exit_code;
+  uint32_t blamed_slot, seq;
+  char reason[128];
+  char msg[256];
+};
+struct Conf {
+  uint64_t active, min_vtime;
+};
+
+// The root's struct_ops image as libbpf holds it before load (thread_scx_root.bpf.c's
+// struct sched_ext_ops: nine callbacks, flags, timeout_ms, name).
+struct RootOps {
+  uint64_t callbacks[9];
+  uint64_t flags;
+  uint32_t timeout_ms;
+  char name[128];
+};
+
+const char* kSharedMaps[] = {"syr_scx_tasks", "syr_scx_cpus", "syr_scx_round", "syr_scx_procs", "syr_scx_disp"};
+
+uint64_t env_u64(const char* name, uint64_t dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  char* end = nullptr;
+  unsigned long long x = std::strtoull(v, &end, 10);
+  return end && *end == 0 ? x : dflt;
+}
+
+uint64_t now_ms() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+std::string sched_ext_state() {
+  std::ifstream in("/sys/kernel/sched_ext/state");
+  std::string s;
+  std::getline(in, s);
+  return s.empty() ? "unknown" : s;
+}
+
+// The process a thread belongs to, or -1.
+pid_t tgid_of(pid_t tid) {
+  std::ifstream in("/proc/" + std::to_string(tid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("Tgid:", 0) == 0) return std::atoi(line.c_str() + 5);
+  return -1;
+}
+
+std::string exit_kind_name(int k) {
+  switch (k) {
+    case 1: return "done";
+    case 64: return "unregistered";
+    case 65: return "unregistered (BPF)";
+    case 66: return "unregistered (kernel)";
+    case 67: return "sysrq";
+    case 1024: return "runtime error";
+    case 1025: return "error raised by BPF";
+    case 1026: return "watchdog stall";
+  }
+  return "kind " + std::to_string(k);
+}
+
+}  // namespace
+
+class ScxTarget;
+
+class ScxBackend {
+ public:
+  explicit ScxBackend(Compiler& c) : compiler_(c) {
+    timeout_ms_ = static_cast<uint32_t>(std::min<uint64_t>(env_u64("SYRUP_SCX_TIMEOUT_MS", 30000), 30000));
+    starve_ns_ = env_u64("SYRUP_SCX_STARVE_MS", 1000) * 1000000ull;
+  }
+  ~ScxBackend() {
+    stop_monitor();
+    std::lock_guard lk(mu_);
+    detach_locked();
+    if (obj_) bpf_object__close(obj_);
+  }
+
+  int ensure_root(std::string& err);
+  int attach_locked(std::string& err);
+  void detach_locked();
+  void release_if_unused_locked() {
+    for (bool u : used_)
+      if (u) return;
+    detach_locked();
+  }
+
+  int alloc_slot_locked() {
+    for (int i = 0; i < kMaxApps; i++)
+      if (!used_[i]) {
+        used_[i] = true;
+        return i;
+      }
+    return -ENOSPC;
+  }
+  void free_slot_locked(int s) {
+    if (s >= 0 && s < kMaxApps) used_[s] = false;
+  }
+  void set_active_locked(int slot, bool on) {
+    uint32_t z = 0;
+    Conf c{};
+    bpf_map_lookup_elem(map_fd("syr_scx_conf"), &z, &c);
+    if (on) c.active |= 1ull << slot;
+    else c.active &= ~(1ull << slot);
+    bpf_map_update_elem(map_fd("syr_scx_conf"), &z, &c, 0);
+  }
+  uint64_t vtime_locked(int slot) const {
+    uint32_t k = static_cast<uint32_t>(slot);
+    uint64_t v = 0;
+    bpf_map_lookup_elem(map_fd("syr_scx_apps"), &k, &v);
+    return v;
+  }
+  void reset_vtime_locked(int slot) {
+    uint32_t z = 0, k = static_cast<uint32_t>(slot);
+    Conf c{};
+    bpf_map_lookup_elem(map_fd("syr_scx_conf"), &z, &c);
+    uint64_t v = c.min_vtime;
+    bpf_map_update_elem(map_fd("syr_scx_apps"), &k, &v, 0);
+  }
+  int map_fd(const char* name) const {
+    bpf_map* m = obj_ ? bpf_object__find_map_by_name(obj_, name) : nullptr;
+    return m ? bpf_map__fd(m) : -ENOENT;
+  }
+  uint64_t starve_ns() const { return starve_ns_; }
+  void add(ScxTarget* t) {
+    std::lock_guard lk(mu_);
+    targets_.insert(t);
+  }
+  void remove(ScxTarget* t) {
+    std::lock_guard lk(mu_);
+    targets_.erase(t);
+  }
+  std::mutex& mu() { return mu_; }
+  json scheduler_locked() const {
+    json ej = json::array();
+    for (auto& e : ejections_) ej.push_back(e);
+    return {{"state", sched_ext_state()}, {"attached", link_ != nullptr}, {"ops", "syrup"},
+            {"watchdog_ms", timeout_ms_}, {"starvation_guard_ms", starve_ns_ / 1000000},
+            {"ejections", ej}};
+  }
+
+ private:
+  void start_monitor();
+  void stop_monitor();
+  void monitor();
+  void handle_exit_locked(const ExitRec& r);
+
+  Compiler& compiler_;
+  std::mutex mu_;
+  bpf_object* obj_ = nullptr;
+  bpf_link* link_ = nullptr;
+  uint32_t timeout_ms_ = 30000;
+  uint64_t starve_ns_ = 1000000000ull;
+  bool used_[kMaxApps] = {};
+  std::set<ScxTarget*> targets_;
+  uint32_t exit_seq_ = 0;
+  std::deque<json> ejections_;
+  std::deque<uint64_t> ejection_times_;
+  std::thread monitor_;
+  UniqueFd stop_efd_;
+};
+
+// ---- Target -------------------------------------------------------------------------
+
+class ScxTarget : public Target {
+ public:
+  ScxTarget(std::shared_ptr<ScxBackend> b, pid_t tgid, bool all, Baseline base)
+      : hold_(std::move(b)), b_(*hold_), tgid_(tgid), all_(all), baseline_(std::move(base)) {
+    long n = sysconf(_SC_NPROCESSORS_CONF);
+    ncpu_ = n > 0 ? static_cast<uint32_t>(n) : 1;
+    b_.add(this);
+  }
+  ~ScxTarget() override {
+    b_.remove(this);
+    std::lock_guard lk(b_.mu());
+    if (active_ && !handed_over_) deactivate_locked(true);
+    else if (owns_slot_) b_.free_slot_locked(slot_);  // a deploy that failed after prepare_load
+  }
+
+  std::string key() const override { return "thread:" + std::to_string(tgid_); }
+  uint32_t num_executors() const override { return ncpu_; }
+
+  int prepare_load(LoadSpec& spec, const Target* old, const LoadedPolicy*) override {
+    std::lock_guard lk(b_.mu());
+    auto* prev = static_cast<const ScxTarget*>(old);
+    if (slot_ < 0) {
+      if (prev && prev->slot_ >= 0 && prev->active()) {
+        slot_ = prev->slot_;  // a replacement takes over the slot when installed
+      } else {
+        slot_ = b_.alloc_slot_locked();
+        owns_slot_ = slot_ >= 0;
+      }
+    }
+    if (slot_ < 0) return -ENOSPC;
+    spec.params["syr_scx_slot"] = static_cast<uint64_t>(slot_);
+    spec.params["syr_scx_starve_ns"] = b_.starve_ns();
+    for (const char* m : kSharedMaps) spec.reuse_maps[m] = b_.map_fd(m);
+    spec.programs = scx_programs();
+    return 0;
+  }
+
+  int install(LoadedPolicy& p, const Target* old, std::string& err) override {
+    std::lock_guard lk(b_.mu());
+    auto* prev = const_cast<ScxTarget*>(static_cast<const ScxTarget*>(old));
+    if (slot_ < 0) {
+      err = "no free application slot in the sched_ext scheduler (" + std::to_string(kMaxApps) + " in use)";
+      return -ENOSPC;
+    }
+    threads_fd_.reset(dup(p.map_fd("syrup_threads")));
+    bpf_program* enq = bpf_object__find_program_by_name(p.obj, "syr_app_enqueue");
+    bpf_program* disp = bpf_object__find_program_by_name(p.obj, "syr_app_dispatch");
+    if (!threads_fd_ || !enq || !disp) {
+      err = "the compiled thread policy lacks the sched_ext wrapper's programs or syrup_threads";
+      return -EINVAL;
+    }
+    uint32_t slot = static_cast<uint32_t>(slot_), tgid = static_cast<uint32_t>(tgid_);
+    int efd = bpf_program__fd(enq), dfd = bpf_program__fd(disp);
+    // The swap: enqueue first, then dispatch; both programs of either version work on
+    // the same slot's queue, so every thread sees the old or the new policy.
+    if (bpf_map_update_elem(b_.map_fd("syr_scx_enq"), &slot, &efd, 0) < 0 ||
+        bpf_map_update_elem(b_.map_fd("syr_scx_disp"), &slot, &dfd, 0) < 0) {
+      int e = errno;
+      err = "cannot install the policy in slot " + std::to_string(slot) + ": " + std::strerror(e);
+      if (prev && prev->active_) {
+        int pe = prev->enq_fd_, pd = prev->disp_fd_;
+        bpf_map_update_elem(b_.map_fd("syr_scx_enq"), &slot, &pe, 0);
+        bpf_map_update_elem(b_.map_fd("syr_scx_disp"), &slot, &pd, 0);
+      } else {
+        bpf_map_delete_elem(b_.map_fd("syr_scx_enq"), &slot);
+        bpf_map_delete_elem(b_.map_fd("syr_scx_disp"), &slot);
+      }
+      return -e;
+    }
+    enq_fd_ = efd;
+    disp_fd_ = dfd;
+    if (!prev) b_.reset_vtime_locked(slot_);  // a new application starts level with the others
+    bpf_map_update_elem(b_.map_fd("syr_scx_procs"), &tgid, &slot, 0);
+    b_.set_active_locked(slot_, true);
+    if (int r = b_.attach_locked(err)) {
+      if (!prev) {
+        bpf_map_delete_elem(b_.map_fd("syr_scx_procs"), &tgid);
+        b_.set_active_locked(slot_, false);
+        bpf_map_delete_elem(b_.map_fd("syr_scx_enq"), &slot);
+        bpf_map_delete_elem(b_.map_fd("syr_scx_disp"), &slot);
+      }
+      return r;
+    }
+    if (prev) {
+      // The old policy's threads are ours now, already SCHED_EXT.
+      switched_ = prev->switched_;
+      next_exec_ = prev->next_exec_;
+      prev->handed_over_ = true;
+      prev->active_ = false;
+      prev->owns_slot_ = false;
+    }
+    owns_slot_ = true;
+    active_ = true;
+    status_ = "running";
+    sync_locked();  // registered threads run under the policy when deploy returns
+    log(LogLevel::kInfo, "sched_ext: process %d scheduled by policy %d in slot %d%s", tgid_, p.policy_id, slot_,
+        prev ? " (replaced its previous policy)" : "");
+    return 0;
+  }
+
+  void uninstall(LoadedPolicy&) override {
+    std::lock_guard lk(b_.mu());
+    if (active_) deactivate_locked(true);
+  }
+
+  json describe() const override {
+    std::lock_guard lk(b_.mu());
+    json j = {{"backend", "sched_ext"}, {"pid", tgid_}, {"slot", slot_}, {"all_threads", all_},
+              {"status", status_}, {"threads", switched_.size()}, {"scheduler", b_.scheduler_locked()}};
+    if (active_ && slot_ >= 0) j["vtime_ms"] = b_.vtime_locked(slot_) / 1000000;
+    return j;
+  }
+
+  // Under the backend's lock: switch registered threads to SCHED_EXT, others back.
+  void sync_locked() {
+    if (!active_ || handed_over_ || !threads_fd_) return;
+    std::vector<pid_t> tids = list_tids(tgid_);
+    if (tids.empty()) return;  // the process is gone; its owner's exit removes the policy
+    std::set<pid_t> alive(tids.begin(), tids.end());
+    if (all_)
+      for (pid_t tid : tids) {
+        uint32_t k = static_cast<uint32_t>(tid), v;
+        if (bpf_map_lookup_elem(threads_fd_.get(), &k, &v) == 0) continue;
+        v = next_exec_++;
+        bpf_map_update_elem(threads_fd_.get(), &k, &v, BPF_NOEXIST);
+      }
+    std::set<pid_t> reg;
+    uint32_t key, next;
+    bool first = true;
+    while (bpf_map_get_next_key(threads_fd_.get(), first ? nullptr : &key, &next) == 0) {
+      first = false;
+      key = next;
+      pid_t t = static_cast<pid_t>(key);
+      if (alive.count(t)) reg.insert(t);  // another process's thread in the map: ignored
+    }
+    for (pid_t t : reg)
+      if (!switched_.count(t) && set_policy(t, kSchedExt, baseline_.nice) == 0) switched_.insert(t);
+    for (auto it = switched_.begin(); it != switched_.end();) {
+      if (!alive.count(*it)) {
+        it = switched_.erase(it);
+      } else if (!reg.count(*it)) {
+        restore(*it);
+        it = switched_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // Under the lock: out of the scheduler (threads restored, slot freed).
+  void deactivate_locked(bool free_slot) {
+    uint32_t slot = static_cast<uint32_t>(slot_), tgid = static_cast<uint32_t>(tgid_);
+    bpf_map_delete_elem(b_.map_fd("syr_scx_procs"), &tgid);
+    if (slot_ >= 0) {
+      b_.set_active_locked(slot_, false);
+      bpf_map_delete_elem(b_.map_fd("syr_scx_enq"), &slot);
+      bpf_map_delete_elem(b_.map_fd("syr_scx_disp"), &slot);
+    }
+    for (pid_t t : switched_) restore(t);
+    switched_.clear();
+    active_ = false;
+    if (free_slot && owns_slot_) {
+      b_.free_slot_locked(slot_);
+      owns_slot_ = false;
+      slot_ = -1;
+      b_.release_if_unused_locked();
+    }
+  }
+
+  pid_t tgid() const { return tgid_; }
+  int slot() const { return slot_; }
+  bool active() const { return active_ && !handed_over_; }
+  void set_status(std::string s) { status_ = std::move(s); }
+
+ private:
+  void restore(pid_t tid) {
+    int pol = baseline_.policy == SCHED_BATCH ? SCHED_BATCH : SCHED_OTHER;
+    set_policy(tid, pol, baseline_.nice);
+  }
+
+  std::shared_ptr<ScxBackend> hold_;
+  ScxBackend& b_;
+  pid_t tgid_;
+  bool all_;
+  Baseline baseline_;
+  uint32_t ncpu_ = 1;
+  int slot_ = -1;
+  bool owns_slot_ = false;
+  bool active_ = false, handed_over_ = false;
+  int enq_fd_ = -1, disp_fd_ = -1;
+  UniqueFd threads_fd_;
+  std::set<pid_t> switched_;
+  uint32_t next_exec_ = 0;
+  std::string status_ = "new";
+};
+
+// ---- Backend ------------------------------------------------------------------------
+
+int ScxBackend::ensure_root(std::string& err) {
+  std::lock_guard lk(mu_);
+  if (obj_) return 0;
+  std::string path = compiler_.config().kernel_dir + "/hooks/thread_scx_root.bpf.c";
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (!in) {
+    err = "cannot read the sched_ext root scheduler " + path;
+    return -ENOENT;
+  }
+  CompileResult cr = compiler_.compile({ss.str(), path, "", ""});
+  if (cr.err) {
+    err = "the sched_ext root scheduler does not compile:\n" + cr.diagnostics;
+    return cr.err;
+  }
+  LIBBPF_OPTS(bpf_object_open_opts, oo, .object_name = "syr_scx_root");
+  bpf_object* obj = bpf_object__open_file(cr.object_path.c_str(), &oo);
+  if (!obj) {
+    int e = -errno;
+    err = "cannot open the sched_ext root scheduler: " + std::string(std::strerror(-e));
+    return e;
+  }
+  bpf_map* ops = bpf_object__find_map_by_name(obj, "syr_root_ops");
+  size_t sz = 0;
+  auto* img = ops ? static_cast<RootOps*>(bpf_map__initial_value(ops, &sz)) : nullptr;
+  if (!img || sz < sizeof(RootOps)) {
+    bpf_object__close(obj);
+    err = "the sched_ext root scheduler has no syr_root_ops of the expected layout";
+    return -EINVAL;
+  }
+  img->timeout_ms = timeout_ms_;
+  if (int r = bpf_object__load(obj)) {
+    bpf_object__close(obj);
+    err = "cannot load the sched_ext root scheduler (is this kernel's sched_ext supported?): " +
+          std::string(std::strerror(-r));
+    return r;
+  }
+  obj_ = obj;
+  uint32_t resume = kResume;
+  int rfd = bpf_program__fd(bpf_object__find_program_by_name(obj_, "syr_root_dispatch"));
+  if (bpf_map_update_elem(map_fd("syr_scx_disp"), &resume, &rfd, 0) < 0) {
+    int e = errno;
+    bpf_object__close(obj_);
+    obj_ = nullptr;
+    err = "cannot set up the sched_ext root's dispatch chain: " + std::string(std::strerror(e));
+    return -e;
+  }
+  uint32_t z = 0;
+  ExitRec rec{};
+  bpf_map_lookup_elem(map_fd("syr_scx_exit"), &z, &rec);
+  exit_seq_ = rec.seq;
+  start_monitor();
+  log(LogLevel::kInfo, "sched_ext: root scheduler loaded (watchdog %u ms, starvation guard %llu ms)", timeout_ms_,
+      static_cast<unsigned long long>(starve_ns_ / 1000000));
+  return 0;
+}
+
+int ScxBackend::attach_locked(std::string& err) {
+  if (link_) return 0;
+  std::string st = sched_ext_state();
+  bpf_link* l = bpf_map__attach_struct_ops(bpf_object__find_map_by_name(obj_, "syr_root_ops"));
+  if (!l) {
+    int e = errno;
+    err = "cannot attach the sched_ext scheduler: " + std::string(std::strerror(e)) +
+          (st == "enabled" ? " (another sched_ext scheduler is running: only one can be)" : "");
+    return -e;
+  }
+  link_ = l;
+  log(LogLevel::kInfo, "sched_ext: root scheduler 'syrup' attached (partial mode: only registered threads)");
+  return 0;
+}
+
+void ScxBackend::detach_locked() {
+  if (!link_) return;
+  bpf_link__destroy(link_);
+  link_ = nullptr;
+  log(LogLevel::kInfo, "sched_ext: root scheduler detached (no thread policy left)");
+}
+
+void ScxBackend::start_monitor() {
+  stop_efd_.reset(eventfd(0, EFD_CLOEXEC));
+  monitor_ = std::thread([this] { monitor(); });
+}
+
+void ScxBackend::stop_monitor() {
+  if (!monitor_.joinable()) return;
+  uint64_t one = 1;
+  ssize_t w = write(stop_efd_.get(), &one, sizeof one);
+  (void)w;
+  monitor_.join();
+}
+
+void ScxBackend::monitor() {
+  for (;;) {
+    pollfd pf{stop_efd_.get(), POLLIN, 0};
+    if (poll(&pf, 1, kSyncMs) > 0) return;
+    std::lock_guard lk(mu_);
+    uint32_t z = 0;
+    ExitRec rec{};
+    if (bpf_map_lookup_elem(map_fd("syr_scx_exit"), &z, &rec) == 0 && rec.seq != exit_seq_) {
+      exit_seq_ = rec.seq;
+      // 64/65: unregistered by user space -- our own detach (only syrupd holds the link).
+      if (rec.kind != 64 && rec.kind != 65) handle_exit_locked(rec);
+    }
+    for (ScxTarget* t : targets_) t->sync_locked();
+  }
+}
+
+void ScxBackend::handle_exit_locked(const ExitRec& r) {
+  std::string reason(r.reason, strnlen(r.reason, sizeof r.reason));
+  std::string msg(r.msg, strnlen(r.msg, sizeof r.msg));
+  std::string why = reason + (msg.empty() ? "" : ": " + msg);
+  bool was_attached = link_ != nullptr;
+  if (link_) {
+    bpf_link__destroy(link_);
+    link_ = nullptr;
+  }
+  // Who is to blame: the process of a stalled thread ("comm[tid] failed to run ..."), or
+  // the application program last run on the core that raised a runtime error.
+  ScxTarget* culprit = nullptr;
+  if (r.kind == 1026) {
+    static const std::regex kTid(R"(\[(\d+)\] failed to run)");
+    std::smatch m;
+    if (std::regex_search(msg, m, kTid)) {
+      pid_t tg = tgid_of(std::atoi(m[1].str().c_str()));
+      for (ScxTarget* t : targets_)
+        if (t->active() && t->tgid() == tg) culprit = t;
+    }
+  } else if (r.kind >= 1024 && r.blamed_slot < static_cast<uint32_t>(kMaxApps)) {
+    for (ScxTarget* t : targets_)
+      if (t->active() && t->slot() == static_cast<int>(r.blamed_slot)) culprit = t;
+  }
+  uint64_t now = now_ms();
+  ejection_times_.push_back(now);
+  while (!ejection_times_.empty() && now - ejection_times_.front() > 60000) ejection_times_.pop_front();
+  bool give_up = ejection_times_.size() > static_cast<size_t>(kMaxEjections);
+  json rec = {{"time", time(nullptr)}, {"kind", exit_kind_name(r.kind)}, {"kind_code", r.kind},
+              {"reason", reason}, {"message", msg}, {"exit_cpu", r.exit_cpu}};
+  if (culprit) rec["blamed_pid"] = culprit->tgid();
+  ejections_.push_back(rec);
+  if (ejections_.size() > 8) ejections_.pop_front();
+  log(LogLevel::kWarn, "sched_ext: the kernel ejected the scheduler (%s): %s%s", exit_kind_name(r.kind).c_str(),
+      why.c_str(), culprit ? (", blamed on process " + std::to_string(culprit->tgid())).c_str() : "");
+  if (!was_attached) return;
+
+  if (culprit) {
+    culprit->set_status("ejected by the kernel (" + exit_kind_name(r.kind) + "): " + why +
+                        "; its threads are back in the fair class");
+    culprit->deactivate_locked(true);
+  }
+  std::vector<ScxTarget*> rest;
+  for (ScxTarget* t : targets_)
+    if (t->active()) rest.push_back(t);
+  if (give_up) {
+    for (ScxTarget* t : rest) {
+      t->set_status("stopped: the kernel ejected the scheduler " + std::to_string(ejection_times_.size()) +
+                    " times in a minute (last: " + why + "); threads back in the fair class");
+      t->deactivate_locked(true);
+    }
+    return;
+  }
+  if (rest.empty()) return;
+  std::string err;
+  if (attach_locked(err)) {
+    for (ScxTarget* t : rest) {
+      t->set_status("stopped: re-attaching after an ejection (" + why + ") failed: " + err);
+      t->deactivate_locked(true);
+    }
+    return;
+  }
+  for (ScxTarget* t : rest)
+    t->set_status("running (restored after the kernel ejected the scheduler: " + why +
+                  (culprit ? "; blamed on process " + std::to_string(culprit->tgid()) : std::string()) + ")");
+  log(LogLevel::kInfo, "sched_ext: scheduler re-attached for %zu other process(es)", rest.size());
+}
+
+// ---- Entry points -------------------------------------------------------------------
+
+std::shared_ptr<ScxBackend> make_scx_backend(Compiler& compiler) { return std::make_shared<ScxBackend>(compiler); }
+
+int scx_make_target(const std::shared_ptr<ScxBackend>& b, pid_t tgid, bool all, Baseline base,
+                    std::unique_ptr<Target>& out, std::string& err) {
+  if (int r = b->ensure_root(err)) return r;
+  out = std::make_unique<ScxTarget>(b, tgid, all, std::move(base));
+  return 0;
+}
+
+std::vector<std::string> scx_system_maps() {
+  return {SYR_STATS_MAP,   "syr_scx_pick",  "syr_scx_tasks", "syr_scx_cpus", "syr_scx_round",
+          "syr_scx_procs", "syr_scx_disp",  "syr_app_ops",   "syr_app_ops2"};
+}
+
+std::vector<std::string> scx_programs() { return {"syr_app_enqueue", "syr_app_dispatch"}; }
+
+}  // namespace syrup::thread

@@ -1,0 +1,55 @@
+// The thread hook's sched_ext backend (user side): syrupd owns ONE partial-mode sched_ext
+// scheduler, the root (kernel/hooks/thread_scx_root.bpf.c), shared by every application
+// with a thread policy.
+//
+// Design:
+//  - The root is compiled (by syrupd's compiler, cached like any object), loaded and
+//    attached at the first thread deploy, and detached when the last thread policy goes.
+//  - A target is one process. It gets a slot; its policy is compiled with
+//    thread_scx.bpf.h into two programs (enqueue, dispatch) that share the root's maps
+//    and sit in the root's prog arrays at that slot; syr_scx_procs maps the process to
+//    the slot. Deploy, replace (same slot: two prog-array updates) and remove never
+//    detach the scheduler, so the other applications keep being scheduled.
+//  - A monitor thread (every kSyncMs): switches the registered threads of each scheduled
+//    process to SCHED_EXT (and unregistered ones back to their baseline class), registers
+//    new threads of --pid processes, and watches the root's exit record. When the kernel
+//    ejects the scheduler (watchdog stall, runtime error, sysrq), it blames a slot when it
+//    can (the stalled thread's process; the application program last run on the core
+//    that raised the error), takes that policy out (its threads back to the fair class,
+//    `list` status "ejected by the kernel: REASON: MESSAGE"), and re-attaches the root
+//    for the others (status says they were restored, and why). More than kMaxEjections in
+//    a minute: it gives up and restores every thread.
+// Tunables (environment of syrupd): SYRUP_SCX_TIMEOUT_MS (the kernel's watchdog,
+// default 30000), SYRUP_SCX_STARVE_MS (a queued thread waiting longer runs next whatever
+// its key, so one application's policy cannot stall the scheduler of all; default 1000,
+// 0 disables).
+// Invariants: a slot is in syr_scx_procs exactly while its programs are in the prog
+// arrays and its bit is in the root's active mask; after uninstall() or an ejection no
+// thread of the process is left SCHED_EXT by Syrup.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compiler.h"
+#include "hook.h"
+#include "thread_agent.h"
+
+namespace syrup::thread {
+
+class ScxBackend;
+
+std::shared_ptr<ScxBackend> make_scx_backend(Compiler& compiler);
+
+// Builds the target for process `tgid` (loads and checks the root first). 0 or -errno.
+int scx_make_target(const std::shared_ptr<ScxBackend>& b, pid_t tgid, bool all, Baseline base, std::unique_ptr<Target>& out,
+                    std::string& err);
+
+// The wrapper's system maps and programs (LoadSpec::system_maps / ::programs).
+std::vector<std::string> scx_system_maps();
+std::vector<std::string> scx_programs();
+
+}  // namespace syrup::thread

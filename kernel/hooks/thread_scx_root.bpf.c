@@ -1,0 +1,332 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * syrupd's sched_ext root scheduler: ONE partial-mode scheduler (SCX_OPS_SWITCH_PARTIAL)
+ * for every application with a thread policy. Only threads switched to SCHED_EXT -- the
+ * registered threads of scheduled processes -- run in it; everything else stays in the
+ * fair class, which the kernel runs ahead of SCHED_EXT, so a bad policy can only hurt
+ * its own application's threads.
+ *
+ * Design:
+ *  - Each scheduled process has a slot (syr_scx_procs: tgid -> slot) with its own DSQ,
+ *    SYR_SCX_APP_DSQ(slot), ordered by enqueue time, and two programs compiled from its
+ *    policy (thread_scx.bpf.h): enqueue and dispatch, in the prog arrays syr_scx_enq and
+ *    syr_scx_disp at index slot. The root tail-calls them. Deploying, replacing or
+ *    removing one application's policy is a prog-array update plus syr_scx_procs: the
+ *    scheduler stays attached and the other applications are not touched.
+ *  - enqueue(p): the application's enqueue (policy: core and key; queued in the app's
+ *    DSQ; an idle core kicked, or a worse thread of the app preempted). Threads of no
+ *    slot, or whose program is gone, wait FIFO in SYR_SCX_FALLBACK_DSQ.
+ *  - dispatch(cpu, prev): the root picks, among the applications with a runnable thread
+ *    (queued, or prev), the one with the lowest virtual time -- the run time its threads
+ *    got, so applications share the cores equally whatever their policies do inside
+ *    (an application idle for a while is brought up to the others, minus 20 ms: no
+ *    long burst) -- and tail-calls its dispatch, which asks the policy again about every
+ *    queued thread of the app (and prev) -- so a hint written since they were queued
+ *    counts -- and moves the lowest key to this core. If the app has nothing for this
+ *    core it marks itself tried and tail-calls the root back
+ *    (syr_scx_disp[SYR_SCX_RESUME]), which tries the next application.
+ *  - runnable/running/stopping/disable keep per-thread times (syr_scx_tasks) and what
+ *    runs where (syr_scx_cpus) for the policies' runnable_ns/run_ns and preemption.
+ *  - exit(): the kernel's reason for ejecting the scheduler (stall, runtime error,
+ *    sysrq...) into syr_scx_exit, with the last application program run on the core
+ *    that failed, for syrupd to blame, report and re-attach without the culprit.
+ *
+ * Invariant: every path ends with the task in a DSQ or run (no task is lost): a failed
+ * tail call (empty slot) falls through to the fallback FIFO.
+ */
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <syrup/abi.h>
+
+#include "thread_scx_common.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(__u32));
+	__uint(max_entries, SYR_SCX_MAX_APPS);
+} syr_scx_enq SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct syr_scx_conf);
+	__uint(max_entries, 1);
+} syr_scx_conf SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct syr_scx_exit_rec);
+	__uint(max_entries, 1);
+} syr_scx_exit SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct syr_scx_app);
+	__uint(max_entries, SYR_SCX_MAX_APPS);
+} syr_scx_apps SEC(".maps");
+
+/* How far an application's virtual time may lag the one last served: the credit an
+ * application that was idle (or new) brings back, so it cannot take a core for long. */
+#define SYR_SCX_VTIME_LAG 20000000ULL
+
+/* An application's virtual time, not lagging the last served one by more than the above. */
+static __always_inline __u64 syr_app_vtime(__u32 slot, __u64 floor)
+{
+	struct syr_scx_app *a = bpf_map_lookup_elem(&syr_scx_apps, &slot);
+
+	if (!a)
+		return ~0ULL;
+	if (a->vtime + SYR_SCX_VTIME_LAG < floor)
+		a->vtime = floor - SYR_SCX_VTIME_LAG;
+	return a->vtime;
+}
+
+enum scx_exit_kind { SYR_SCX_EXIT_ERROR = 1024 };
+
+struct scx_exit_info {
+	enum scx_exit_kind kind;
+	int exit_cpu;
+	long long exit_code;
+	const char *reason;
+	char *msg;
+} __attribute__((preserve_access_index));
+
+static __always_inline void syr_note_slot(__u32 slot)
+{
+	struct syr_scx_cpu *c = syr_scx_cpu_state(bpf_get_smp_processor_id());
+
+	if (c)
+		c->last_slot = slot;
+}
+
+static __always_inline void syr_kick_for(struct task_struct *p)
+{
+	int c = scx_bpf_pick_idle_cpu(p->cpus_ptr, 0);
+
+	if (c >= 0)
+		scx_bpf_kick_cpu(c, SYR_SCX_KICK_IDLE);
+}
+
+SEC("struct_ops/syr_root_select_cpu")
+__s32 BPF_PROG(syr_root_select_cpu, struct task_struct *p, __s32 prev_cpu, __u64 wake_flags)
+{
+	return prev_cpu; /* cores are the policies' choice, made in enqueue and dispatch */
+}
+
+SEC("struct_ops/syr_root_enqueue")
+void BPF_PROG(syr_root_enqueue, struct task_struct *p, __u64 enq_flags)
+{
+	__u32 slot = syr_scx_slot_of(p);
+
+	if (slot < SYR_SCX_MAX_APPS) {
+		syr_note_slot(slot);
+		bpf_tail_call(ctx, &syr_scx_enq, slot);
+	}
+	/* No policy for this thread (or its program was just removed): FIFO. */
+	scx_bpf_dsq_insert_vtime(p, SYR_SCX_FALLBACK_DSQ, SYR_SCX_SLICE_NS, bpf_ktime_get_ns(), enq_flags);
+	syr_kick_for(p);
+}
+
+/* Charges the time `p` ran since it started running (or was last charged) to it and to
+ * its application. Called at stopping() and at every dispatch with p as prev: a thread
+ * that keeps its core when its slice ends is never stopped, yet must be charged. */
+static __always_inline void syr_charge(struct task_struct *p)
+{
+	__u32 tid = p->pid, slot;
+	struct syr_scx_task *t = bpf_map_lookup_elem(&syr_scx_tasks, &tid);
+	struct syr_scx_app *a;
+	__u64 now = bpf_ktime_get_ns(), ran;
+
+	if (!t || !t->running_since || now < t->running_since)
+		return;
+	ran = now - t->running_since;
+	t->running_since = now;
+	t->run_ns += ran;
+	slot = syr_scx_slot_of(p);
+	a = slot < SYR_SCX_MAX_APPS ? bpf_map_lookup_elem(&syr_scx_apps, &slot) : 0;
+	if (a)
+		__sync_fetch_and_add(&a->vtime, ran);
+}
+
+struct syr_pick {
+	__u64 active, floor, best_v;
+	__u32 prev_slot;
+	int best;
+};
+
+/* bpf_loop callback: the application with a runnable thread and the lowest vtime. */
+static long syr_pick_app(__u32 s, struct syr_pick *k)
+{
+	__u64 v;
+
+	if (s >= SYR_SCX_MAX_APPS || !(k->active & (1ULL << s)))
+		return 0;
+	if (s != k->prev_slot && !scx_bpf_dsq_peek(SYR_SCX_APP_DSQ(s)))
+		return 0;
+	v = syr_app_vtime(s, k->floor);
+	if (v < k->best_v) {
+		k->best_v = v;
+		k->best = (int)s;
+	}
+	return 0;
+}
+
+SEC("struct_ops/syr_root_dispatch")
+void BPF_PROG(syr_root_dispatch, __s32 cpu, struct task_struct *prev)
+{
+	__u32 z = 0;
+	struct syr_scx_round *r = bpf_map_lookup_elem(&syr_scx_round, &z);
+	struct syr_scx_conf *conf = bpf_map_lookup_elem(&syr_scx_conf, &z);
+	struct syr_pick k = { .best_v = ~0ULL, .prev_slot = SYR_SCX_NO_SLOT, .best = -1 };
+
+	if (!r || !conf)
+		return;
+	if (!r->resume) {
+		r->tried = 0; /* a new round */
+		if (prev)
+			syr_charge(prev);
+	}
+	r->resume = 0;
+	k.active = conf->active & ~r->tried;
+	k.floor = conf->min_vtime;
+	if (prev && (prev->scx.flags & SYR_SCX_TASK_QUEUED))
+		k.prev_slot = syr_scx_slot_of(prev);
+	if (k.active)
+		bpf_loop(SYR_SCX_MAX_APPS, syr_pick_app, &k, 0);
+	/* Threads of no application (their policy was just removed) first: they are few
+	 * and short-lived (syrupd switches them back to the fair class). */
+	if (scx_bpf_dsq_move_to_local(SYR_SCX_FALLBACK_DSQ))
+		return;
+	if (k.best >= 0 && k.best < SYR_SCX_MAX_APPS) {
+		if (k.best_v > conf->min_vtime)
+			conf->min_vtime = k.best_v;
+		r->tried |= 1ULL << k.best;
+		syr_note_slot((__u32)k.best);
+		bpf_tail_call(ctx, &syr_scx_disp, (__u32)k.best);
+	}
+	/* Nothing (else) to do: prev, if still runnable, keeps the core. */
+}
+
+SEC("struct_ops/syr_root_runnable")
+void BPF_PROG(syr_root_runnable, struct task_struct *p, __u64 enq_flags)
+{
+	__u32 tid = p->pid;
+	struct syr_scx_task *t = bpf_map_lookup_elem(&syr_scx_tasks, &tid);
+	struct syr_scx_task fresh = { .core = SYR_PASS };
+
+	if (!t) {
+		bpf_map_update_elem(&syr_scx_tasks, &tid, &fresh, BPF_NOEXIST);
+		t = bpf_map_lookup_elem(&syr_scx_tasks, &tid);
+		if (!t)
+			return;
+	}
+	t->runnable_ns = bpf_ktime_get_ns();
+	t->run_ns = 0;
+}
+
+SEC("struct_ops/syr_root_running")
+void BPF_PROG(syr_root_running, struct task_struct *p)
+{
+	__u32 tid = p->pid;
+	struct syr_scx_task *t = bpf_map_lookup_elem(&syr_scx_tasks, &tid);
+	struct syr_scx_cpu *c = syr_scx_cpu_state(bpf_get_smp_processor_id());
+
+	if (t)
+		t->running_since = bpf_ktime_get_ns();
+	if (c) {
+		c->tid = tid;
+		c->slot = syr_scx_slot_of(p);
+	}
+}
+
+SEC("struct_ops/syr_root_stopping")
+void BPF_PROG(syr_root_stopping, struct task_struct *p, _Bool runnable)
+{
+	__u32 tid = p->pid;
+	struct syr_scx_cpu *c = syr_scx_cpu_state(bpf_get_smp_processor_id());
+
+	syr_charge(p);
+	if (c && c->tid == tid)
+		c->tid = 0;
+}
+
+SEC("struct_ops/syr_root_disable")
+void BPF_PROG(syr_root_disable, struct task_struct *p)
+{
+	__u32 tid = p->pid;
+
+	bpf_map_delete_elem(&syr_scx_tasks, &tid);
+}
+
+static long syr_make_dsq(__u32 i, void *unused)
+{
+	scx_bpf_create_dsq(SYR_SCX_APP_DSQ(i), -1);
+	return 0;
+}
+
+SEC("struct_ops.s/syr_root_init")
+__s32 BPF_PROG(syr_root_init)
+{
+	bpf_loop(SYR_SCX_MAX_APPS, syr_make_dsq, (void *)0, 0);
+	return scx_bpf_create_dsq(SYR_SCX_FALLBACK_DSQ, -1);
+}
+
+SEC("struct_ops/syr_root_exit")
+void BPF_PROG(syr_root_exit, struct scx_exit_info *ei)
+{
+	__u32 z = 0, cpu;
+	struct syr_scx_exit_rec *r = bpf_map_lookup_elem(&syr_scx_exit, &z);
+	struct syr_scx_cpu *c;
+
+	if (!r)
+		return;
+	r->kind = ei->kind;
+	r->exit_cpu = ei->exit_cpu;
+	r->exit_code = ei->exit_code;
+	r->blamed_slot = SYR_SCX_NO_SLOT;
+	cpu = (__u32)ei->exit_cpu;
+	c = cpu < SYR_SCX_MAX_CPUS ? bpf_map_lookup_elem(&syr_scx_cpus, &cpu) : 0;
+	if (c)
+		r->blamed_slot = c->last_slot;
+	bpf_probe_read_kernel_str(r->reason, sizeof(r->reason), ei->reason);
+	bpf_probe_read_kernel_str(r->msg, sizeof(r->msg), ei->msg);
+	__sync_fetch_and_add(&r->seq, 1);
+}
+
+struct sched_ext_ops {
+	__s32 (*select_cpu)(struct task_struct *p, __s32 prev_cpu, __u64 wake_flags);
+	void (*enqueue)(struct task_struct *p, __u64 enq_flags);
+	void (*dispatch)(__s32 cpu, struct task_struct *prev);
+	void (*runnable)(struct task_struct *p, __u64 enq_flags);
+	void (*running)(struct task_struct *p);
+	void (*stopping)(struct task_struct *p, _Bool runnable);
+	void (*disable)(struct task_struct *p);
+	__s32 (*init)(void);
+	void (*exit)(struct scx_exit_info *ei);
+	__u64 flags;
+	__u32 timeout_ms;
+	char name[128];
+};
+
+/* timeout_ms is set by syrupd before load (--scx_timeout_ms). */
+SEC(".struct_ops.link")
+struct sched_ext_ops syr_root_ops = {
+	.select_cpu = (void *)syr_root_select_cpu,
+	.enqueue = (void *)syr_root_enqueue,
+	.dispatch = (void *)syr_root_dispatch,
+	.runnable = (void *)syr_root_runnable,
+	.running = (void *)syr_root_running,
+	.stopping = (void *)syr_root_stopping,
+	.disable = (void *)syr_root_disable,
+	.init = (void *)syr_root_init,
+	.exit = (void *)syr_root_exit,
+	.flags = SYR_SCX_OPS_SWITCH_PARTIAL,
+	.timeout_ms = 30000,
+	.name = "syrup",
+};
+
+char _license[] SEC("license") = "GPL";

@@ -1,0 +1,363 @@
+#include "metrics.h"
+
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+
+namespace syrup::metrics {
+namespace {
+
+// A label value in the exposition format: backslash, double quote and newline escaped.
+std::string escape(const std::string& v) {
+  std::string s;
+  s.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') s += "\\\\";
+    else if (c == '"') s += "\\\"";
+    else if (c == '\n') s += "\\n";
+    else s += c;
+  }
+  return s;
+}
+
+using Labels = std::vector<std::pair<const char*, std::string>>;
+
+class Writer {
+ public:
+  void family(const char* name, const char* type, const char* help) {
+    out_ += "# HELP ";
+    out_ += name;
+    out_ += ' ';
+    out_ += help;
+    out_ += "\n# TYPE ";
+    out_ += name;
+    out_ += ' ';
+    out_ += type;
+    out_ += '\n';
+  }
+  void sample(const char* name, const Labels& labels, uint64_t v) { line(name, labels, std::to_string(v)); }
+  void sample(const char* name, const Labels& labels, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    line(name, labels, buf);
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  void line(const char* name, const Labels& labels, const std::string& value) {
+    out_ += name;
+    if (!labels.empty()) {
+      out_ += '{';
+      bool first = true;
+      for (auto& [k, v] : labels) {
+        if (!first) out_ += ',';
+        first = false;
+        out_ += k;
+        out_ += "=\"";
+        out_ += escape(v);
+        out_ += '"';
+      }
+      out_ += '}';
+    }
+    out_ += ' ';
+    out_ += value;
+    out_ += '\n';
+  }
+  std::string out_;
+};
+
+Labels policy_labels(const PolicySample& p) {
+  return {{"tenant", p.tenant}, {"hook", p.hook}, {"policy", p.policy}, {"id", std::to_string(p.id)}};
+}
+
+// Whether a request's Host header names this host's loopback (or is absent, as from
+// HTTP/1.0 clients). Anything else is a browser talking to us under another name (DNS
+// rebinding), which loopback binding alone does not stop.
+bool loopback_host(const std::string& host) {
+  if (host.empty()) return true;
+  std::string h = host;
+  if (h[0] == '[') {
+    auto end = h.find(']');
+    if (end == std::string::npos) return false;
+    h = h.substr(1, end - 1);
+  } else if (auto colon = h.rfind(':'); colon != std::string::npos) {
+    h = h.substr(0, colon);
+  }
+  for (auto& c : h) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return h == "127.0.0.1" || h == "localhost" || h == "::1" || h == "ip6-localhost";
+}
+
+double now_unix() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
+
+}  // namespace
+
+void Totals::error(const std::string& op, int err) { errors[{op, errno_name(err)}]++; }
+
+std::string errno_name(int err) {
+  if (err < 0) err = -err;
+  const char* n = strerrorname_np(err);
+  return n ? n : "E" + std::to_string(err);
+}
+
+PolicySample policy_sample(const nlohmann::json& s, const std::string& hook, const std::string& target) {
+  PolicySample p;
+  auto u64 = [&](const char* k) {
+    return s.contains(k) && s[k].is_number_unsigned() ? s[k].get<uint64_t>()
+           : s.contains(k) && s[k].is_number_integer() && s[k].get<int64_t>() >= 0
+               ? static_cast<uint64_t>(s[k].get<int64_t>())
+               : 0;
+  };
+  p.id = s.contains("id") && s["id"].is_number_integer() ? s["id"].get<int>() : 0;
+  p.tenant = s.contains("app") && s["app"].is_string() ? s["app"].get<std::string>() : "";
+  p.policy = s.contains("name") && s["name"].is_string() ? s["name"].get<std::string>() : "";
+  p.hook = hook;
+  p.target = target;
+  if (s.contains("executors") && s["executors"].is_array())
+    for (auto& v : s["executors"]) p.executors.push_back(v.is_number_unsigned() ? v.get<uint64_t>() : 0);
+  p.pass = u64("pass");
+  p.drop = u64("drop");
+  p.fallback = u64("fallback");
+  p.run_cnt = u64("run_cnt");
+  p.run_time_ns = u64("run_time_ns");
+  return p;
+}
+
+std::string render(const Snapshot& s) {
+  Writer w;
+  w.family("syrupd_start_time_seconds", "gauge", "Unix time syrupd started.");
+  w.sample("syrupd_start_time_seconds", {}, s.start_time_unix);
+  w.family("syrup_metrics_snapshot_timestamp_seconds", "gauge",
+           "Unix time syrupd took the snapshot these metrics come from.");
+  w.sample("syrup_metrics_snapshot_timestamp_seconds", {}, s.time_unix);
+
+  w.family("syrup_policy_info", "gauge", "A deployed policy (always 1), with its target.");
+  for (auto& p : s.policies) {
+    Labels l = policy_labels(p);
+    l.push_back({"target", p.target});
+    w.sample("syrup_policy_info", l, uint64_t{1});
+  }
+  w.family("syrup_policy_executors", "gauge", "Executors of a deployed policy.");
+  for (auto& p : s.policies) w.sample("syrup_policy_executors", policy_labels(p), uint64_t{p.executors.size()});
+  w.family("syrup_policy_decisions_total", "counter",
+           "Decisions of a policy that sent an input to an executor, per executor.");
+  for (auto& p : s.policies)
+    for (size_t i = 0; i < p.executors.size(); i++) {
+      Labels l = policy_labels(p);
+      l.push_back({"executor", std::to_string(i)});
+      w.sample("syrup_policy_decisions_total", l, p.executors[i]);
+    }
+  struct Counter {
+    const char* name;
+    const char* help;
+    uint64_t PolicySample::*field;
+  };
+  static const Counter counters[] = {
+      {"syrup_policy_pass_total", "Decisions of a policy that left the input to the kernel (SYR_PASS).",
+       &PolicySample::pass},
+      {"syrup_policy_drop_total", "Decisions of a policy that dropped the input (SYR_DROP).", &PolicySample::drop},
+      {"syrup_policy_fallback_total",
+       "Decisions of a policy that named a missing executor; the kernel chose instead.", &PolicySample::fallback},
+      {"syrup_policy_runs_total", "Runs of the policy's program (kernel bpf_stats; 0 unless enabled).",
+       &PolicySample::run_cnt},
+      {"syrup_policy_run_time_ns_total",
+       "Nanoseconds spent in the policy's program (kernel bpf_stats; 0 unless enabled).",
+       &PolicySample::run_time_ns},
+  };
+  for (auto& c : counters) {
+    w.family(c.name, "counter", c.help);
+    for (auto& p : s.policies) w.sample(c.name, policy_labels(p), p.*c.field);
+  }
+
+  w.family("syrup_tenant_policies", "gauge", "Policies deployed for a tenant (application).");
+  for (auto& t : s.tenants) w.sample("syrup_tenant_policies", {{"tenant", t.tenant}}, t.policies);
+  w.family("syrup_tenant_maps", "gauge", "Application maps of a tenant.");
+  for (auto& t : s.tenants) w.sample("syrup_tenant_maps", {{"tenant", t.tenant}}, t.maps);
+  w.family("syrup_tenant_map_bytes", "gauge", "Bytes of BPF map memory a tenant's policies use.");
+  for (auto& t : s.tenants) w.sample("syrup_tenant_map_bytes", {{"tenant", t.tenant}}, t.map_bytes);
+  w.family("syrup_tenant_quota", "gauge", "A tenant's limit on a resource (resources without a limit are left out).");
+  for (auto& t : s.tenants)
+    for (auto& [res, v] : t.quotas) w.sample("syrup_tenant_quota", {{"tenant", t.tenant}, {"resource", res}}, v);
+
+  w.family("syrup_deploys_total", "counter", "Policies deployed since syrupd started (replacements included).");
+  w.sample("syrup_deploys_total", {}, s.totals.deploys);
+  w.family("syrup_removals_total", "counter", "Policies removed since syrupd started (replacements included).");
+  w.sample("syrup_removals_total", {}, s.totals.removals);
+  w.family("syrup_errors_total", "counter", "Failed requests by operation and kind (an errno name, or quota).");
+  for (auto& [k, v] : s.totals.errors) w.sample("syrup_errors_total", {{"op", k.first}, {"kind", k.second}}, v);
+  w.family("syrup_config_reloads_total", "counter", "Loads of the --config file, by result.");
+  w.sample("syrup_config_reloads_total", {{"result", "success"}}, s.totals.config_reloads - std::min(s.totals.config_reloads, s.totals.config_reload_failures));
+  w.sample("syrup_config_reloads_total", {{"result", "failure"}}, s.totals.config_reload_failures);
+  w.family("syrup_config_last_reload_success_timestamp_seconds", "gauge",
+           "Unix time the --config file was last applied successfully (0: never).");
+  w.sample("syrup_config_last_reload_success_timestamp_seconds", {}, s.totals.config_last_success_unix);
+  return w.take();
+}
+
+// One listening socket and the thread serving it.
+struct Metrics::Server {
+  httplib::Server http;
+  std::thread thread;
+  std::atomic<bool> done{false};
+};
+
+Metrics::Metrics() = default;
+
+Metrics::~Metrics() {
+  stop();
+  if (refresh_fd_ >= 0) close(refresh_fd_);
+}
+
+void Metrics::publish(Snapshot s) {
+  if (s.time_unix == 0) s.time_unix = now_unix();
+  auto p = std::make_shared<const Snapshot>(std::move(s));
+  {
+    std::lock_guard lk(mu_);
+    latest_ = std::move(p);
+    generation_++;
+    latest_at_ = std::chrono::steady_clock::now();
+  }
+  cv_.notify_all();
+}
+
+std::shared_ptr<const Snapshot> Metrics::latest() const {
+  std::lock_guard lk(mu_);
+  return latest_;
+}
+
+uint64_t Metrics::generation() const {
+  std::lock_guard lk(mu_);
+  return generation_;
+}
+
+int Metrics::refresh_fd(std::chrono::milliseconds max_age, std::chrono::milliseconds wait) {
+  std::lock_guard lk(mu_);
+  if (refresh_fd_ < 0) {
+    refresh_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (refresh_fd_ < 0) return -errno;
+  }
+  max_age_ = max_age;
+  wait_ = wait;
+  return refresh_fd_;
+}
+
+std::string Metrics::scrape() {
+  std::shared_ptr<const Snapshot> s;
+  {
+    std::unique_lock lk(mu_);
+    if (refresh_fd_ >= 0 && (!latest_ || std::chrono::steady_clock::now() - latest_at_ > max_age_)) {
+      uint64_t g0 = generation_, one = 1;
+      if (write(refresh_fd_, &one, sizeof one) == sizeof one)
+        cv_.wait_for(lk, wait_, [&] { return generation_ != g0; });
+    }
+    s = latest_;
+  }
+  return s ? render(*s) : render(Snapshot{});
+}
+
+int Metrics::start(uint16_t port, std::string& err) {
+  if (!servers_.empty()) {
+    err = "the metrics server is already running";
+    return -EALREADY;
+  }
+  // The server threads (and the pools they start) inherit this mask: every signal stays
+  // with the daemon's signalfd, never a metrics thread.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  auto make = [this](const std::string& host, uint16_t want, int& bound, int& e) {
+    auto s = std::make_unique<Server>();
+    s->http.new_task_queue = [] { return new httplib::ThreadPool(2); };
+    s->http.set_keep_alive_max_count(16);
+    s->http.set_keep_alive_timeout(5);
+    s->http.set_read_timeout(5);
+    s->http.set_write_timeout(5);
+    s->http.set_payload_max_length(4096);
+    // SO_REUSEADDR (a restarted syrupd rebinds at once) but not httplib's default
+    // SO_REUSEPORT, with which a second process could share the port unnoticed.
+    s->http.set_socket_options([](int sock) {
+      int one = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    });
+    s->http.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (loopback_host(req.get_header_value("Host"))) return httplib::Server::HandlerResponse::Unhandled;
+      res.status = 403;
+      res.set_content("syrupd metrics answer only to Host 127.0.0.1, [::1] or localhost\n", "text/plain");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    s->http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(scrape(), kContentType);
+    });
+    s->http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("syrupd: metrics are at /metrics\n", "text/plain; charset=utf-8");
+    });
+    errno = 0;
+    if (want == 0) {
+      bound = s->http.bind_to_any_port(host);
+    } else {
+      bound = s->http.bind_to_port(host, want) ? want : -1;
+    }
+    e = errno ? errno : EADDRINUSE;
+    if (bound <= 0) return std::unique_ptr<Server>();
+    Server* raw = s.get();
+    s->thread = std::thread([raw] {
+      raw->http.listen_after_bind();
+      raw->done = true;
+    });
+    return s;
+  };
+  int bound = -1, e = 0;
+  auto v4 = make("127.0.0.1", port, bound, e);
+  if (!v4) {
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    err = "cannot listen on 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(e);
+    return -e;
+  }
+  port_ = static_cast<uint16_t>(bound);
+  addresses_.push_back("127.0.0.1:" + std::to_string(port_));
+  servers_.push_back(std::move(v4));
+  // ::1 on the same port; a host without IPv6 (or with the port taken there) is served
+  // on 127.0.0.1 alone.
+  int bound6 = -1, e6 = 0;
+  if (auto v6 = make("::1", port_, bound6, e6)) {
+    addresses_.push_back("[::1]:" + std::to_string(port_));
+    servers_.push_back(std::move(v6));
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  // stop() before the listener runs would be lost: wait until it does.
+  for (int i = 0; i < 500; i++) {
+    bool running = true;
+    for (auto& s : servers_) running &= s->http.is_running() || s->done;
+    if (running) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return 0;
+}
+
+void Metrics::stop() {
+  for (auto& s : servers_) {
+    // httplib's stop() works only once the listener runs, and must be called once: a
+    // second call while it winds down trips an assertion.
+    while (!s->done && !s->http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!s->done) s->http.stop();
+    if (s->thread.joinable()) s->thread.join();
+  }
+  servers_.clear();
+  addresses_.clear();
+  port_ = 0;
+}
+
+}  // namespace syrup::metrics

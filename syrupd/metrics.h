@@ -1,0 +1,129 @@
+// Prometheus metrics for syrupd (docs/operations.md#metrics).
+//
+// The daemon builds a plain Snapshot of what it knows (policies with their decision
+// counters, tenants, totals) and hands it over with Metrics::publish(); a small HTTP
+// server on its own threads answers GET /metrics on 127.0.0.1 and ::1 only, rendering
+// the latest snapshot. Invariants: the HTTP threads never touch daemon state (they see
+// only published, immutable snapshots, handed over under a mutex as shared_ptr<const>);
+// they block every signal, so SIGTERM/SIGHUP still reach the daemon's signalfd.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace syrup::metrics {
+
+struct PolicySample {
+  int id = 0;
+  std::string tenant;  // the application
+  std::string hook;
+  std::string policy;  // its name
+  std::string target;  // e.g. udp/127.0.0.1:9000
+  std::vector<uint64_t> executors;  // enforced decisions per executor
+  uint64_t pass = 0, drop = 0, fallback = 0;
+  uint64_t run_cnt = 0, run_time_ns = 0;  // the kernel's bpf_stats (0 unless enabled)
+};
+
+struct TenantSample {
+  std::string tenant;
+  uint64_t policies = 0;
+  uint64_t maps = 0;
+  uint64_t map_bytes = 0;
+  // Limits by resource name (policies, maps, map_bytes, insns, source_bytes,
+  // requests_per_second); a resource without a limit is left out.
+  std::map<std::string, uint64_t> quotas;
+};
+
+// Counters the daemon keeps for its whole run (copied into every snapshot).
+struct Totals {
+  uint64_t deploys = 0;   // successful deploys (replacements included)
+  uint64_t removals = 0;  // policies removed, for any reason (replacements included)
+  std::map<std::pair<std::string, std::string>, uint64_t> errors;  // (op, kind) -> count
+  uint64_t config_reloads = 0, config_reload_failures = 0;
+  double config_last_success_unix = 0;  // 0: never
+
+  // Counts a failed request: op e.g. "deploy", `err` a positive or negative errno
+  // (kind = its name, e.g. "EACCES"), or a kind of the daemon's own ("quota").
+  void error(const std::string& op, int err);
+  void error(const std::string& op, const std::string& kind) { errors[{op, kind}]++; }
+};
+
+struct Snapshot {
+  double time_unix = 0;        // when it was taken (publish() fills it in if 0)
+  double start_time_unix = 0;  // when syrupd started
+  std::vector<PolicySample> policies;
+  std::vector<TenantSample> tenants;
+  Totals totals;
+};
+
+// A PolicySample from one entry of the `stats` response (Daemon::policy_stats) and the
+// policy's hook and target.
+PolicySample policy_sample(const nlohmann::json& stats, const std::string& hook, const std::string& target);
+
+// "EACCES" for EACCES (either sign); "E<n>" when unnamed.
+std::string errno_name(int err);
+
+// The Prometheus text exposition format (version 0.0.4) of `s`.
+std::string render(const Snapshot& s);
+inline constexpr const char* kContentType = "text/plain; version=0.0.4; charset=utf-8";
+
+class Metrics {
+ public:
+  Metrics();
+  ~Metrics();  // stop()
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // Any thread, cheap: the snapshot is moved into place; scrapes from now on render it.
+  void publish(Snapshot s);
+  std::shared_ptr<const Snapshot> latest() const;
+  uint64_t generation() const;  // counts publish() calls
+
+  // Serves GET /metrics on 127.0.0.1:port and, when the host has IPv6, [::1]:port, on
+  // threads of its own. port 0: an ephemeral port (see port()), the same on both.
+  // 0 or -errno with `err`. Call once, before or after the first publish().
+  int start(uint16_t port, std::string& err);
+  uint16_t port() const { return port_; }
+  std::vector<std::string> addresses() const { return addresses_; }  // "127.0.0.1:9464", "[::1]:9464"
+  void stop();
+
+  // Optional fresh-on-scrape: returns an eventfd (non-blocking, close-on-exec, owned by
+  // Metrics) that becomes readable when a scrape finds the latest snapshot older than
+  // `max_age`. The daemon adds it to its epoll loop; when readable it reads 8 bytes and
+  // publishes a new snapshot. The scrape waits up to `wait` for it, else renders the
+  // snapshot it has (the daemon may be busy compiling). Without this, scrapes render
+  // whatever was published last. -errno on failure.
+  int refresh_fd(std::chrono::milliseconds max_age = std::chrono::milliseconds(1000),
+                 std::chrono::milliseconds wait = std::chrono::milliseconds(500));
+
+  // What a GET /metrics answers (also for tests without HTTP).
+  std::string scrape();
+
+ private:
+  struct Server;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::shared_ptr<const Snapshot> latest_;
+  uint64_t generation_ = 0;
+  std::chrono::steady_clock::time_point latest_at_{};
+  int refresh_fd_ = -1;
+  std::chrono::milliseconds max_age_{1000}, wait_{500};
+  std::vector<std::unique_ptr<Server>> servers_;
+  uint16_t port_ = 0;
+  std::vector<std::string> addresses_;
+};
+
+}  // namespace syrup::metrics

@@ -1,0 +1,308 @@
+// Integration tests of examples/rocksdb/kv_server: a real syrupd, a real kv_server process
+// with a small RocksDB it creates itself, real datagrams on loopback.
+//
+// Design: answers are checked against the database itself -- the test opens the server's
+// RocksDB read-only next to it (a read-only RocksDB takes no lock) and computes what each
+// GET and SCAN must return -- and against the generator in kv_proto.h. One server serves
+// the read-only checks of the whole suite (it is started once, ~1 s with the load); the
+// shutdown test starts its own, because it ends it. Everything is torn down by RAII: the
+// server gets SIGTERM then SIGKILL, the database directory is removed, syrupd is stopped.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+
+#include "harness.h"
+#include "kv_test_util.h"
+#include "syrup/syrup.h"
+
+namespace syrup::test {
+namespace {
+
+using nlohmann::json;
+
+constexpr uint64_t kKeys = 20000;  // a SCAN of all of them takes milliseconds
+constexpr uint32_t kScanLen = 40;
+constexpr int kWorkers = 3;
+
+// A kv_server process of the suite's syrupd, on a fresh port.
+struct ServerProc {
+  std::unique_ptr<Child> child;
+  json ready;
+  uint16_t port = 0;
+};
+
+std::unique_ptr<ServerProc> start_server(const std::string& db, const std::string& policy,
+                                         const std::string& app, const std::string& errfile) {
+  auto s = std::make_unique<ServerProc>();
+  s->child = std::make_unique<Child>(
+      std::vector<std::string>{build_bin("kv_server"), "--db=" + db, "--keys=" + std::to_string(kKeys),
+                               "--workers=" + std::to_string(kWorkers), "--scan_len=" + std::to_string(kScanLen),
+                               "--policy=" + source_path("policies/" + policy), "--app=" + app, "--cache_mb=16"},
+      errfile);
+  auto line = s->child->read_line(30000);
+  if (!line) return s;
+  s->ready = json::parse(*line, nullptr, false);
+  if (s->ready.is_object() && s->ready.contains("port")) s->port = s->ready["port"].get<uint16_t>();
+  return s;
+}
+
+std::string slurp(const std::string& path) {
+  std::string out;
+  run_cmd("cat " + path, out);
+  return out;
+}
+
+class KvServer : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (geteuid() != 0) return;
+    daemon_ = new Daemon();
+    daemon_->start();
+    dir_ = new TempDir();
+    server_ = start_server(dir_->path() + "/db", "round_robin.c", "kvtest", dir_->path() + "/server.err").release();
+  }
+  static void TearDownTestSuite() {
+    delete server_;  // SIGTERM (and SIGKILL if it hangs)
+    server_ = nullptr;
+    if (daemon_) {
+      daemon_->stop();
+      delete daemon_;
+      daemon_ = nullptr;
+    }
+    delete dir_;  // removes the database
+    dir_ = nullptr;
+  }
+  void SetUp() override {
+    SYRUP_REQUIRE_ROOT();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_NE(server_->port, 0) << "kv_server did not start:\n" << slurp(dir_->path() + "/server.err");
+  }
+
+  // The server's database, opened read-only next to it.
+  static std::unique_ptr<rocksdb::DB> open_db_readonly() {
+    rocksdb::DB* db = nullptr;
+    rocksdb::Status s = rocksdb::DB::OpenForReadOnly(rocksdb::Options(), dir_->path() + "/db", &db);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return std::unique_ptr<rocksdb::DB>(db);
+  }
+
+  static Daemon* daemon_;
+  static TempDir* dir_;
+  static ServerProc* server_;
+};
+Daemon* KvServer::daemon_ = nullptr;
+TempDir* KvServer::dir_ = nullptr;
+ServerProc* KvServer::server_ = nullptr;
+
+TEST_F(KvServer, GetReturnsExactlyWhatRocksDbHolds) {
+  auto db = open_db_readonly();
+  ASSERT_TRUE(db);
+  KvClient c(server_->port);
+  std::mt19937_64 rng(42);
+  std::vector<uint64_t> keys = {0, 1, kKeys - 1};
+  for (int i = 0; i < 60; i++) keys.push_back(rng() % kKeys);
+  std::set<uint32_t> workers;
+  uint64_t id = 1;
+  for (uint64_t k : keys) {
+    auto r = c.call(KV_GET, k, id);
+    ASSERT_TRUE(r) << "no answer to GET " << k;
+    EXPECT_EQ(r->hdr.status, KV_OK);
+    EXPECT_EQ(r->hdr.type, static_cast<uint32_t>(KV_GET));
+    EXPECT_EQ(r->hdr.id, id);
+    EXPECT_EQ(r->hdr.stamp, id * 7) << "the stamp must be echoed";
+    char key[KV_KEY_LEN + 1];
+    kv_key(k, key);
+    std::string want;
+    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), rocksdb::Slice(key, KV_KEY_LEN), &want).ok());
+    EXPECT_EQ(r->body, want) << "GET " << k;
+    EXPECT_EQ(r->hdr.len, want.size());
+    EXPECT_EQ(r->hdr.digest, kv_digest(KV_FNV_BASIS, want.data(), want.size()));
+    char gen[KV_VALUE_LEN];
+    kv_value(k, gen);
+    EXPECT_EQ(want, std::string(gen, sizeof gen)) << "the DB holds the generator's value";
+    workers.insert(r->hdr.worker);
+    id++;
+  }
+  EXPECT_EQ(workers.size(), static_cast<size_t>(kWorkers)) << "round_robin reaches every worker";
+
+  auto r = c.call(KV_GET, kKeys, id);  // one past the last key
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->hdr.status, KV_NOT_FOUND);
+  EXPECT_EQ(r->hdr.len, 0u);
+}
+
+TEST_F(KvServer, ScanVisitsTheRangeRocksDbHolds) {
+  auto db = open_db_readonly();
+  ASSERT_TRUE(db);
+  KvClient c(server_->port);
+  struct Case {
+    uint64_t key;
+    uint32_t scan_len;  // 0: the server's default (kScanLen)
+  } cases[] = {{0, 0}, {1234, 0}, {kKeys - 10, 0}, {17, 1}, {500, 333}, {kKeys - 1, 5}, {kKeys + 5, 0}};
+  uint64_t id = 100;
+  for (auto& cs : cases) {
+    // Expected: iterate the DB from the key, as many keys as asked, digest keys and values.
+    uint32_t n = cs.scan_len ? cs.scan_len : kScanLen, count = 0;
+    uint64_t h = KV_FNV_BASIS;
+    char key[KV_KEY_LEN + 1];
+    kv_key(cs.key, key);
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+    for (it->Seek(rocksdb::Slice(key, KV_KEY_LEN)); it->Valid() && count < n; it->Next()) {
+      if (it->key()[0] != 'k') break;
+      h = kv_digest(h, it->key().data(), it->key().size());
+      h = kv_digest(h, it->value().data(), it->value().size());
+      count++;
+    }
+    auto r = c.call(KV_SCAN, cs.key, id++, cs.scan_len);
+    ASSERT_TRUE(r) << "no answer to SCAN " << cs.key;
+    EXPECT_EQ(r->hdr.status, KV_OK);
+    EXPECT_EQ(r->hdr.type, static_cast<uint32_t>(KV_SCAN));
+    EXPECT_EQ(r->hdr.count, count) << "SCAN " << cs.key << " len " << cs.scan_len;
+    EXPECT_EQ(r->hdr.digest, h) << "SCAN " << cs.key << " len " << cs.scan_len;
+  }
+}
+
+TEST_F(KvServer, MalformedAndTruncatedDatagramsAreCountedAnsweredAndSurvived) {
+  KvClient c(server_->port);
+  auto stats = [&]() -> json {
+    auto r = c.call(KV_STATS, 0, 9999);
+    if (!r || r->hdr.status != KV_OK) return json();
+    return json::parse(r->body, nullptr, false)["total"];
+  };
+  json before = stats();
+  ASSERT_TRUE(before.is_object());
+
+  // Truncated: nothing, 3 bytes (not even a type), 31 bytes (one short of a request).
+  char req[64] = {};
+  uint32_t get = htole32(KV_GET);
+  memcpy(req, &get, 4);
+  for (size_t len : {0, 3, 31}) {
+    ASSERT_TRUE(c.send_raw(req, len));
+    auto r = c.recv_reply();
+    ASSERT_TRUE(r) << len << "-byte datagram not answered";
+    EXPECT_EQ(r->hdr.status, KV_BAD_REQUEST) << len;
+  }
+  // Oversized: longer than any request the server accepts.
+  std::string big(KV_MAX_DATAGRAM + 500, 'x');
+  memcpy(big.data(), &get, 4);
+  ASSERT_TRUE(c.send_raw(big.data(), big.size()));
+  auto r = c.recv_reply();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->hdr.status, KV_BAD_REQUEST);
+  // A full-size request of an unknown type.
+  r = c.call(99, 1, 77);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->hdr.status, KV_BAD_REQUEST);
+  EXPECT_EQ(r->hdr.type, 99u);
+  EXPECT_EQ(r->hdr.id, 77u) << "an error echoes what it could read";
+
+  json after = stats();
+  ASSERT_TRUE(after.is_object());
+  EXPECT_EQ(after["truncated"].get<uint64_t>() - before["truncated"].get<uint64_t>(), 3u);
+  EXPECT_EQ(after["oversized"].get<uint64_t>() - before["oversized"].get<uint64_t>(), 1u);
+  EXPECT_EQ(after["bad_type"].get<uint64_t>() - before["bad_type"].get<uint64_t>(), 1u);
+
+  // Garbage of every length up to 100 bytes, random contents (sometimes a valid type
+  // with garbage around it): every datagram is answered and the server keeps serving.
+  std::mt19937_64 rng(7);
+  int sent = 0, answered = 0;
+  for (int batch = 0; batch < 20; batch++) {
+    for (int i = 0; i < 100; i++) {
+      char g[100];
+      for (auto& b : g) b = static_cast<char>(rng());
+      size_t len = rng() % sizeof g;
+      if (len >= 4 && rng() % 4 == 0) {
+        uint32_t t = htole32(1 + rng() % 3);
+        memcpy(g, &t, 4);
+      }
+      ASSERT_TRUE(c.send_raw(g, len));
+      sent++;
+    }
+    // Read the answers batch by batch, so no socket buffer on either side overflows.
+    while (answered < sent && c.recv_reply(3000)) answered++;
+  }
+  EXPECT_EQ(answered, sent) << "every datagram gets an answer";
+  r = c.call(KV_GET, 5, 12345);
+  ASSERT_TRUE(r) << "the server stopped answering after garbage";
+  EXPECT_EQ(r->hdr.status, KV_OK);
+  EXPECT_EQ(r->hdr.id, 12345u);
+  EXPECT_EQ(server_->child->wait(0), -2) << "kv_server exited";
+}
+
+TEST_F(KvServer, ScanMarksItsWorkerInScanMapWhileItRuns) {
+  // A server of its own with scan_avoid, so scan_map exists; a SCAN over every key is long
+  // enough (milliseconds) to see the mark through the test's own mapping of the map.
+  auto s = start_server(dir_->path() + "/db", "scan_avoid.c", "kvtest-hints", dir_->path() + "/hints.err");
+  ASSERT_NE(s->port, 0) << slurp(dir_->path() + "/hints.err");
+  EXPECT_TRUE(s->ready["hints"]["scan_map"].get<bool>());
+  int fd = syr_map_open_app("kvtest-hints", "scan_map");
+  ASSERT_GE(fd, 0) << syr_last_error();
+  syr_mapped_array m{};
+  ASSERT_EQ(syr_map_mmap(fd, &m), 0) << syr_last_error();
+  close(fd);
+  KvClient c(s->port);
+  // Several tries: on a busy machine this thread may not run during one whole SCAN.
+  bool seen = false;
+  for (int attempt = 0; attempt < 20 && !seen; attempt++) {
+    ASSERT_TRUE(c.send_req(KV_SCAN, 0, 1, kKeys));
+    auto t0 = std::chrono::steady_clock::now();
+    while (!seen && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(500)) {
+      for (uint32_t i = 0; i < kWorkers; i++) seen |= syr_hint_get(&m, i) != 0;
+    }
+    auto r = c.recv_reply(5000);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->hdr.count, kKeys);
+  }
+  EXPECT_TRUE(seen) << "no worker was ever marked busy during a SCAN";
+  for (uint32_t i = 0; i < kWorkers; i++) EXPECT_EQ(syr_hint_get(&m, i), 0u) << "mark left on worker " << i;
+  syr_map_munmap(&m);
+  EXPECT_EQ(s->child->stop(10000), 0);
+}
+
+TEST_F(KvServer, ShutsDownCleanlyPolicyRemovedPinsGone) {
+  auto s = start_server(dir_->path() + "/db", "scan_avoid.c", "kvtest-stop", dir_->path() + "/stop.err");
+  ASSERT_NE(s->port, 0) << slurp(dir_->path() + "/stop.err");
+  int id = s->ready["policy_id"].get<int>();
+  ASSERT_GT(id, 0);
+  std::string app_pins = daemon_->bpffs_root() + "/apps/kvtest-stop";
+  EXPECT_TRUE(std::filesystem::exists(app_pins)) << "the live policy is pinned under " << app_pins;
+  std::string out;
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json list", out), 0) << out;
+  EXPECT_NE(out.find("kvtest-stop"), std::string::npos) << out;
+  {
+    KvClient c(s->port);
+    for (int i = 0; i < 50; i++) c.send_req(i % 10 ? KV_GET : KV_SCAN, i, i);
+    int got = 0;
+    while (got < 50 && c.recv_reply()) got++;
+    EXPECT_EQ(got, 50);
+  }
+
+  EXPECT_EQ(s->child->stop(10000), 0) << "kv_server must exit 0 on SIGTERM:\n" << slurp(dir_->path() + "/stop.err");
+  json fin;
+  std::string rest = s->child->rest();
+  size_t p = rest.find("{\"event\":\"exit\"");
+  if (p != std::string::npos) fin = json::parse(rest.substr(p, rest.find('\n', p) - p), nullptr, false);
+  ASSERT_TRUE(fin.is_object()) << "no exit record";
+  EXPECT_TRUE(fin["policy_removed"].get<bool>());
+  EXPECT_EQ(fin["stats"]["total"]["get"].get<uint64_t>(), 45u);
+  EXPECT_EQ(fin["stats"]["total"]["scan"].get<uint64_t>(), 5u);
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json list", out), 0) << out;
+  EXPECT_EQ(out.find("kvtest-stop"), std::string::npos) << "policy still listed: " << out;
+  EXPECT_FALSE(std::filesystem::exists(app_pins)) << "pins left behind in " << app_pins;
+  // The port is free again: the sockets are closed.
+  KvClient probe(s->port);
+  probe.send_req(KV_GET, 1, 1);
+  EXPECT_FALSE(probe.recv_reply(200)) << "something still answers on the server's port";
+}
+
+}  // namespace
+}  // namespace syrup::test

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The systemd unit: `cmake --install` puts it in <prefix>/lib/systemd/system, and
+# `systemd-analyze verify` accepts it. SKIPs (77) without systemd-analyze.
+#   tests/systemd_unit_test.sh BUILD_DIR
+set -euo pipefail
+build=$(cd "$1" && pwd)
+if ! command -v systemd-analyze > /dev/null; then
+  echo "SKIP: systemd-analyze is not installed (package systemd)" >&2
+  exit 77
+fi
+prefix=$(mktemp -d /tmp/syrup-unit-XXXXXX)
+trap 'rm -rf "$prefix"' EXIT
+cmake --install "$build" --prefix "$prefix" > /dev/null
+unit=$prefix/lib/systemd/system/syrupd.service
+[ -f "$unit" ] || { echo "systemd_unit_test: $unit was not installed" >&2; exit 1; }
+grep -q '^ExecStart=.*/syrupd --config /etc/syrup/syrup.yaml$' "$unit" ||
+  { echo "systemd_unit_test: unexpected ExecStart in $unit" >&2; exit 1; }
+# The unit names the configured bindir (default /usr/local/bin) and verify checks that
+# its commands exist: point them at this build tree's binaries.
+bindir=$(sed -n 's|^ExecStart=\(.*\)/syrupd .*|\1|p' "$unit")
+mkdir -p "$prefix/verify"
+sed "s|$bindir/|$build/bin/|g" "$unit" > "$prefix/verify/syrupd.service"
+if ! out=$(systemd-analyze verify --man=no --recursive-errors=no "$prefix/verify/syrupd.service" 2>&1); then
+  echo "systemd_unit_test: systemd-analyze verify failed:" >&2
+  echo "$out" >&2
+  exit 1
+fi
+# verify also reports problems it does not fail on: none may name our unit.
+if echo "$out" | grep -i 'syrupd.service'; then
+  echo "systemd_unit_test: systemd-analyze verify complained about the unit (above)" >&2
+  exit 1
+fi
+echo "systemd_unit_test: $unit installed and verified${out:+ (other output: $out)}"

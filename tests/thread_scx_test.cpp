@@ -1,0 +1,581 @@
+// Integration tests of the thread hook's sched_ext backend: a real syrupd that finds
+// sched_ext in the kernel, owns one partial-mode root scheduler for every application,
+// and compiles their thread policies with clang. This project's CI hosts have no
+// sched_ext: the suite runs inside the VM (tests/vm/run.sh) and skips elsewhere.
+//
+// Each test asserts which thread ran from the threads' run time (/proc/TID/schedstat,
+// which also works for the helper process's threads), measured for all of them in one
+// window. A second application is a helper process: this binary run with --helper.
+// Timing bounds are generous: the guest is emulated (qemu TCG), several times slower
+// than the host.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness.h"
+#include "syrup/syrup.h"
+
+namespace syrup::test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kSchedExt = 7;
+std::string g_self;  // this binary, for --helper
+
+bool have_sched_ext() { return access("/sys/kernel/sched_ext/state", R_OK) == 0; }
+
+std::string read_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
+uint64_t enable_seq() { return std::strtoull(read_line("/sys/kernel/sched_ext/enable_seq").c_str(), nullptr, 10); }
+
+// Run time of a thread of any process, ns (first field of /proc/TID/schedstat).
+uint64_t run_ns(pid_t tid) { return std::strtoull(read_line("/proc/" + std::to_string(tid) + "/schedstat").c_str(), nullptr, 10); }
+
+int policy_of(pid_t tid) { return sched_getscheduler(tid); }
+
+void pin(pid_t tid, int core) {
+  cpu_set_t s;
+  CPU_ZERO(&s);
+  CPU_SET(core, &s);
+  sched_setaffinity(tid, sizeof s, &s);
+}
+
+// Shares of wall time the threads ran, all measured in one window: at least min_ms, and
+// until together they ran cpu_ms (at most max_ms).
+std::vector<double> measure(const std::vector<pid_t>& tids, int min_ms = 600, int cpu_ms = 400, int max_ms = 5000) {
+  std::vector<uint64_t> a(tids.size());
+  for (size_t i = 0; i < a.size(); i++) a[i] = run_ns(tids[i]);
+  auto t0 = Clock::now();
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto el = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+    uint64_t cpu = 0;
+    for (size_t i = 0; i < a.size(); i++) cpu += run_ns(tids[i]) - a[i];
+    if (el >= max_ms || (el >= min_ms && cpu >= uint64_t(cpu_ms) * 1000000ull)) {
+      double wall = double(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+      std::vector<double> s(tids.size());
+      for (size_t i = 0; i < a.size(); i++) s[i] = double(run_ns(tids[i]) - a[i]) / wall;
+      return s;
+    }
+  }
+}
+
+std::string fmt(const std::vector<double>& v) {
+  std::string s;
+  char b[32];
+  for (double x : v) {
+    std::snprintf(b, sizeof b, "%.1f%% ", x * 100);
+    s += b;
+  }
+  return s;
+}
+
+template <class F>
+int wait_for(F pred, int ms) {
+  auto t0 = Clock::now();
+  while (Clock::now() - t0 < std::chrono::milliseconds(ms)) {
+    if (pred()) return int(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return -1;
+}
+
+// Busy threads of this process, registered as executors 0..n-1 (or not), pinned to `core`.
+class Spinners {
+ public:
+  Spinners(int n, bool do_register, int core) : tids_(n), ok_(n) {
+    for (int i = 0; i < n; i++)
+      threads_.emplace_back([this, i, do_register, core] {
+        tids_[i] = static_cast<pid_t>(syscall(SYS_gettid));
+        pin(0, core);
+        ok_[i] = do_register ? syr_thread_register(static_cast<uint32_t>(i)) : 0;
+        ready_++;
+        while (!stop_.load(std::memory_order_relaxed)) {
+        }
+      });
+    while (ready_.load() < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~Spinners() {
+    stop_ = true;
+    for (auto& t : threads_) t.join();
+  }
+  pid_t tid(int i) const { return tids_[i]; }
+  const std::vector<pid_t>& tids() const { return tids_; }
+  int reg_result(int i) const { return ok_[i]; }
+
+ private:
+  std::vector<pid_t> tids_;
+  std::vector<int> ok_;
+  std::vector<std::thread> threads_;
+  std::atomic<int> ready_{0};
+  std::atomic<bool> stop_{false};
+};
+
+// Another application: this binary with --helper, in its own process. It deploys
+// `policy` for application `app` and runs `n` registered busy threads on `core` until
+// destroyed.
+class Helper {
+ public:
+  Helper(const std::string& app, const std::string& policy, int n, int core) {
+    int in[2], out[2];
+    if (pipe(in) || pipe(out)) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      close(in[1]);
+      close(out[0]);
+      execl(g_self.c_str(), g_self.c_str(), "--helper", app.c_str(), policy.c_str(), std::to_string(n).c_str(),
+            std::to_string(core).c_str(), (char*)nullptr);
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    stdin_ = in[1];
+    FILE* f = fdopen(out[0], "r");
+    char line[512];
+    if (f && fgets(line, sizeof line, f)) {
+      std::istringstream ss(line);
+      std::string w;
+      ss >> w;
+      if (w == "READY") {
+        ss >> id_;
+        for (pid_t t; ss >> t;) tids_.push_back(t);
+      } else {
+        error_ = line;
+      }
+    }
+    if (f) fclose(f);
+  }
+  ~Helper() {
+    if (stdin_ >= 0) close(stdin_);
+    if (pid_ > 0) {
+      for (int i = 0; i < 200; i++) {
+        if (waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool ok() const { return !tids_.empty(); }
+  const std::string& error() const { return error_; }
+  const std::vector<pid_t>& tids() const { return tids_; }
+  int policy_id() const { return id_; }
+
+ private:
+  pid_t pid_ = -1;
+  int stdin_ = -1, id_ = 0;
+  std::vector<pid_t> tids_;
+  std::string error_;
+};
+
+int helper_main(int argc, char** argv) {
+  if (argc < 6) return 2;
+  std::string app = argv[2], policy = argv[3];
+  int n = std::atoi(argv[4]), core = std::atoi(argv[5]);
+  syr_set_app(app.c_str());
+  syr_deploy_opts o{};
+  o.sz = sizeof o;
+  o.app = app.c_str();
+  int id = syr_deploy_policy(policy.c_str(), SYR_HOOK_THREAD, &o);
+  if (id < 0) {
+    std::printf("ERROR deploy: %s\n", syr_last_error());
+    return 1;
+  }
+  Spinners s(n, true, core);
+  std::printf("READY %d", id);
+  for (int i = 0; i < n; i++) std::printf(" %d", s.tid(i));
+  std::printf("\n");
+  std::fflush(stdout);
+  char c;
+  while (read(0, &c, 1) > 0) {
+  }
+  return 0;
+}
+
+class ScxBase : public ::testing::Test {
+ protected:
+  static Daemon* start_daemon() {
+    auto* d = new Daemon();
+    d->start();
+    return d;
+  }
+  void SetUp() override {
+    SYRUP_REQUIRE_ROOT();
+    if (!have_sched_ext())
+      GTEST_SKIP() << "no sched_ext in this kernel: the suite runs in the VM test (ctest -R VM)";
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 cores";
+  }
+  void TearDown() override {
+    for (int id : ids_) syr_remove_policy(id);
+    ids_.clear();
+    if (HasFailure() && daemon() ) {
+      std::string log = daemon()->log();
+      if (log.size() > 6000) log = log.substr(log.size() - 6000);
+      std::printf("---- syrupd log (tail) ----\n%s\n---- end of syrupd log ----\n", log.c_str());
+    }
+  }
+  virtual Daemon* daemon() const = 0;
+  int deploy(const std::string& rel, const char* app, std::vector<syr_param> params = {}) {
+    syr_set_app(app);
+    syr_deploy_opts o{};
+    o.sz = sizeof o;
+    o.app = app;
+    o.params = params.data();
+    o.n_params = params.size();
+    int id = syr_deploy_policy(source_path(rel).c_str(), SYR_HOOK_THREAD, &o);
+    if (id > 0) ids_.push_back(id);
+    return id;
+  }
+  nlohmann::json list(Daemon* d) {
+    std::string out;
+    run_cmd(build_bin("syrupctl") + " --socket " + d->socket() + " list --json", out);
+    try {
+      return nlohmann::json::parse(out);
+    } catch (...) {
+      return nlohmann::json::array();
+    }
+  }
+  nlohmann::json listed(Daemon* d, int id) {
+    auto l = list(d);
+    if (l.is_object() && l.contains("policies")) l = l["policies"];
+    if (l.is_array())
+      for (auto& p : l)
+        if (p.is_object() && p.value("id", 0) == id) return p;
+    return nlohmann::json::object();
+  }
+  syr_mapped_array mapped(const char* name) {
+    syr_mapped_array a{};
+    int fd = syr_map_open(name);
+    EXPECT_GE(fd, 0) << syr_last_error();
+    if (fd >= 0) {
+      EXPECT_EQ(syr_map_mmap(fd, &a), 0) << syr_last_error();
+      close(fd);
+    }
+    return a;
+  }
+  static bool all_policy(const std::vector<pid_t>& tids, int pol) {
+    for (pid_t t : tids)
+      if (policy_of(t) != pol) return false;
+    return true;
+  }
+  std::vector<int> ids_;
+};
+
+// The main suite's syrupd: watchdog 3 s (so an ejection test does not wait 30 s), the
+// default starvation guard (1 s).
+class SchedExt : public ScxBase {
+ protected:
+  static void SetUpTestSuite() {
+    if (geteuid() != 0 || !have_sched_ext()) return;
+    setenv("SYRUP_SCX_TIMEOUT_MS", "3000", 1);
+    unsetenv("SYRUP_SCX_STARVE_MS");
+    daemon_ = start_daemon();
+  }
+  static void TearDownTestSuite() {
+    if (!daemon_) return;
+    EXPECT_EQ(daemon_->stop(), 0) << "syrupd did not exit cleanly";
+    delete daemon_;
+    daemon_ = nullptr;
+    EXPECT_NE(read_line("/sys/kernel/sched_ext/state"), "enabled") << "syrupd left its scheduler attached";
+  }
+  Daemon* daemon() const override { return daemon_; }
+  static Daemon* daemon_;
+};
+Daemon* SchedExt::daemon_ = nullptr;
+
+TEST_F(SchedExt, DaemonChoosesSchedExtAndSaysWhy) {
+  std::string log = daemon_->log();
+  EXPECT_NE(log.find("sched_ext is present"), std::string::npos) << log;
+  EXPECT_NE(log.find("sched_ext scheduler"), std::string::npos) << log;
+}
+
+// The fix for the gap of the first sched_ext backend: a hint reaches threads already
+// queued (dispatch asks the policy again), so the marked thread gets the core, and moving
+// the mark moves the core, within a bounded time.
+TEST_F(SchedExt, MarkedThreadGetsTheCoreAndTheMarkMoves) {
+  int id = deploy("tests/policies/thread_prio.c", "scxmark", {{"core", 1}});
+  ASSERT_GT(id, 0) << syr_last_error();
+  auto high = mapped("high");
+  for (uint32_t i = 0; i < 4; i++) syr_hint_set(&high, i, 0);
+  Spinners reg(3, true, 1);
+  for (int i = 0; i < 3; i++) ASSERT_EQ(reg.reg_result(i), 0) << syr_last_error();
+  Spinners other(1, false, 0);  // an unregistered thread (fair class), on the other core
+  int ms = wait_for([&] { return all_policy(reg.tids(), kSchedExt); }, 3000);
+  std::printf("  registered threads in SCHED_EXT after %d ms\n", ms);
+  ASSERT_GE(ms, 0) << "syrupd did not switch the registered threads to SCHED_EXT";
+  EXPECT_EQ(policy_of(other.tid(0)), SCHED_OTHER);
+  auto p = listed(daemon_, id);
+  EXPECT_EQ(p.value("backend", ""), "sched_ext") << p.dump();
+  EXPECT_EQ(p.value("/scheduler/state"_json_pointer, ""), "enabled") << p.dump();
+
+  syr_hint_set(&high, 0, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::vector<pid_t> all = {reg.tid(0), reg.tid(1), reg.tid(2), other.tid(0)};
+  auto m = measure(all);
+  double sum = m[0] + m[1] + m[2];
+  std::printf("  [mark on 0] registered %s unregistered %s\n", fmt({m[0], m[1], m[2]}).c_str(), fmt({m[3]}).c_str());
+  ASSERT_GT(sum, 0.0) << "the registered threads did not run";
+  EXPECT_GE(m[0] / sum, 0.95) << fmt(m);
+  EXPECT_GE(m[3], 0.5 * sum) << "the unregistered thread keeps its core: " << fmt(m);
+
+  // Move the mark: thread 2 was queued with the old key; it must get the core.
+  uint64_t before = run_ns(reg.tid(2));
+  syr_hint_set(&high, 0, 0);
+  syr_hint_set(&high, 2, 1);
+  ms = wait_for([&] { return run_ns(reg.tid(2)) > before + 20'000'000; }, 3000);
+  std::printf("  mark moved to thread 2: it ran 20 ms within %d ms\n", ms);
+  ASSERT_GE(ms, 0) << "the newly marked thread did not get the core";
+  EXPECT_LE(ms, 300);
+  m = measure(all);
+  sum = m[0] + m[1] + m[2];
+  std::printf("  [mark on 2] registered %s unregistered %s\n", fmt({m[0], m[1], m[2]}).c_str(), fmt({m[3]}).c_str());
+  EXPECT_GE(m[2] / sum, 0.95) << fmt(m);
+  syr_map_munmap(&high);
+}
+
+// A strict-priority policy starves the unmarked threads; the root's starvation guard
+// gives them a slice now and then, so the kernel's watchdog (3 s here) never ejects the
+// scheduler of every application over one application's policy.
+TEST_F(SchedExt, StarvationGuardKeepsTheSchedulerAttached) {
+  uint64_t seq0 = enable_seq();
+  int id = deploy("tests/policies/thread_prio.c", "scxguard", {{"core", 1}});
+  ASSERT_GT(id, 0) << syr_last_error();
+  auto high = mapped("high");
+  syr_hint_set(&high, 0, 1);
+  Spinners reg(3, true, 1);
+  ASSERT_GE(wait_for([&] { return all_policy(reg.tids(), kSchedExt); }, 3000), 0);
+  auto m = measure(reg.tids(), 4500, 1000000, 4500);  // longer than the watchdog
+  double sum = m[0] + m[1] + m[2];
+  std::printf("  4.5 s, thread 0 marked: %s\n", fmt(m).c_str());
+  EXPECT_EQ(read_line("/sys/kernel/sched_ext/state"), "enabled");
+  auto p = listed(daemon_, id);
+  EXPECT_EQ(p.value("/scheduler/ejections"_json_pointer, nlohmann::json::array()).size(), 0u) << p.dump();
+  EXPECT_EQ(p.value("status", ""), "running") << p.dump();
+  EXPECT_GE(m[0] / sum, 0.95) << fmt(m);
+  EXPECT_GT(m[1], 0.0) << "a starved thread must get a slice now and then";
+  EXPECT_GT(m[2], 0.0);
+  (void)seq0;
+  syr_map_munmap(&high);
+}
+
+// Two applications in one scheduler: they share a core; replacing one's policy (two
+// prog-array updates) and removing it never detach the scheduler, and the other keeps
+// running throughout.
+TEST_F(SchedExt, TwoApplicationsShareTheSchedulerAndReplacingOneKeepsTheOther) {
+  Helper b("scxother", source_path("policies/fifo.c"), 2, 1);
+  ASSERT_TRUE(b.ok()) << "helper: " << b.error();
+  int id = deploy("tests/policies/thread_prio.c", "scxmine", {{"core", 1}});
+  ASSERT_GT(id, 0) << syr_last_error();
+  auto high = mapped("high");
+  syr_hint_set(&high, 0, 1);
+  Spinners a(2, true, 1);
+  ASSERT_GE(wait_for([&] { return all_policy(a.tids(), kSchedExt) && all_policy(b.tids(), kSchedExt); }, 3000), 0);
+  std::vector<pid_t> all = {a.tid(0), a.tid(1), b.tids()[0], b.tids()[1]};
+  auto m = measure(all);
+  std::printf("  app A (thread_prio, 0 marked) %s| app B (fifo) %s (vtime ms: A %s, B %s)\n", fmt({m[0], m[1]}).c_str(),
+              fmt({m[2], m[3]}).c_str(), listed(daemon_, id).value("vtime_ms", nlohmann::json()).dump().c_str(),
+              listed(daemon_, b.policy_id()).value("vtime_ms", nlohmann::json()).dump().c_str());
+  double sa = m[0] + m[1], sb = m[2] + m[3];
+  EXPECT_GE(sa, 0.3) << "applications share the core: " << fmt(m);
+  EXPECT_GE(sb, 0.3) << fmt(m);
+  // Within A its policy decides (the unmarked thread gets only the starvation guard's
+  // slices, a larger part of A's smaller share here than when A has the core alone).
+  EXPECT_GE(m[0], 5 * m[1]) << "within A its policy decides: " << fmt(m);
+
+  // Replace A's policy while B runs.
+  uint64_t seq = enable_seq();
+  std::vector<uint64_t> b0 = {run_ns(b.tids()[0]), run_ns(b.tids()[1])};
+  auto t0 = Clock::now();
+  int id2 = deploy("policies/fifo.c", "scxmine");
+  double took = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  ASSERT_GT(id2, 0) << syr_last_error();
+  std::printf("  A's policy replaced (policy %d -> %d) in %.0f ms\n", id, id2, took);
+  EXPECT_EQ(enable_seq(), seq) << "the scheduler was detached and re-attached";
+  EXPECT_TRUE(all_policy(a.tids(), kSchedExt));
+  m = measure(all);
+  std::printf("  after: app A (fifo) %s| app B %s\n", fmt({m[0], m[1]}).c_str(), fmt({m[2], m[3]}).c_str());
+  EXPECT_GT(run_ns(b.tids()[0]) + run_ns(b.tids()[1]), b0[0] + b0[1]) << "B stopped running";
+  EXPECT_GE(m[2] + m[3], 0.3) << fmt(m);
+  EXPECT_GE(m[0] + m[1], 0.3) << fmt(m);
+
+  // Remove A: its threads return to the fair class; B keeps the scheduler.
+  ASSERT_EQ(syr_remove_policy(id2), 0) << syr_last_error();
+  ids_.clear();
+  EXPECT_TRUE(all_policy(a.tids(), SCHED_OTHER));
+  EXPECT_TRUE(all_policy(b.tids(), kSchedExt));
+  EXPECT_EQ(enable_seq(), seq);
+  EXPECT_EQ(read_line("/sys/kernel/sched_ext/state"), "enabled");
+  syr_map_munmap(&high);
+}
+
+// A policy that makes the kernel eject the scheduler (a runtime error) is blamed and
+// taken out; `list` says why; the other application is restored under a re-attached
+// scheduler.
+TEST_F(SchedExt, RuntimeErrorEjectsOnlyTheFaultyApplication) {
+  Helper b("scxvictim", source_path("policies/fifo.c"), 2, 1);
+  ASSERT_TRUE(b.ok()) << "helper: " << b.error();
+  int id = deploy("tests/policies/scx_abort.c", "scxbad");
+  ASSERT_GT(id, 0) << syr_last_error();
+  auto ab = mapped("abort_now");
+  auto a = std::make_unique<Spinners>(2, true, 1);
+  ASSERT_GE(wait_for([&] { return all_policy(a->tids(), kSchedExt) && all_policy(b.tids(), kSchedExt); }, 3000), 0);
+  uint64_t seq = enable_seq();
+  syr_hint_set(&ab, 0, 1);
+  int ms = wait_for([&] {
+    return listed(daemon_, id).value("status", "").find("ejected by the kernel") != std::string::npos;
+  }, 5000);
+  auto mine = listed(daemon_, id), other = listed(daemon_, b.policy_id());
+  std::printf("  ejection noticed after %d ms\n  faulty: %s\n  other:  %s\n", ms, mine.value("status", "").c_str(),
+              other.value("status", "").c_str());
+  ASSERT_GE(ms, 0) << mine.dump();
+  EXPECT_NE(mine.value("status", "").find("asked this policy to fail"), std::string::npos) << mine.dump();
+  EXPECT_NE(other.value("status", "").find("restored"), std::string::npos) << other.dump();
+  ASSERT_GE(wait_for([&] { return read_line("/sys/kernel/sched_ext/state") == "enabled"; }, 3000), 0);
+  EXPECT_EQ(enable_seq(), seq + 1) << "re-attached once";
+  EXPECT_TRUE(all_policy(a->tids(), SCHED_OTHER)) << "the faulty application's threads are back in the fair class";
+  EXPECT_TRUE(all_policy(b.tids(), kSchedExt)) << "the other application is scheduled again";
+  // The faulty application's threads now spin in the fair class, which runs ahead of
+  // sched_ext on their core: stop them before measuring the other application.
+  a.reset();
+  auto m = measure(b.tids());
+  std::printf("  the other application runs: %s\n", fmt(m).c_str());
+  EXPECT_GE(m[0] + m[1], 0.3);
+  std::string out;
+  run_cmd(build_bin("syrupctl") + " --socket " + daemon_->socket() + " stats --json", out);
+  EXPECT_NE(out.find("ejected by the kernel"), std::string::npos) << "stats reports the ejection: " << out;
+  syr_map_munmap(&ab);
+}
+
+// syrupctl deploy --pid: every thread of an unmodified process is scheduled.
+TEST_F(SchedExt, SyrupctlSchedulesAnUnmodifiedProcess) {
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    for (int i = 0; i < 3; i++) std::thread([] { for (;;) std::this_thread::sleep_for(std::chrono::milliseconds(5)); }).detach();
+    char c = 'x';
+    (void)!write(pipefd[1], &c, 1);
+    for (;;) pause();
+  }
+  char c;
+  ASSERT_EQ(read(pipefd[0], &c, 1), 1);
+  close(pipefd[0]);
+  close(pipefd[1]);
+  struct Reap {
+    pid_t p;
+    ~Reap() {
+      kill(p, SIGKILL);
+      waitpid(p, nullptr, 0);
+    }
+  } reap{child};
+  std::string out;
+  int rc = run_cmd(build_bin("syrupctl") + " --socket " + daemon_->socket() + " deploy --hook thread --pid " +
+                       std::to_string(child) + " --app scxpid " + source_path("policies/fifo.c"),
+                   out);
+  ASSERT_EQ(rc, 0) << out;
+  std::vector<pid_t> tids;
+  std::string dir = "/proc/" + std::to_string(child) + "/task";
+  for (int i = 0; i < 100 && tids.size() < 4; i++) {
+    tids.clear();
+    for (auto* d = opendir(dir.c_str()); d;) {
+      auto* e = readdir(d);
+      if (!e) {
+        closedir(d);
+        break;
+      }
+      if (e->d_name[0] != '.') tids.push_back(std::atoi(e->d_name));
+    }
+  }
+  ASSERT_EQ(tids.size(), 4u);
+  int ms = wait_for([&] { return all_policy(tids, kSchedExt); }, 3000);
+  std::printf("  all 4 threads of process %d in SCHED_EXT after %d ms\n", child, ms);
+  EXPECT_GE(ms, 0);
+}
+
+// A separate syrupd with the starvation guard off and a 2 s watchdog: a policy that
+// starves its own threads stalls them, the kernel ejects the scheduler, and syrupd blames
+// the stalled thread's application, not the other one.
+class SchedExtNoGuard : public ScxBase {
+ protected:
+  static void SetUpTestSuite() {
+    if (geteuid() != 0 || !have_sched_ext()) return;
+    setenv("SYRUP_SCX_TIMEOUT_MS", "2000", 1);
+    setenv("SYRUP_SCX_STARVE_MS", "0", 1);
+    daemon_ = start_daemon();
+  }
+  static void TearDownTestSuite() {
+    if (!daemon_) return;
+    EXPECT_EQ(daemon_->stop(), 0);
+    delete daemon_;
+    daemon_ = nullptr;
+    unsetenv("SYRUP_SCX_TIMEOUT_MS");
+    unsetenv("SYRUP_SCX_STARVE_MS");
+  }
+  Daemon* daemon() const override { return daemon_; }
+  static Daemon* daemon_;
+};
+Daemon* SchedExtNoGuard::daemon_ = nullptr;
+
+TEST_F(SchedExtNoGuard, StallIsBlamedOnTheStarvingApplication) {
+  Helper b("scxinnocent", source_path("policies/fifo.c"), 1, 1);
+  ASSERT_TRUE(b.ok()) << "helper: " << b.error();
+  int id = deploy("tests/policies/thread_prio.c", "scxstarve", {{"core", 1}});
+  ASSERT_GT(id, 0) << syr_last_error();
+  auto high = mapped("high");
+  syr_hint_set(&high, 0, 1);
+  Spinners a(3, true, 1);
+  ASSERT_GE(wait_for([&] { return all_policy(a.tids(), kSchedExt); }, 3000), 0);
+  int ms = wait_for([&] {
+    return listed(daemon_, id).value("status", "").find("ejected by the kernel") != std::string::npos;
+  }, 10000);
+  auto mine = listed(daemon_, id), other = listed(daemon_, b.policy_id());
+  std::printf("  stall ejection after %d ms\n  starving: %s\n  other:    %s\n", ms, mine.value("status", "").c_str(),
+              other.value("status", "").c_str());
+  ASSERT_GE(ms, 0) << mine.dump();
+  EXPECT_NE(mine.value("status", "").find("stall"), std::string::npos) << mine.dump();
+  EXPECT_NE(other.value("status", "").find("restored"), std::string::npos) << other.dump();
+  EXPECT_TRUE(all_policy(a.tids(), SCHED_OTHER));
+  EXPECT_GE(wait_for([&] { return read_line("/sys/kernel/sched_ext/state") == "enabled"; }, 3000), 0);
+  EXPECT_TRUE(all_policy(b.tids(), kSchedExt));
+  syr_map_munmap(&high);
+}
+
+}  // namespace
+}  // namespace syrup::test
+
+int main(int argc, char** argv) {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  syrup::test::g_self = n > 0 ? std::string(buf, static_cast<size_t>(n)) : argv[0];
+  if (argc > 1 && std::string(argv[1]) == "--helper") return syrup::test::helper_main(argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# `syrupctl validate`: the shipped example config is valid next to the shipped policies
+# (exit 0, summary), and a broken one prints FILE:LINE: KEY: MESSAGE and exits 1.
+#   tests/validate_cli_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+ctl=$1/bin/syrupctl
+src=$2
+dir=$(mktemp -d /tmp/syrup-validate-XXXXXX)
+trap 'rm -rf "$dir"' EXIT
+# As installed: share/syrup/syrup.example.yaml beside share/syrup/policies/.
+cp "$src/packaging/syrup.example.yaml" "$dir/syrup.yaml"
+ln -s "$src/policies" "$dir/policies"
+out=$("$ctl" validate "$dir/syrup.yaml")
+echo "$out"
+[ "$(echo "$out" | head -1)" = "$dir/syrup.yaml: valid: 2 tenants, 3 policies" ]
+"$ctl" --json validate "$dir/syrup.yaml" | grep -q '"valid": true'
+
+cat > "$dir/bad.yaml" <<'YAML'
+tenants:
+  - name: kv
+    uid: 1000
+    policies:
+      - hook: xdp
+        policy: policies/round_robin.c
+        ifname: eth0
+        ports: [9000, 70000]
+YAML
+set +e
+err=$(cd "$dir" && "$ctl" validate bad.yaml 2>&1 >/dev/null)
+rc=$?
+set -e
+echo "$err"
+[ $rc -eq 1 ] || { echo "validate_cli_test: exit $rc, expected 1" >&2; exit 1; }
+[ "$(echo "$err" | head -1)" = "bad.yaml:8: tenants[0].policies[0].ports: expected a list of ports in 1..65535" ]
+set +e
+"$ctl" validate > /dev/null 2>&1
+rc=$?
+set -e
+[ $rc -eq 2 ] || { echo "validate_cli_test: no FILE gave exit $rc, expected 2 (usage)" >&2; exit 1; }
+echo "validate_cli_test: ok"

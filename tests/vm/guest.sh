@@ -1,0 +1,35 @@
+#!/bin/busybox sh
+# Runs inside the sched_ext VM, chrooted into the overlay of this build and the toolchain
+# (tests/vm/init.sh), at the host's paths. Runs the sched_ext test suite (a real syrupd
+# per suite, policies compiled by clang in the guest) and, if asked, the thread
+# benchmarks; the last line is "SYRUP-VM-RESULT: PASS|FAIL".
+/bin/busybox mkdir -p /proc /sys /dev /tmp /run /usr/local/bin
+/bin/busybox mount -t proc proc /proc
+/bin/busybox mount -t sysfs sys /sys
+/bin/busybox mount -t devtmpfs dev /dev
+/bin/busybox mount -t tmpfs tmpfs /tmp
+/bin/busybox mount -t tmpfs tmpfs /run
+/bin/busybox --install -s /usr/local/bin
+[ -e /bin/sh ] || /bin/busybox ln -s busybox /bin/sh  # popen(), system()
+export PATH=/work/main/build/bin:/usr/local/bin:/usr/bin:/bin
+B=/work/main/build
+cd /tmp
+echo "SYRUP-VM: in the guest root at uptime $(cut -d' ' -f1 /proc/uptime) s, sched_ext state '$(cat /sys/kernel/sched_ext/state)'"
+t0=$(cut -d' ' -f1 /proc/uptime)
+/usr/bin/clang-19 --version | head -1 | sed 's/^/SYRUP-VM: /'
+echo "SYRUP-VM: clang --version took $(awk -v a="$t0" -v b="$(cut -d' ' -f1 /proc/uptime)" 'BEGIN{print b-a}') s"
+rc=0
+if [ -x $B/bin/syrup_thread_scx_tests ]; then
+  filter=$(sed -n 's/.*syrup.filter=\([^ ]*\).*/\1/p' /proc/cmdline)
+  { $B/bin/syrup_thread_scx_tests ${filter:+--gtest_filter=$filter}; echo $? > /tmp/tests.rc; } 2>&1 |
+    sed 's/^/SYRUP-VM: /'
+  [ "$(cat /tmp/tests.rc)" = 0 ] || rc=1
+else
+  echo "SYRUP-VM: FAIL $B/bin/syrup_thread_scx_tests is not in the guest"; rc=1
+fi
+if [ -f /work/main/bench/thread/guest-bench.sh ] && grep -q bench /proc/cmdline; then
+  sh /work/main/bench/thread/guest-bench.sh 2>&1 | sed 's/^/SYRUP-VM: /'
+fi
+echo "SYRUP-VM: kernel log:"; dmesg | grep -i -E 'sched_ext|scx' | tail -12 | sed 's/^/SYRUP-VM:   /'
+echo "SYRUP-VM: done at uptime $(cut -d' ' -f1 /proc/uptime) s"
+[ $rc = 0 ] && echo "SYRUP-VM-RESULT: PASS" || echo "SYRUP-VM-RESULT: FAIL"

@@ -197,6 +197,7 @@ class Agent {
   uint32_t next_exec_ = 0;
   // Counters for the report.
   uint64_t n_events_ = 0, n_runs_ = 0, n_decisions_ = 0, n_syscalls_ = 0, run_ns_total_ = 0;
+  uint64_t start_ns_ = mono_ns();
   std::vector<uint64_t> wake_lat_;  // ns, wakeup -> switch-in, of managed threads
 };
 
@@ -476,12 +477,17 @@ void Agent::report() {
   auto pct = [&](double p) {
     return wake_lat_.empty() ? 0ull : (unsigned long long)wake_lat_[std::min(wake_lat_.size() - 1, size_t(p * wake_lat_.size()))];
   };
+  double secs = double(mono_ns() - start_ns_) / 1e9;
   std::fprintf(stderr,
-               "syrup-agent: tgid %d: %llu events, %llu policy runs, %llu decisions (%.0f ns per run), "
-               "%llu sched syscalls; wakeup->running ns p50 %llu p90 %llu p99 %llu (n=%zu)\n",
-               o_.tgid, (unsigned long long)n_events_, (unsigned long long)n_runs_,
-               (unsigned long long)n_decisions_, n_runs_ ? double(run_ns_total_) / double(n_runs_) : 0.0,
-               (unsigned long long)n_syscalls_, pct(0.5), pct(0.9), pct(0.99), wake_lat_.size());
+               "syrup-agent: tgid %d: %.1f s, %llu events, %llu policy runs, %llu decisions (%.0f/s; %.0f ns per "
+               "run of %.1f threads), %llu sched syscalls; wakeup->running ns p50 %llu p90 %llu p99 %llu "
+               "p99.9 %llu max %llu (n=%zu)\n",
+               o_.tgid, secs, (unsigned long long)n_events_, (unsigned long long)n_runs_,
+               (unsigned long long)n_decisions_, secs > 0 ? double(n_decisions_) / secs : 0.0,
+               n_runs_ ? double(run_ns_total_) / double(n_runs_) : 0.0,
+               n_runs_ ? double(n_decisions_) / double(n_runs_) : 0.0, (unsigned long long)n_syscalls_, pct(0.5),
+               pct(0.9), pct(0.99), pct(0.999), wake_lat_.empty() ? 0ull : (unsigned long long)wake_lat_.back(),
+               wake_lat_.size());
 }
 
 int Agent::run() {

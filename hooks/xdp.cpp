@@ -183,6 +183,27 @@ class Root {
   }
   void mark_used(int slot) { used_[slot] = true; }
 
+  // After adoption: slots and claims the kernel still has but no adopted policy owns (a
+  // policy that could not be adopted) are cleared, so a slot given out again never
+  // inherits another application's ports.
+  int purge_unowned() {
+    int ports = map_fd("syr_xdp_ports"), apps = map_fd("syr_xdp_apps"), purged = 0;
+    syr_xdp_port_key k{}, next{};
+    std::vector<syr_xdp_port_key> stale;
+    bool first = true;
+    while (bpf_map_get_next_key(ports, first ? nullptr : &k, &next) == 0) {
+      first = false;
+      k = next;
+      uint32_t slot;
+      if (bpf_map_lookup_elem(ports, &k, &slot) == 0 && (slot >= SYR_XDP_MAX_APPS || !used_[slot]))
+        stale.push_back(k);
+    }
+    for (auto& s : stale) bpf_map_delete_elem(ports, &s), purged++;
+    for (uint32_t s = 0; s < SYR_XDP_MAX_APPS; s++)
+      if (!used_[s] && bpf_map_delete_elem(apps, &s) == 0) purged++;
+    return purged;
+  }
+
   // Attaches through libxdp, native mode where the driver has it, generic otherwise.
   int ensure_attached(std::string& err) {
     if (attached_) return 0;
@@ -517,7 +538,7 @@ int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_
     auto held = process_ports(owner);  // the caller's own process, or its --pid
     for (auto& c : ports)
       if (!held.count(c)) {
-        err = "the caller has no socket bound to " + c.str() + " (only root may claim other ports)";
+        err = "the caller has no socket bound to " + c.str() + " (only admins may claim other ports)";
         return -EPERM;
       }
   }
@@ -601,6 +622,9 @@ int XdpHook::adopt(const json& saved, LoadedPolicy& p, std::unique_ptr<Target>& 
 }
 
 void XdpHook::recover() {
+  for (auto& [ifname, root] : roots_)
+    if (int n = root->purge_unowned())
+      log(LogLevel::kWarn, "cleared %d slots and claims on %s that no adopted policy owns", n, ifname.c_str());
   std::error_code ec;
   for (auto& e : fs::directory_iterator(pins::xdp_dir(), ec)) {
     std::string ifname = e.path().filename();

@@ -312,10 +312,18 @@ void Daemon::serve_client(int fd) {
 }
 
 Daemon::Response Daemon::handle(const Caller& caller, proto::Message& req) {
-  Response r = dispatch(caller, req);
+  Response r;
+  try {
+    r = dispatch(caller, req);
+  } catch (const std::exception& e) {  // a request of the wrong shape never ends syrupd
+    r = {proto::error_response(EINVAL, std::string("malformed request: ") + e.what())};
+  }
   if (!r.body.value("ok", false)) {
-    std::string op = req.body.is_object() ? req.body.value("op", std::string("?")) : "?";
-    totals_.error(op, r.body.value("errno", EIO));
+    // Only known operations become metric labels (a client cannot grow the label set).
+    static const std::set<std::string> kOps = {"ping", "deploy", "remove", "list", "stats", "map_open", "map_dump"};
+    const json& op = req.body.is_object() && req.body.contains("op") ? req.body["op"] : json();
+    totals_.error(op.is_string() && kOps.count(op.get<std::string>()) ? op.get<std::string>() : "other",
+                  r.body.value("errno", EIO));
   }
   return r;
 }
@@ -325,9 +333,9 @@ Daemon::Response Daemon::dispatch(const Caller& caller, proto::Message& req) {
   std::string op = b.contains("op") && b["op"].is_string() ? b["op"].get<std::string>() : "";
   log(LogLevel::kDebug, "pid %d uid %u: %s", caller.pid, caller.uid, op.c_str());
   if (!admit_request(caller))
-    return {proto::error_response(EAGAIN, "uid " + std::to_string(caller.uid) + " is over its limit of " +
-                                              std::to_string(cfg_.quotas.requests_per_second) +
-                                              " requests per second (syrupd --quota_rps); retry later")};
+    return {proto::error_response(EAGAIN, "uid " + std::to_string(caller.uid) +
+                                              " is over its limit of requests per second (" +
+                                              std::to_string(rate_for(caller.uid)) + "); retry later")};
   try {
     if (op == "ping") return {ok({{"version", proto::kVersion}, {"pid", getpid()}})};
     if (op == "deploy") return deploy(caller, req);
@@ -516,13 +524,16 @@ void Daemon::secure_app_dir(const std::string& app, uid_t uid, gid_t gid) {
   }
 }
 
+uint64_t Daemon::rate_for(uid_t uid) const {
+  // A tenant of the config file has its own rate; anyone else the daemon's default.
+  for (auto& t : config_.tenants)
+    if (t.uid == uid && t.effective.requests_per_second) return *t.effective.requests_per_second;
+  return cfg_.quotas.requests_per_second;
+}
+
 bool Daemon::admit_request(const Caller& caller) {
   if (caller.admin()) return true;
-  // A tenant of the config file has its own rate; anyone else the daemon's default.
-  double rate = cfg_.quotas.requests_per_second;
-  for (auto& t : config_.tenants)
-    if (t.uid == caller.uid && t.effective.requests_per_second) rate = static_cast<double>(*t.effective.requests_per_second);
-  double burst = rate;
+  double rate = static_cast<double>(rate_for(caller.uid)), burst = rate;
   auto now = std::chrono::steady_clock::now();
   auto [it, fresh] = buckets_.try_emplace(caller.uid, Bucket{burst, now});
   Bucket& b = it->second;
@@ -558,10 +569,13 @@ std::string Daemon::check_quota(const Caller& caller, const std::string& app, co
     maps++;
     bytes += uint64_t{info.key_size + info.value_size} * info.max_entries;
   }
+  bool from_config = config_.tenant(app) != nullptr;
   auto over = [&](const char* what, uint64_t have, uint64_t limit) {
+    std::string flag = what == std::string("bytes of maps") ? "map_bytes" : what;
     return "application '" + app + "' would have " + std::to_string(have) + " " + what +
-           "; its quota is " + std::to_string(limit) + " (syrupd --quota_" +
-           std::string(what == std::string("bytes of maps") ? "map_bytes" : what) + ")";
+           "; its quota is " + std::to_string(limit) +
+           (from_config ? " (tenant quota " + flag + " in " + config_.path + ")"
+                        : " (syrupd --quota_" + flag + ")");
   };
   if (policies + 1 > q.policies) return over("policies", policies + 1, q.policies);
   if (maps > q.maps) return over("maps", maps, q.maps);

@@ -124,6 +124,7 @@ class Daemon {
                           const LoadFootprint& fp) const;
   // Makes apps/<app> owned by the application's uid, mode 0700 (docs/pin-layout.md).
   void secure_app_dir(const std::string& app, uid_t uid, gid_t gid);
+  uint64_t rate_for(uid_t uid) const;  // requests per second allowed to `uid`
   // Token bucket per uid; false: over the rate.
   bool admit_request(const Caller& caller);
   // Whether `caller` may see `p` in list and stats: its own, its applications', or root.
@@ -133,9 +134,11 @@ class Daemon {
   Compiler compiler_;
   UniqueFd listen_fd_, epoll_fd_, signal_fd_, lock_fd_;
   std::map<int, UniqueFd> clients_;
+  // Declared before the policies, so the policies (whose targets call into their hook)
+  // are destroyed first.
+  std::vector<std::unique_ptr<Hook>> hooks_;
   std::map<int, std::unique_ptr<Policy>> policies_;
   std::map<std::string, uid_t> app_owner_;
-  std::vector<std::unique_ptr<Hook>> hooks_;
   struct Bucket {
     double tokens = 0;
     std::chrono::steady_clock::time_point last;

@@ -2,6 +2,9 @@
 
 #include <bpf/bpf.h>
 #include <bpf/btf.h>
+#include <fcntl.h>
+#include <gelf.h>
+#include <libelf.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -107,6 +110,25 @@ std::string verifier_reason(const std::string& vlog) {
     reason = line;
   }
   return reason;
+}
+
+// The instructions of every executable section of the ELF object at `path`.
+int object_insns(const std::string& path, std::vector<bpf_insn>& out) {
+  if (elf_version(EV_CURRENT) == EV_NONE) return -ENOTSUP;
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return -errno;
+  Elf* e = elf_begin(fd.get(), ELF_C_READ, nullptr);
+  if (!e) return -EINVAL;
+  for (Elf_Scn* scn = elf_nextscn(e, nullptr); scn; scn = elf_nextscn(e, scn)) {
+    GElf_Shdr sh;
+    if (!gelf_getshdr(scn, &sh) || sh.sh_type != SHT_PROGBITS || !(sh.sh_flags & SHF_EXECINSTR)) continue;
+    for (Elf_Data* d = elf_getdata(scn, nullptr); d; d = elf_getdata(scn, d)) {
+      auto* p = static_cast<const bpf_insn*>(d->d_buf);
+      out.insert(out.end(), p, p + d->d_size / sizeof(bpf_insn));
+    }
+  }
+  elf_end(e);
+  return 0;
 }
 
 // A helper's name, from the UAPI header's list (for messages).
@@ -296,11 +318,16 @@ int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFa
     fp.new_maps.push_back(name);
     fp.new_map_bytes += uint64_t{bpf_map__key_size(m) + bpf_map__value_size(m)} * bpf_map__max_entries(m);
   }
-  bpf_program* pr;
-  bpf_object__for_each_program(pr, p->obj) {
-    const bpf_insn* insns = bpf_program__insns(pr);
-    size_t n = bpf_program__insn_cnt(pr);
-    fp.insns += n;
+  // Every executable section of the object, not only the programs libbpf exposes: a
+  // policy's non-inlined functions (.text subprograms) are checked as well.
+  std::vector<bpf_insn> insns;
+  if (int r = object_insns(spec.object_path, insns)) {
+    fail.message = "cannot read the compiled policy's instructions: " + std::string(std::strerror(-r));
+    return r;
+  }
+  fp.insns = insns.size();
+  {
+    size_t n = insns.size();
     for (size_t i = 0; i < n; i++) {
       if (insns[i].code != (BPF_JMP | BPF_CALL)) continue;
       if (insns[i].src_reg == BPF_PSEUDO_KFUNC_CALL && !spec.allow_kfuncs) {

@@ -41,7 +41,7 @@ DEFINE_uint32(xdp_repeat, 1000000, "xdp-cost, xdp-scale: BPF_PROG_TEST_RUN repea
 DEFINE_uint32(xdp_rounds, 15, "xdp-cost, xdp-scale: interleaved rounds (medians are reported)");
 DEFINE_uint32(xdp_apps, 1000, "xdp-scale: applications on the crowded interface (2..1024)");
 DEFINE_double(pps_seconds, 1, "xdp-pps: measured seconds per case");
-DEFINE_uint32(pps_rounds, 5, "xdp-pps: interleaved rounds (medians are reported)");
+DEFINE_uint32(pps_rounds, 7, "xdp-pps: interleaved rounds (medians are reported)");
 
 namespace {
 

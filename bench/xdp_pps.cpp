@@ -55,6 +55,7 @@ using namespace std::chrono_literals;
 constexpr uint16_t kPort = 9100, kSrcPort = 40000;
 constexpr auto kWarmup = 300ms;
 constexpr unsigned kBatch = 64;
+constexpr double kStarved = 0.25;
 
 void pin_to(int cpu) {
   cpu_set_t set;
@@ -338,6 +339,16 @@ int run_xdp_pps(const Env& env, json& out) {
                   {"ratio_to_none_per_round", vs_none}};
     if (c.syrup) jc[c.name]["median_dispatched_pps"] = median(disp);
   }
+  // A window in which the sender ran for less than kStarved of the time: it was
+  // descheduled (other load on its core, or the hypervisor's), so that window's rate says
+  // more about the machine than about the path.
+  int starved = 0;
+  for (auto& [name, v] : res)
+    for (auto& r : v) starved += r.sender_share < kStarved;
+  if (starved)
+    std::printf("\nnote: in %d of %zu windows the sender ran less than %.0f%% of the time (a busy machine);\n"
+                "their rates are low for reasons outside the path measured, and the medians less reliable.\n",
+                starved, cases.size() * env.pps_rounds, kStarved * 100);
   auto pass_ratio = ratios("syr_pass", "hw_pass"), rr_ratio = ratios("syr_rr", "hw_rr");
   std::printf("\nSyrup / hand-written (median of per-round ratios): pass %.3fx, round robin %.3fx\n",
               median(pass_ratio), median(rr_ratio));
@@ -348,6 +359,7 @@ int run_xdp_pps(const Env& env, json& out) {
          {"seconds_per_case", env.pps_seconds},
          {"warmup_ms", kWarmup.count()},
          {"rounds", env.pps_rounds},
+         {"starved_windows", starved},
          {"cases", jc},
          {"syrup_over_handwritten",
           {{"pass", {{"median", median(pass_ratio)}, {"per_round", pass_ratio}}},

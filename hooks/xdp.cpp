@@ -53,7 +53,7 @@ struct Claim {
   std::string str() const {
     return std::string(protocol == IPPROTO_TCP ? "tcp" : "udp") + ":" + std::to_string(port);
   }
-  syr_xdp_port_key key() const { return {protocol, 0, port}; }
+  uint32_t key() const { return SYR_XDP_PORT_INDEX(protocol == IPPROTO_TCP, port); }
 };
 
 // Sockets of process `pid` bound to a port, as (protocol, port), from /proc (inodes of
@@ -188,17 +188,14 @@ class Root {
   // inherits another application's ports.
   int purge_unowned() {
     int ports = map_fd("syr_xdp_ports"), apps = map_fd("syr_xdp_apps"), purged = 0;
-    syr_xdp_port_key k{}, next{};
-    std::vector<syr_xdp_port_key> stale;
-    bool first = true;
-    while (bpf_map_get_next_key(ports, first ? nullptr : &k, &next) == 0) {
-      first = false;
-      k = next;
-      uint32_t slot;
-      if (bpf_map_lookup_elem(ports, &k, &slot) == 0 && (slot >= SYR_XDP_MAX_APPS || !used_[slot]))
-        stale.push_back(k);
+    for (uint32_t k = 0; k < SYR_XDP_PORT_SLOTS; k++) {
+      uint32_t owner = 0, none = 0;
+      if (bpf_map_lookup_elem(ports, &k, &owner) || !owner) continue;
+      if (owner - 1 >= SYR_XDP_MAX_APPS || !used_[owner - 1]) {
+        bpf_map_update_elem(ports, &k, &none, 0);
+        purged++;
+      }
     }
-    for (auto& s : stale) bpf_map_delete_elem(ports, &s), purged++;
     for (uint32_t s = 0; s < SYR_XDP_MAX_APPS; s++)
       if (!used_[s] && bpf_map_delete_elem(apps, &s) == 0) purged++;
     return purged;
@@ -358,15 +355,16 @@ class XdpTarget : public Target {
     // Claims: add the new ports first, then drop the ones the old policy had and this
     // one does not, so a port kept across the swap never goes unclaimed.
     std::vector<Claim> added;
+    uint32_t owner = slot + 1, none = 0;
     for (auto& c : ports_) {
       auto k = c.key();
-      if (bpf_map_update_elem(ports, &k, &slot, 0) < 0) {
+      if (bpf_map_update_elem(ports, &k, &owner, 0) < 0) {
         int e = errno;
         err = "cannot claim " + c.str() + ": " + std::strerror(e);
         for (auto& a : added) {
           auto ak = a.key();
           if (!prev || !prev->ports_.count(a)) {
-            bpf_map_delete_elem(ports, &ak);
+            bpf_map_update_elem(ports, &ak, &none, 0);
             root_->claims().erase(a);
           }
         }
@@ -386,7 +384,7 @@ class XdpTarget : public Target {
       for (auto& c : prev->ports_)
         if (!ports_.count(c)) {
           auto k = c.key();
-          bpf_map_delete_elem(ports, &k);
+          bpf_map_update_elem(ports, &k, &none, 0);
           root_->claims().erase(c);
         }
     prog_fd_ = fd;
@@ -395,9 +393,10 @@ class XdpTarget : public Target {
 
   void uninstall(LoadedPolicy&) override {
     int apps = root_->map_fd("syr_xdp_apps"), ports = root_->map_fd("syr_xdp_ports");
+    uint32_t none = 0;
     for (auto& c : ports_) {
       auto k = c.key();
-      bpf_map_delete_elem(ports, &k);
+      bpf_map_update_elem(ports, &k, &none, 0);
       root_->claims().erase(c);
     }
     if (slot_ >= 0) {

@@ -13,7 +13,7 @@ bash scripts/build.sh
 export SYRUP_SOCKET=/run/syrup/demo.sock
 bin=build/bin
 "$bin/syrupd" --socket "$SYRUP_SOCKET" --bpffs_root /sys/fs/bpf/syrup-demo \
-  --cache_dir /var/cache/syrup 2> /tmp/syrupd-demo.log &
+  --cache_dir /var/cache/syrup --on_exit=remove 2> /tmp/syrupd-demo.log &
 syrupd_pid=$!
 trap 'kill "$syrupd_pid" 2>/dev/null; wait "$syrupd_pid" 2>/dev/null || true' EXIT
 for _ in $(seq 100); do "$bin/syrupctl" ping >/dev/null 2>&1 && break; sleep 0.05; done

@@ -9,6 +9,7 @@
 #include <sys/epoll.h>
 #include <sys/file.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -87,6 +88,13 @@ int Daemon::init(const DaemonConfig& cfg) {
     return -EPERM;
   }
   signal(SIGPIPE, SIG_IGN);
+  // Every policy holds a few fds (program, maps, executor sockets): 1024 would cap an
+  // XDP deployment near a hundred applications.
+  rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
   loader_init();
   int r = ensure_bpffs();
   if (r) {
@@ -502,6 +510,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
       cr.cached ? " (cached object)" : "");
   int id = pol->id;
   secure_app_dir(app, app_owner_[app], caller.gid);
+  record(*pol);
   policies_.emplace(id, std::move(pol));
   if (old) {
     resp["replaced"] = old->id;
@@ -662,6 +671,29 @@ void Daemon::changed() {
   publish_metrics();
 }
 
+void Daemon::record(Policy& p) {
+  json saved = p.target->save();
+  if (saved.is_null()) {
+    p.state_json.clear();
+    return;
+  }
+  p.state_json = json{{"id", p.id},
+                      {"app", p.app},
+                      {"hook", p.hook},
+                      {"name", p.name},
+                      {"uid", p.uid},
+                      {"owner_pid", p.owner_pid},
+                      {"owner_start", p.owner_start},
+                      {"params", p.params},
+                      {"created", p.created},
+                      {"config_identity", p.config_identity},
+                      {"config_hash", p.config_hash},
+                      {"user_maps", p.loaded->user_maps},
+                      {"system_maps", p.loaded->system_maps},
+                      {"target", saved}}
+                     .dump();
+}
+
 void Daemon::publish_metrics() {
   if (!cfg_.metrics_port) return;
   metrics::Snapshot s;
@@ -752,6 +784,7 @@ void Daemon::apply_config() {
     int id = resp.body["id"];
     policies_[id]->config_identity = e.identity;
     policies_[id]->config_hash = e.hash;
+    record(*policies_[id]);
     if (d.replaces && resp.body.value("replaced", 0) != d.replaces)
       remove_policy(d.replaces, true, ("replaced by " + e.identity).c_str());
   }
@@ -763,33 +796,27 @@ void Daemon::apply_config() {
 }
 
 void Daemon::save_state() {
-  json pols = json::array();
-  for (auto& [id, p] : policies_) {
-    json saved = p->target->save();
-    if (saved.is_null()) continue;
-    pols.push_back({{"id", p->id},
-                    {"app", p->app},
-                    {"hook", p->hook},
-                    {"name", p->name},
-                    {"uid", p->uid},
-                    {"owner_pid", p->owner_pid},
-                    {"owner_start", p->owner_start},
-                    {"params", p->params},
-                    {"created", p->created},
-                    {"config_identity", p->config_identity},
-                    {"config_hash", p->config_hash},
-                    {"user_maps", p->loaded->user_maps},
-                    {"system_maps", p->loaded->system_maps},
-                    {"target", saved}});
-  }
+  // Written after every change, synchronously, so a crash right after a deploy loses
+  // nothing; each policy's entry is serialised once (record()), which keeps a write
+  // cheap with thousands of policies.
   json apps = json::object();
   for (auto& [a, uid] : app_owner_) apps[a] = uid;
-  json state = {{"version", 1}, {"bpffs_root", pins::root()}, {"next_id", next_id_},
-                {"apps", apps}, {"policies", pols}};
+  json head = {{"version", 1}, {"bpffs_root", pins::root()}, {"next_id", next_id_}, {"apps", apps}};
+  std::string text = head.dump();
+  text.pop_back();  // the closing brace: the policies follow
+  text += ",\"policies\":[";
+  bool first = true;
+  for (auto& [id, p] : policies_) {
+    if (p->state_json.empty()) continue;
+    if (!first) text += ",\n";
+    first = false;
+    text += p->state_json;
+  }
+  text += "]}\n";
   std::string tmp = cfg_.state_file + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << state.dump(1) << "\n";
+    out << text;
     out.flush();
     if (!out) {
       log(LogLevel::kWarn, "cannot write the state file %s", tmp.c_str());
@@ -845,6 +872,7 @@ void Daemon::adopt_state() {
       if (pol->owner_pidfd && process_start_time(pol->owner_pid) != pol->owner_start) pol->owner_pidfd.reset();
     }
     app_owner_[pol->app] = state["apps"].value(pol->app, pol->uid);
+    record(*pol);
     int id = pol->id;
     bool owner_gone = pol->owner_pid && !pol->owner_pidfd;
     policies_.emplace(id, std::move(pol));

@@ -49,6 +49,7 @@ struct Policy {
   time_t created = 0;
   std::string config_identity;  // "<tenant>/<name>" when deployed from --config
   std::string config_hash;
+  std::string state_json;  // its entry in the state file (Daemon::record)
 };
 
 // Per-application limits for callers that are not admins (docs/protocol.md).
@@ -109,6 +110,8 @@ class Daemon {
   void adopt_state();
   // After every change: the state file and the metrics snapshot.
   void changed();
+  // Serialises `p`'s entry of the state file (once, when it is deployed or adopted).
+  void record(Policy& p);
   void publish_metrics();
   // --config: load at start, reload on SIGHUP, deploy/remove only what changed.
   void reload_config();

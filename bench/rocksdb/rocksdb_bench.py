@@ -497,8 +497,8 @@ def throughput_at_target(rows, target_us, max_loss):
                 return 0.0, False
             a, b = rows[i - 1], r
             la, lb = math.log(max(a["get_p99_us"], 1e-3)), math.log(max(b["get_p99_us"], 1e-3))
-            frac = 1.0 if b["loss_pct"] > max_loss and b["get_p99_us"] <= target_us else \
-                (math.log(target_us) - la) / (lb - la) if lb > la else 0.0
+            # Failing on loss alone: no latency to interpolate on, keep the passing point.
+            frac = 0.0 if b["get_p99_us"] <= target_us or lb <= la else (math.log(target_us) - la) / (lb - la)
             frac = min(max(frac, 0.0), 1.0)
             return a["throughput_rps"] + frac * (b["offered_rps"] - a["throughput_rps"]), False
         last = r

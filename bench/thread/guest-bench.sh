@@ -15,15 +15,22 @@ export SYRUP_SOCKET=/tmp/bench/syrupd.sock
 # Warm the policy cache (clang in the guest is slow): the numbers are not about deploys.
 $B/bin/syrup_thread_bench pingpong --policy $P/fifo.c --rounds 100 >/dev/null 2>&1
 $B/bin/syrup_thread_bench cs --policy $P/cs_aware.c --seconds 1 >/dev/null 2>&1
+# Ping-pong: free to use both vCPUs, then both threads on one vCPU (no cross-vCPU
+# wakeup: the scheduler's own path only).
 for run in 1 2; do
   for pol in none $P/fifo.c; do
     arg=; [ $pol != none ] && arg="--policy $pol"
     $B/bin/syrup_thread_bench pingpong $arg --rounds $ROUNDS | sed "s/^/BENCH run$run /"
+    $B/bin/syrup_thread_bench pingpong $arg --rounds $ROUNDS --same-core | sed "s/^/BENCH run$run /"
   done
 done
-for pol in none $P/cs_aware.c $P/fifo.c; do
-  arg=; [ $pol != none ] && arg="--policy $pol"
-  $B/bin/syrup_thread_bench cs $arg --threads 4 --seconds 3 | sed 's/^/BENCH /'
+# Critical sections: 4 threads on 2 vCPUs, with a 200 us sleep per iteration (servers
+# waiting for requests), and without (always runnable).
+for sleep in 200 0; do
+  for pol in none $P/cs_aware.c $P/fifo.c; do
+    arg=; [ $pol != none ] && arg="--policy $pol"
+    $B/bin/syrup_thread_bench cs $arg --threads 4 --seconds 3 --sleep-us $sleep | sed 's/^/BENCH /'
+  done
 done
 kill $SYRUPD; wait $SYRUPD 2>/dev/null
 grep -E 'sched_ext|error' /tmp/bench/syrupd.log | tail -5 | sed 's/^/BENCH syrupd: /'

@@ -31,9 +31,9 @@ struct {
 } syr_xdp_apps SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, SYR_XDP_MAX_PORTS);
-	__type(key, struct syr_xdp_port_key);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SYR_XDP_PORT_SLOTS);
+	__type(key, __u32);
 	__type(value, __u32);
 } syr_xdp_ports SEC(".maps");
 
@@ -137,12 +137,12 @@ int syr_xdp_root(struct xdp_md *ctx)
 
 	if (off > MAX_L4_OFF)
 		return count(SYR_XDP_ROOT_MALFORMED, XDP_PASS);
-	struct syr_xdp_port_key key = { .protocol = l4 };
+	__u16 dport;
 	if (l4 == IPPROTO_UDP) {
 		struct udphdr *udp = data + off;
 		if ((void *)(udp + 1) > end)
 			return count(SYR_XDP_ROOT_MALFORMED, XDP_PASS);
-		key.port = bpf_ntohs(udp->dest);
+		dport = bpf_ntohs(udp->dest);
 		hash ^= (__u32)udp->source << 16 | udp->dest;
 	} else if (l4 == IPPROTO_TCP) {
 		struct tcphdr *tcp = data + off;
@@ -150,15 +150,17 @@ int syr_xdp_root(struct xdp_md *ctx)
 			return count(SYR_XDP_ROOT_MALFORMED, XDP_PASS);
 		if (tcp->doff < 5 || data + off + tcp->doff * 4 > end)
 			return count(SYR_XDP_ROOT_MALFORMED, XDP_PASS);
-		key.port = bpf_ntohs(tcp->dest);
+		dport = bpf_ntohs(tcp->dest);
 		hash ^= (__u32)tcp->source << 16 | tcp->dest;
 	} else {
 		return count(SYR_XDP_ROOT_NOT_L4, XDP_PASS);
 	}
 
-	__u32 *slot = bpf_map_lookup_elem(&syr_xdp_ports, &key);
-	if (!slot)
+	__u32 idx = SYR_XDP_PORT_INDEX(l4 == IPPROTO_TCP, dport);
+	__u32 *owner = bpf_map_lookup_elem(&syr_xdp_ports, &idx);
+	if (!owner || !*owner)
 		return count(SYR_XDP_ROOT_UNCLAIMED, XDP_PASS);
+	__u32 slot = *owner - 1;
 	__u32 zero = 0;
 	struct syr_xdp_meta *meta = bpf_map_lookup_elem(&syr_xdp_meta, &zero);
 	if (!meta)
@@ -166,14 +168,14 @@ int syr_xdp_root(struct xdp_md *ctx)
 	meta->l4_off = off;
 	meta->ip_protocol = l4;
 	meta->hash = hash * 0x9e3779b1U;
-	meta->slot = *slot;
+	meta->slot = slot;
 	/* Counted before the call (a successful tail call does not return) and taken back
 	 * when the slot turns out empty. */
 	__u32 dk = SYR_XDP_ROOT_DISPATCHED;
 	__u64 *dispatched = bpf_map_lookup_elem(&syr_xdp_root_stats, &dk);
 	if (dispatched)
 		*dispatched += 1;
-	bpf_tail_call(ctx, &syr_xdp_apps, *slot);
+	bpf_tail_call(ctx, &syr_xdp_apps, slot);
 	if (dispatched)
 		*dispatched -= 1;
 	return count(SYR_XDP_ROOT_NO_POLICY, XDP_PASS);

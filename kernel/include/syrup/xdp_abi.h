@@ -11,15 +11,11 @@
 
 /* Applications (prog-array slots) one interface's root program can dispatch to. */
 #define SYR_XDP_MAX_APPS 1024
-/* (protocol, port) claims per interface. */
-#define SYR_XDP_MAX_PORTS 4096
-
-/* Key of syr_xdp_ports: which application's slot owns (protocol, destination port). */
-struct syr_xdp_port_key {
-	__u8 protocol; /* IPPROTO_UDP or IPPROTO_TCP */
-	__u8 pad;
-	__u16 port;    /* host byte order */
-};
+/* syr_xdp_ports is an array indexed by (protocol, destination port): an array lookup
+ * costs about half of a hash lookup on the per-packet path (bench/README.md). Its value
+ * is the owning application's prog-array slot plus one; 0 means unclaimed. */
+#define SYR_XDP_PORT_SLOTS (2 * 65536)
+#define SYR_XDP_PORT_INDEX(is_tcp, port) ((is_tcp) ? 65536u + (port) : (__u32)(port))
 
 /* What the root program parsed, handed to the policy through a per-CPU scratch map
  * (a tail call keeps the CPU and the context, not the registers). */

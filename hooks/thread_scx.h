@@ -26,6 +26,12 @@
 // Invariants: a slot is in syr_scx_procs exactly while its programs are in the prog
 // arrays and its bit is in the root's active mask; after uninstall() or an ejection no
 // thread of the process is left SCHED_EXT by Syrup.
+// Limits: 64 applications (slots); one dispatch round tries at most ~16 applications
+// that have nothing for the core (two tail calls each, 33 at most), then leaves the core
+// to its current thread. A syrupd that dies (or exits keeping its policies: thread
+// targets cannot be adopted) closes the root's link, so the kernel detaches the
+// scheduler: the threads run in the fair class, still marked SCHED_EXT until restarted
+// or until a new root adopts them into its fallback FIFO.
 #pragma once
 
 #include <sys/types.h>

@@ -18,7 +18,7 @@ BOOKWORM_PKGS=(
   libyaml-cpp-dev libgflags-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libssl-dev libcpp-httplib-dev
   iproute2 procps ethtool
-  qemu-system-x86 busybox-static cpio zstd python3
+  qemu-system-x86 busybox-static cpio zstd python3 e2fsprogs xz-utils
   librocksdb-dev python3-matplotlib
 )
 BACKPORTS_PKGS=(libbpf-dev libbpf1)

@@ -497,58 +497,59 @@ TEST_F(ThreadHook, LocalityKeepsThreadsOnTheirSteeredCore) {
   syr_map_munmap(&ec);
 }
 
-// cs_aware.c: a thread inside a critical section is not kept waiting behind the
-// application's other threads. Three busy threads on two cores, runnable in a known
-// order (staggered wakeups: FIFO keys differ), so the last one waits. It enters a
-// critical section (its syrup_cs word, as syr_cs_enter() writes it): it runs within a
-// bounded time, at the expense of the youngest other thread, and keeps running while
-// inside (max_extension_ns is large here); once it leaves it queues FIFO again and waits.
-TEST_F(ThreadHook, CsAwareRunsTheThreadInsideACriticalSection) {
-  if (ncpus() != 2) GTEST_SKIP() << "written for 2 cores (3 threads, one waits)";
+// cs_aware.c: fair among the application's threads, except that a thread inside a
+// critical section is never the one kept waiting. Three busy threads on two cores take
+// turns (the one that ran least goes first): each waits now and then. A thread inside a
+// critical section (its syrup_cs word, as syr_cs_enter() writes it; max_extension_ns is
+// large here) is never made to wait while the other two keep taking turns; the
+// protection follows the critical section to another thread.
+//
+// Asserted on the agent's decisions (a waiting thread is SCHED_IDLE), sampled every
+// 2 ms, not on CPU shares: shares of threads on different cores depend on what else
+// runs on each core.
+TEST_F(ThreadHook, CsAwareNeverMakesAThreadInACriticalSectionWait) {
+  if (ncpus() != 2) GTEST_SKIP() << "written for 2 cores (3 threads, one waits at a time)";
   syr_set_app("thrcs");
-  ASSERT_GT(deploy("policies/cs_aware.c", {{"max_extension_ns", uint64_t(10'000'000'000ull)}}, "thrcs"), 0)
+  ASSERT_GT(deploy("policies/cs_aware.c", {{"max_extension_ns", uint64_t(100'000'000'000ull)}}, "thrcs"), 0)
       << syr_last_error();
-  Spinners reg(3, true, 0, /*stagger_ms=*/40);
+  Spinners reg(3, true);
   for (int i = 0; i < 3; i++) ASSERT_EQ(reg.reg_result(i), 0) << syr_last_error();
-  auto policies = [&] {
-    std::vector<int> p;
-    for (int i = 0; i < 3; i++) p.push_back(sched_policy_of(reg.tid(i)));
-    return p;
+  // For `ms`, sample who waits: waited[i] counts samples with thread i SCHED_IDLE.
+  auto waits = [&](int ms) {
+    std::vector<int> waited(3, 0);
+    auto until = Clock::now() + std::chrono::milliseconds(ms);
+    while (Clock::now() < until) {
+      for (int i = 0; i < 3; i++) waited[i] += sched_policy_of(reg.tid(i)) == SCHED_IDLE;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return waited;
   };
-  const std::vector<int> fifo = {SCHED_OTHER, SCHED_OTHER, SCHED_IDLE};
-  ASSERT_GE(wait_for([&] { return policies() == fifo; }, 2000), 0)
-      << "FIFO on two cores: threads 0 and 1 (runnable first) run, thread 2 waits";
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto w = waits(1000);
+  std::printf("  outside critical sections, samples waiting: %d %d %d (of ~500)\n", w[0], w[1], w[2]);
+  EXPECT_GT(w[0] + w[1] + w[2], 0) << "three busy threads on two cores: one waits at a time";
+
   int fd = syr_map_open("syrup_cs");
   ASSERT_GE(fd, 0) << syr_last_error();
   syr_mapped_array cs{};
   ASSERT_EQ(syr_map_mmap(fd, &cs), 0) << syr_last_error();
   close(fd);
-
-  const std::vector<int> in_cs = {SCHED_OTHER, SCHED_IDLE, SCHED_OTHER};
-  syr_hint_set(&cs, 2, 1);  // thread 2 is inside a critical section
-  int ms = wait_for([&] { return policies() == in_cs; }, 2000);
-  std::printf("  waiting thread 2 entered a critical section: runs after %d ms (thread 1 waits)\n", ms);
+  syr_hint_set(&cs, 2, 1);  // thread 2 enters a critical section
+  int ms = wait_for([&] { return sched_policy_of(reg.tid(2)) == SCHED_OTHER; }, 2000);
   ASSERT_GE(ms, 0);
-  EXPECT_LE(ms, 100);
-  // It keeps its core while inside: never demoted over half a second.
-  bool kept = true;
-  auto until = Clock::now() + std::chrono::milliseconds(500);
-  while (Clock::now() < until) {
-    kept = kept && sched_policy_of(reg.tid(2)) == SCHED_OTHER;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  EXPECT_TRUE(kept) << "a thread inside a critical section was made to wait";
-  auto m = measure({reg.clock(0), reg.clock(1), reg.clock(2)});
-  std::printf("  in the critical section: shares %s\n", fmt(m).c_str());
-  EXPECT_GT(m[2], 0.0);
-  EXPECT_GE(m[2], 5 * m[1]) << "thread 2 (in its section) runs, thread 1 waits: " << fmt(m);
+  EXPECT_LE(ms, 100) << "a waiting thread that is inside a critical section runs within a re-decision";
+  w = waits(1000);
+  std::printf("  thread 2 in a critical section (runs after %d ms), samples waiting: %d %d %d\n", ms, w[0], w[1], w[2]);
+  EXPECT_EQ(w[2], 0) << "a thread inside a critical section was made to wait";
+  EXPECT_GT(w[0] + w[1], 0) << "the two others take turns";
 
-  // It leaves the section: FIFO again, and it became runnable last, so it waits again.
-  syr_hint_set(&cs, 2, 0);
-  ms = wait_for([&] { return policies() == fifo; }, 2000);
-  std::printf("  left the critical section: waits again after %d ms\n", ms);
-  EXPECT_GE(ms, 0);
-  EXPECT_LE(ms, 100);
+  syr_hint_set(&cs, 2, 0);  // the critical section moves to thread 0
+  syr_hint_set(&cs, 0, 1);
+  ASSERT_GE(wait_for([&] { return sched_policy_of(reg.tid(0)) == SCHED_OTHER; }, 2000), 0);
+  w = waits(1000);
+  std::printf("  thread 0 in a critical section instead, samples waiting: %d %d %d\n", w[0], w[1], w[2]);
+  EXPECT_EQ(w[0], 0) << "a thread inside a critical section was made to wait";
+  EXPECT_GT(w[1] + w[2], 0);
   syr_map_munmap(&cs);
 }
 

@@ -17,7 +17,7 @@ $B/bin/syrup_thread_bench pingpong --policy $P/fifo.c --rounds 100 >/dev/null 2>
 $B/bin/syrup_thread_bench cs --policy $P/cs_aware.c --seconds 1 >/dev/null 2>&1
 # Ping-pong: free to use both vCPUs, then both threads on one vCPU (no cross-vCPU
 # wakeup: the scheduler's own path only).
-for run in 1 2; do
+for run in 1 2 3; do
   for pol in none $P/fifo.c; do
     arg=; [ $pol != none ] && arg="--policy $pol"
     $B/bin/syrup_thread_bench pingpong $arg --rounds $ROUNDS | sed "s/^/BENCH run$run /"

@@ -23,14 +23,21 @@ echo "== host: $(uname -r), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg
 SYRUPD=$!
 for i in $(seq 200); do "$BIN/syrupctl" --socket "$D/s.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
 export SYRUP_SOCKET=$D/s.sock
-run() { "$BIN/syrup_thread_bench" "$@" | tee /dev/stderr | sed -n 's/^RESULT //p' >> "$OUT"; } 2>&1
+run() {
+  "$BIN/syrup_thread_bench" "$@" > "$D/out" 2>&1
+  grep -v '^RESULT ' "$D/out"
+  sed -n 's/^RESULT //p' "$D/out" >> "$OUT"
+}
 for rep in 1 2 3; do
   run pingpong --rounds 50000
   run pingpong --rounds 50000 --policy "$SRC/policies/fifo.c"
 done
-run cs --threads 4 --seconds 5
-run cs --threads 4 --seconds 5 --policy "$SRC/policies/cs_aware.c"
-run cs --threads 4 --seconds 5 --policy "$SRC/policies/fifo.c"
+for sleep in 200 0; do
+  for pol in none cs_aware fifo; do
+    if [ $pol = none ]; then run cs --threads 4 --seconds 5 --sleep-us $sleep
+    else run cs --threads 4 --seconds 5 --sleep-us $sleep --policy "$SRC/policies/$pol.c"; fi
+  done
+done
 kill $SYRUPD; wait $SYRUPD 2>/dev/null
 echo "-- the agent's own view (syrupd log): per policy deployed above"
 grep -o 'syrup-agent: tgid.*' "$D/syrupd.log"
@@ -38,17 +45,22 @@ grep -o 'syrup-agent: tgid.*' "$D/syrupd.log"
 if [ $VM = 1 ]; then
   echo "== sched_ext guest (qemu TCG, 2 vCPUs; compare only within the guest)"
   bash "$SRC/tests/vm/run.sh" "$BUILD" --bench --filter '-*' > "$D/vm.log" 2>&1
-  grep -a 'SYRUP-VM: BENCH' "$D/vm.log" | sed 's/^SYRUP-VM: BENCH //' | grep -v '^run[12] RESULT\|^RESULT' 
+  grep -a 'SYRUP-VM: BENCH' "$D/vm.log" | sed 's/^SYRUP-VM: BENCH //' | grep -v 'RESULT ' 
   grep -a 'SYRUP-VM: BENCH' "$D/vm.log" | sed -n 's/.*RESULT //p' | sed 's/^{/{"where":"sched_ext guest",/' >> "$OUT"
   python3 - "$OUT" <<'PY'
-import json, sys
+import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-g = [r for r in rows if r.get("where") == "sched_ext guest" and r["bench"] == "pingpong"]
-none = [r["usec_per_roundtrip"] for r in g if r["policy"] == "none"]
-fifo = [r["usec_per_roundtrip"] for r in g if r["policy"] == "fifo.c"]
-if none and fifo:
-    a, b = sum(none) / len(none), sum(fifo) / len(fifo)
-    print(f"ping-pong in the guest: default scheduler {a:.1f} us/roundtrip, sched_ext fifo {b:.1f} us/roundtrip: "
-          f"ratio fifo/default {b / a:.2f} (runs: {none} vs {fifo})")
+def med(rs, key):
+    v = [r[key] for r in rs]
+    return statistics.median(v) if v else float("nan")
+for where, sel in (("host (agent)", lambda r: "where" not in r), ("sched_ext guest", lambda r: r.get("where") == "sched_ext guest")):
+    for same in (False, True):
+        g = [r for r in rows if sel(r) and r["bench"] == "pingpong" and r.get("same_core", False) == same]
+        a = [r for r in g if r["policy"] == "none"]
+        b = [r for r in g if r["policy"] == "fifo.c"]
+        if a and b:
+            ma, mb = med(a, "usec_per_roundtrip"), med(b, "usec_per_roundtrip")
+            print(f"ping-pong, {where}{', both threads on one core' if same else ''}: kernel's scheduler {ma:.1f} us/roundtrip, "
+                  f"fifo {mb:.1f}: fifo/kernel {mb / ma:.2f} (medians of {len(a)} and {len(b)} runs)")
 PY
 fi

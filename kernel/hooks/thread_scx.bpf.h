@@ -86,7 +86,8 @@ static __always_inline __u32 syr_scx_decide(struct task_struct *p, __u32 reason,
 	core = syr_schedule(&t);
 	if (core == SYR_PASS) {
 		syr_count(SYR_STAT_PASS);
-	} else if (core >= t.nr_cpus) {
+	} else if (core >= t.nr_cpus || !bpf_cpumask_test_cpu(core, p->cpus_ptr)) {
+		/* Past the cores, or one the thread may not run on: it would wait forever. */
 		syr_count(SYR_STAT_FALLBACK);
 		core = SYR_PASS;
 	} else {

@@ -73,7 +73,13 @@ static __always_inline void emit(__u32 type, __u32 tid, __u32 arg)
 	e->tid = tid;
 	e->cpu = bpf_get_smp_processor_id();
 	e->arg = arg;
-	bpf_ringbuf_submit(e, 0);
+	/* Only a thread becoming runnable (or exiting) needs the agent now; switches are
+	 * read at its next wakeup or tick. Waking the agent for every switch made it the main
+	 * preemptor of the threads it schedules (bench/thread/README.md). */
+	/* (FORCE: the ring buffer's default skips the notification while earlier records
+	 * are unread, and those would be the unannounced switches.) */
+	bpf_ringbuf_submit(e, type == SYR_TEV_SWITCH_IN || type == SYR_TEV_SWITCH_OUT ? BPF_RB_NO_WAKEUP
+										     : BPF_RB_FORCE_WAKEUP);
 	count(SYR_TCNT_EVENTS);
 }
 

@@ -29,6 +29,8 @@ put() {
   cp -a "$src" "$stage$(dirname "$src")/" 2>/dev/null || cp -aL "$src" "$stage$src"
 }
 
+is_elf() { [ "$(head -c 4 "$1" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 7f454c46 ]; }
+
 # The shared-library closure of ELF file $1, into stage $2 (content at the path ldd prints).
 put_libs() {
   local f=$1 stage=$2 lib
@@ -77,9 +79,9 @@ for p in "$@"; do
   put "$p" "$st"
   if [ -d "$p" ]; then
     find "$p" -type f -perm -u+x | while read -r f; do
-      file -b "$f" | grep -q ELF && put_libs "$f" "$st"
+      if is_elf "$f"; then put_libs "$f" "$st"; fi
     done
-  elif file -b "$p" | grep -q ELF; then
+  elif is_elf "$p"; then
     put_libs "$p" "$st"
   fi
 done

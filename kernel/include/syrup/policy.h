@@ -103,20 +103,27 @@ const volatile __u32 syr_num_executors = 1;
  *     }
  *
  * It is called when a thread of the application becomes runnable (wakeup, new thread,
- * preempted or its slice ended) and, in the user-space agent, again every re-decision
- * period while it stays runnable, so hints take effect without an event. It returns a
- * core in [0, t->nr_cpus) or SYR_PASS (no preference: the thread waits in the
- * application's shared queue and runs on whichever core frees up first). Among the
- * application's runnable threads bound for one core (or waiting in the shared queue),
- * the one with the lowest key runs first; ties go to the thread already running, then
- * to the lower tid. A core past nr_cpus counts as a fallback and is treated as SYR_PASS.
+ * preempted or its slice ended) and again while it waits, so a hint written since takes
+ * effect without an event: in the user-space agent every re-decision period (5 ms); in
+ * sched_ext at every scheduling decision on a core (each queued thread of the
+ * application is asked again, with reason SYR_THREAD_TICK). It returns a core in
+ * [0, t->nr_cpus) or SYR_PASS (no preference: the thread runs on whichever core frees up
+ * first). Among the application's runnable threads bound for one core (or to none), the
+ * one with the lowest key runs first; ties go to the thread already running, then to
+ * the lower tid. A core past nr_cpus counts as a fallback and is treated as SYR_PASS.
  * Other applications and the rest of the system are never ordered by this key: the
- * backends keep them in the kernel's normal scheduler, ahead of the application's
- * waiting threads.
+ * agent keeps them in the kernel's normal scheduler, ahead of the application's waiting
+ * threads; sched_ext (partial mode) leaves every other thread in the fair class, which
+ * the kernel runs ahead of all sched_ext threads, and gives applications with a thread
+ * policy equal shares of the cores among themselves. A thread kept waiting longer than
+ * the starvation guard (syrupd's SYRUP_SCX_STARVE_MS, 1 s) runs next whatever its key,
+ * so one application's policy cannot make the kernel eject the scheduler of all (the
+ * agent's waiting threads are SCHED_IDLE: they too get a sliver).
  *
  * The same source compiles unchanged for both backends: sched_ext (syrupd's root
- * scheduler calls it from its enqueue path) and the user-space agent (syrupd's agent
- * runs it with BPF_PROG_TEST_RUN). Only the fields below are the contract.
+ * scheduler tail-calls the application's enqueue and dispatch programs, which call it)
+ * and the user-space agent (syrupd's agent runs it with BPF_PROG_TEST_RUN). Only the
+ * fields below are the contract.
  */
 #define SYR_NO_EXECUTOR 0xffffffffU
 
@@ -124,7 +131,7 @@ const volatile __u32 syr_num_executors = 1;
 #define SYR_THREAD_WAKEUP 1    /* it woke up (or was just created: SYR_THREAD_NEW) */
 #define SYR_THREAD_NEW 2
 #define SYR_THREAD_PREEMPTED 3 /* it was running and is still runnable (slice end, preemption) */
-#define SYR_THREAD_TICK 4      /* periodic re-decision while runnable (agent) */
+#define SYR_THREAD_TICK 4      /* re-decision while it waits (agent: periodic; sched_ext: dispatch) */
 
 struct syr_thread {
 	__u32 tid;         /* the thread (kernel tid, as gettid() returns) */

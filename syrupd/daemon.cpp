@@ -935,7 +935,7 @@ json Daemon::policy_stats(const Policy& p) const {
   bpf_prog_info info{};
   uint32_t len = sizeof info;
   bpf_prog_get_info_by_fd(p.loaded->prog_fd(), &info, &len);
-  json st = {{"id", p.id},           {"app", p.app},      {"name", p.name},
+  json st = {{"id", p.id},           {"app", p.app},      {"name", p.name},     {"hook", p.hook},
              {"executors", execs},   {"pass", pass},      {"drop", drop},
              {"fallback", fb},       {"decisions", total + pass + drop + fb},
              {"run_cnt", info.run_cnt}, {"run_time_ns", info.run_time_ns}};

@@ -444,6 +444,41 @@ TEST_F(SocketSelect, PoliciesOfOneAppShareMapsByName) {
   close(fd);
 }
 
+TEST_F(SocketSelect, SyrupctlDumpsMapsAndSumsStatsPerTenantAndHook) {
+  UdpGroup g(2), h(2);
+  ASSERT_GT(deploy("policies/least_loaded.c", g, {}, "dumper"), 0) << syr_last_error();
+  ASSERT_GT(deploy("policies/round_robin.c", h, {}, "dumper"), 0) << syr_last_error();
+  int fd = syr_map_open_app("dumper", "queue_len");
+  ASSERT_GE(fd, 0) << syr_last_error();
+  uint32_t k = 1;
+  uint64_t v = 42;
+  ASSERT_EQ(syr_map_update_elem(fd, &k, &v, 0), 0);
+  close(fd);
+  std::string out;
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json map dump --app dumper queue_len", out), 0) << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["type"], "array");
+  EXPECT_EQ(j["entries"][1]["key_int"], 1);
+  EXPECT_EQ(j["entries"][1]["value_int"], 42);
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " map dump --app dumper queue_len", out), 0) << out;
+  EXPECT_NE(out.find("map queue_len of app dumper (array)"), std::string::npos) << out;
+  EXPECT_EQ(run_cmd(build_bin("syrupctl") + " map dump --app dumper no_such_map", out), 1);
+  EXPECT_NE(out.find("has no map 'no_such_map'"), std::string::npos) << out;
+
+  UdpClient cg(g.port()), ch(h.port());
+  for (int i = 0; i < 10; i++) cg.send_request(1, i), ch.send_request(1, i);
+  g.drain();
+  h.drain();
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json stats --by tenant", out), 0) << out;
+  auto t = nlohmann::json::parse(out);
+  ASSERT_EQ(t.size(), 1u) << out;
+  EXPECT_EQ(t[0]["tenant"], "dumper");
+  EXPECT_EQ(t[0]["policies"], 2);
+  EXPECT_EQ(t[0]["decisions"], 20);
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json stats --by hook", out), 0) << out;
+  EXPECT_EQ(nlohmann::json::parse(out)[0]["hook"], "socket-select");
+}
+
 TEST_F(SocketSelect, AnotherAppCannotTakeOverAGroup) {
   UdpGroup g(2);
   ASSERT_GT(deploy("policies/round_robin.c", g, {}, "owner-app"), 0) << syr_last_error();

@@ -27,6 +27,7 @@ DEFINE_string(app, "", "application name (deploy: default the process's name; ma
 DEFINE_string(params, "", "deploy: policy parameters, NAME=VALUE[,NAME=VALUE...]");
 DEFINE_bool(persist, false, "deploy: keep the policy when the process exits");
 DEFINE_int32(limit, 4096, "map dump: most entries to print");
+DEFINE_string(by, "", "stats: sum over policies per 'tenant' (application) or per 'hook'");
 DEFINE_string(ifname, "", "deploy --hook xdp: the interface");
 DEFINE_string(cpus, "", "deploy --hook xdp: executor cores, CPU[,CPU...] (default: every core)");
 
@@ -44,7 +45,7 @@ const char* kUsage =
     "  syrupctl deploy --hook thread --pid PID [--app NAME] [--params K=V,...] POLICY.c\n"
     "  syrupctl remove ID\n"
     "  syrupctl list\n"
-    "  syrupctl stats [ID]\n"
+    "  syrupctl stats [ID] [--by tenant|hook]\n"
     "  syrupctl map dump --app APP MAP\n"
     "  syrupctl ping\n"
     "  syrupctl validate FILE        check a syrupd --config file (no syrupd needed)\n\n"
@@ -222,8 +223,38 @@ int cmd_stats(const std::vector<std::string>& args) {
   int id;
   if (args.size() > 1 || (args.size() == 1 && parse_id(args[0], id))) return usage("stats takes at most one policy ID");
   if (args.size() == 1) req["id"] = id;
+  if (!FLAGS_by.empty() && FLAGS_by != "tenant" && FLAGS_by != "hook")
+    return usage("--by takes 'tenant' or 'hook'");
   nlohmann::json out;
   if (int r = call(req, out)) return r;
+  if (!FLAGS_by.empty()) {
+    // Sums of the per-policy counters, per application or per hook.
+    std::map<std::string, nlohmann::json> groups;
+    for (auto& s : out["stats"]) {
+      std::string k = s.value(FLAGS_by == "tenant" ? "app" : "hook", std::string("?"));
+      auto& g = groups[k];
+      if (g.is_null())
+        g = {{FLAGS_by, k}, {"policies", 0}, {"decisions", 0}, {"pass", 0}, {"drop", 0},
+             {"fallback", 0}, {"run_cnt", 0}, {"run_time_ns", 0}};
+      g["policies"] = g["policies"].get<uint64_t>() + 1;
+      for (const char* f : {"decisions", "pass", "drop", "fallback", "run_cnt", "run_time_ns"})
+        g[f] = g[f].get<uint64_t>() + s.value(f, uint64_t{0});
+    }
+    nlohmann::json arr = nlohmann::json::array();
+    for (auto& [k, g] : groups) arr.push_back(g);
+    if (FLAGS_json) {
+      std::cout << arr.dump(2) << "\n";
+      return 0;
+    }
+    std::printf("%-20s %8s %12s %10s %10s %10s\n", FLAGS_by == "tenant" ? "TENANT" : "HOOK", "POLICIES",
+                "DECISIONS", "PASS", "DROP", "FALLBACK");
+    for (auto& g : arr)
+      std::printf("%-20s %8llu %12llu %10llu %10llu %10llu\n", g[FLAGS_by].get<std::string>().c_str(),
+                  (unsigned long long)g["policies"].get<uint64_t>(), (unsigned long long)g["decisions"].get<uint64_t>(),
+                  (unsigned long long)g["pass"].get<uint64_t>(), (unsigned long long)g["drop"].get<uint64_t>(),
+                  (unsigned long long)g["fallback"].get<uint64_t>());
+    return 0;
+  }
   if (FLAGS_json) {
     std::cout << out["stats"].dump(2) << "\n";
     return 0;

@@ -205,12 +205,17 @@ TestNet::TestNet(int n) {
   ns = "syrup-test-" + tag;
   host_ip = "10.250." + std::to_string(n) + ".1";
   peer_ip = "10.250." + std::to_string(n) + ".2";
+  // IPv6 is off on the pair before it comes up: neighbour discovery and MLD reports would
+  // be traffic the tests did not send.
+  std::string in_ns = "ip netns exec " + ns + " ";
   std::string cmd = "ip netns add " + ns + " && ip link add " + host_if + " type veth peer name " + peer_if +
-                    " && ip link set " + peer_if + " netns " + ns + " && ip addr add " + host_ip + "/30 dev " +
-                    host_if + " && ip link set " + host_if + " up && ip -n " + ns + " addr add " + peer_ip +
-                    "/30 dev " + peer_if + " && ip -n " + ns + " link set " + peer_if + " up && ip -n " + ns +
-                    " link set lo up && ip netns exec " + ns + " ethtool -K " + peer_if +
-                    " tx off >/dev/null 2>&1";
+                    " && ip link set " + peer_if + " netns " + ns +
+                    " && sysctl -qw net.ipv6.conf." + host_if + ".disable_ipv6=1 && " + in_ns +
+                    "sysctl -qw net.ipv6.conf." + peer_if + ".disable_ipv6=1" +
+                    " && ip addr add " + host_ip + "/30 dev " + host_if + " && ip link set " + host_if +
+                    " up && ip -n " + ns + " addr add " + peer_ip + "/30 dev " + peer_if + " && ip -n " + ns +
+                    " link set " + peer_if + " up && ip -n " + ns + " link set lo up && " + in_ns +
+                    "ethtool -K " + peer_if + " tx off >/dev/null 2>&1";
   std::string out;
   ok_ = run_cmd(cmd, out) == 0;
   if (!ok_) ADD_FAILURE() << "cannot make the test network: " << out;

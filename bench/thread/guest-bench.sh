@@ -3,8 +3,8 @@
 # under the guest's default scheduler and under syrupd's sched_ext scheduler, in the same
 # guest, one after the other. Prints "BENCH ..." lines (the host's bench/thread/run.sh
 # collects them).
-B=/work/main/build
-P=/work/main/policies
+B=${SYRUP_BUILD:?set by init}
+P=${SYRUP_SRC:?set by init}/policies
 ROUNDS=${ROUNDS:-20000}
 mkdir -p /tmp/bench
 $B/bin/syrupd --socket /tmp/bench/syrupd.sock --bpffs_root /sys/fs/bpf/syrup-bench --cache_dir /tmp/bench/cache \

@@ -11,8 +11,9 @@
 /bin/busybox mount -t tmpfs tmpfs /run
 /bin/busybox --install -s /usr/local/bin
 [ -e /bin/sh ] || /bin/busybox ln -s busybox /bin/sh  # popen(), system()
-export PATH=/work/main/build/bin:/usr/local/bin:/usr/bin:/bin
-B=/work/main/build
+S=${SYRUP_SRC:?set by init}
+B=${SYRUP_BUILD:?set by init}
+export PATH=$B/bin:/usr/local/bin:/usr/bin:/bin
 cd /tmp
 echo "SYRUP-VM: in the guest root at uptime $(cut -d' ' -f1 /proc/uptime) s, sched_ext state '$(cat /sys/kernel/sched_ext/state)'"
 t0=$(cut -d' ' -f1 /proc/uptime)
@@ -27,8 +28,8 @@ if [ -x $B/bin/syrup_thread_scx_tests ]; then
 else
   echo "SYRUP-VM: FAIL $B/bin/syrup_thread_scx_tests is not in the guest"; rc=1
 fi
-if [ -f /work/main/bench/thread/guest-bench.sh ] && grep -q bench /proc/cmdline; then
-  sh /work/main/bench/thread/guest-bench.sh 2>&1 | sed 's/^/SYRUP-VM: /'
+if [ -f $S/bench/thread/guest-bench.sh ] && grep -q bench /proc/cmdline; then
+  sh $S/bench/thread/guest-bench.sh 2>&1 | sed 's/^/SYRUP-VM: /'
 fi
 echo "SYRUP-VM: kernel log:"; dmesg | grep -i -E 'sched_ext|scx' | tail -12 | sed 's/^/SYRUP-VM:   /'
 echo "SYRUP-VM: done at uptime $(cut -d' ' -f1 /proc/uptime) s"

@@ -16,5 +16,7 @@ for i in 1 2 3 4 5 6 7 8 9 10; do [ -b /dev/vdb ] && break; /bin/busybox sleep 0
 /bin/busybox mount -t overlay overlay -o lowerdir=/p:/t,upperdir=/rw/upper,workdir=/rw/work /newroot ||
   echo "SYRUP-VM: FAIL cannot mount the overlay root"
 echo "SYRUP-VM: root mounted at uptime $(/bin/busybox cut -d' ' -f1 /proc/uptime) s"
-/bin/busybox chroot /newroot /bin/busybox sh /work/main/tests/vm/guest.sh
+# @SRC@ and @BUILD@ are the host's source and build directories (tests/vm/run.sh fills
+# them in): the guest sees them at the same paths.
+/bin/busybox chroot /newroot /bin/busybox env SYRUP_SRC=@SRC@ SYRUP_BUILD=@BUILD@ /bin/busybox sh @SRC@/tests/vm/guest.sh
 /bin/busybox poweroff -f

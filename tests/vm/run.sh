@@ -64,7 +64,7 @@ R=$OUT/initramfs
 rm -rf "$R" && mkdir -p "$R"/{bin,proc,sys,dev}
 cp "$(command -v busybox)" "$R/bin/busybox" && ln -s busybox "$R/bin/sh"
 cp "$KDIR/modules/virtio_blk.ko" "$KDIR/modules/overlay.ko" "$R/"
-cp "$SRC/tests/vm/init.sh" "$R/init" && chmod +x "$R/init"
+sed -e "s|@SRC@|$SRC|g" -e "s|@BUILD@|$BUILD|g" "$SRC/tests/vm/init.sh" > "$R/init" && chmod +x "$R/init"
 (cd "$R" && find . | cpio -o -H newc --quiet) | gzip -1 > "$OUT/initramfs.gz"
 t1=$(date +%s.%N)
 

@@ -7,7 +7,9 @@
 /bin/busybox mount -t proc proc /proc
 /bin/busybox mount -t sysfs sys /sys
 /bin/busybox mount -t devtmpfs dev /dev
-/bin/busybox mount -t tmpfs tmpfs /tmp
+# /tmp stays the overlay root's (writable, in RAM): a tmpfs over it would hide a source
+# or build tree that lives under /tmp, as a fresh clone may.
+/bin/busybox mkdir -p /tmp && /bin/busybox chmod 1777 /tmp
 /bin/busybox mount -t tmpfs tmpfs /run
 /bin/busybox --install -s /usr/local/bin
 [ -e /bin/sh ] || /bin/busybox ln -s busybox /bin/sh  # popen(), system()

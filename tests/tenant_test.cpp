@@ -301,7 +301,7 @@ size_t fd_count(pid_t pid) {
 }
 
 TEST_F(Tenants, DeployAndExitCyclesLeakNothing) {
-  constexpr int kCycles = 300;
+  constexpr int kCycles = 1000;
   UdpGroup warm(2);
   ASSERT_GT(deploy_on(warm, "policies/round_robin.c", "cycle"), 0) << syr_last_error();  // compile once
   size_t fds_before = 0;

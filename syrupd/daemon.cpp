@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/file.h>
+#include <poll.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -416,6 +417,16 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
   std::string err;
   pid_t owner = caller.pid;
   if (int r = hi->make_target(caller, req, target, owner, err)) return {proto::error_response(-r, err)};
+
+  // A policy on this target whose owner has exited but whose exit event is still queued
+  // behind this request goes first: a port the kernel already gave to a new process is
+  // not held by a dead one.
+  std::vector<int> dead;
+  for (auto& [id, p] : policies_) {
+    pollfd pf{p->owner_pidfd.get(), POLLIN, 0};
+    if (p->owner_pidfd && p->target->key() == target->key() && poll(&pf, 1, 0) == 1) dead.push_back(id);
+  }
+  for (int id : dead) remove_policy(id, true, "its owner exited");
 
   // One policy per target: the same application replaces, another is refused.
   Policy* old = nullptr;

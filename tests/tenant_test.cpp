@@ -309,7 +309,9 @@ TEST_F(Tenants, DeployAndExitCyclesLeakNothing) {
     pid_t c = fork();
     if (c == 0) {
       UdpGroup g(2);
-      _exit(deploy_on(g, "policies/round_robin.c", ("cycle-" + std::to_string(i % 7)).c_str()) > 0 ? 0 : 1);
+      if (deploy_on(g, "policies/round_robin.c", ("cycle-" + std::to_string(i % 7)).c_str()) > 0) _exit(0);
+      fprintf(stderr, "cycle %d: %s\n", i, syr_last_error());
+      _exit(1);
     }
     int st = 0;
     waitpid(c, &st, 0);

@@ -256,6 +256,12 @@ int Daemon::run() {
     std::vector<int> ids;
     for (auto& [id, p] : policies_) ids.push_back(id);
     for (int id : ids) remove_policy(id, true, "syrupd is shutting down");
+    // Nothing of ours is left: the (now empty) pin tree goes too. remove() only takes
+    // empty directories, so another daemon's pins under the same root stay.
+    std::error_code ec;
+    fs::remove(pins::root() + "/apps", ec);
+    fs::remove(pins::xdp_dir(), ec);
+    fs::remove(pins::root(), ec);
   } else {
     // The data path stays as it is; the next syrupd adopts it from the state file.
     save_state();

@@ -225,7 +225,10 @@ TEST(KvLoadgen, RateAndLatencyMatchAnMD1QueueWithAKnownServiceTime) {
     check_poisson_count(p, j["sent"].get<double>(), kRate * kT, "requests sent in the window");
     check(p, j["lost"].get<uint64_t>() == 0, "lost " + j["lost"].dump());
     check(p, j["answered_ok"] == j["sent"], "answered " + j["answered_ok"].dump() + " of " + j["sent"].dump());
-    check(p, j["throughput_rps"].get<double>() == j["answered_ok"].get<double>() / kT, "throughput != answered / T");
+    // Answers received in the window: the offered rate, up to the requests in flight at
+    // its two edges.
+    check(p, std::fabs(j["throughput_rps"].get<double>() - j["offered_rps"].get<double>()) <= 0.02 * kRate,
+          "throughput " + j["throughput_rps"].dump() + "/s, offered " + j["offered_rps"].dump() + "/s");
     check(p, j["offered_rps"].get<double>() == j["sent"].get<double>() / kT, "offered != sent / T");
 
     // M/D/1, rho = 0.4: no response is faster than the service time; 60% of requests
@@ -303,7 +306,7 @@ TEST(KvLoadgen, OpenLoopKeepsTheOfferedRateWhenTheServerCannot) {
     if (!j.is_object()) return Problems{"no result"};
     check_poisson_count(p, j["sent"].get<double>(), 3000, "requests sent");
     double thr = j["throughput_rps"].get<double>();
-    check(p, thr >= 650 && thr <= 1250, "throughput " + num(thr) + "/s from a 1000/s server");
+    check(p, thr >= 900 && thr <= 1050, "throughput " + num(thr) + "/s from a 1000/s server");
     check(p, j["lost"].get<uint64_t>() > 0, "nothing lost at twice the capacity");
     check(p, j["answered"].get<uint64_t>() + j["lost"].get<uint64_t>() == j["sent"].get<uint64_t>(),
           "answered + lost != sent");

@@ -67,8 +67,8 @@ PENDING = "pending the thread hook"
 # - 50/50 (the talk: more threads than cores, thread scheduling decides): no yielding, so
 #   which runnable worker gets the core is the kernel's (or a thread policy's) choice.
 MIX_SETTINGS = {
-    99.5: {"workers": 4, "yield_us": 20.0},
-    50.0: {"workers": 8, "yield_us": 0.0},
+    99.5: {"workers": 8, "yield_us": 20.0, "scan_nice": 0},
+    50.0: {"workers": 8, "yield_us": 0.0, "scan_nice": 0},
 }
 
 
@@ -220,13 +220,13 @@ class ThreadHookMissing(Exception):
 
 
 class Server:
-    def __init__(self, args, label, socket_path, scan_len, yield_keys, workers, tag):
+    def __init__(self, args, label, socket_path, scan_len, yield_keys, workers, tag, scan_nice=0):
         sock_pol, thr_pol, params = CONFIGS[label]
         self.label = label
         cmd = [os.path.join(args.bindir, "kv_server"), f"--db={args.db}", f"--keys={args.keys}",
                f"--workers={workers}", f"--scan_len={scan_len}", f"--yield_keys={yield_keys}",
                f"--app=kv{tag}-{label.replace('+', '-')}", f"--cpus={args.server_cpus}",
-               f"--cache_mb={args.cache_mb}", f"--slice_us={args.slice_us}"]
+               f"--cache_mb={args.cache_mb}", f"--slice_us={args.slice_us}", f"--scan_nice={scan_nice}"]
         if sock_pol:
             cmd.append(f"--policy={os.path.join(args.policies, sock_pol)}")
         if thr_pol:
@@ -388,7 +388,8 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
     try:
         for label in labels:
             try:
-                servers[label] = Server(args, label, daemon.socket, scan_len, yield_keys, workers, tag)
+                servers[label] = Server(args, label, daemon.socket, scan_len, yield_keys, workers, tag,
+                                        int(per_mix(args.scan_nice, get_pct, "scan_nice")))
                 log(f"  {label}: kv_server pid {servers[label].pid} on port {servers[label].port}")
             except ThreadHookMissing as e:
                 pending[label] = str(e)
@@ -673,7 +674,7 @@ def main():
     ap.add_argument("--db", default="/var/tmp/syrup-kv-db")
     ap.add_argument("--keys", type=int, default=200000)
     ap.add_argument("--cache_mb", type=int, default=96)
-    ap.add_argument("--workers", help="workers per server: N, or MIX:N,... (default 99.5:4,50:8)")
+    ap.add_argument("--workers", help="workers per server: N, or MIX:N,... (default 8)")
     ap.add_argument("--mixes", default="99.5,50")
     ap.add_argument("--configs", help="comma-separated subset of configurations")
     ap.add_argument("--loads", help="comma-separated fractions of saturation")
@@ -690,6 +691,7 @@ def main():
     ap.add_argument("--yield-us", dest="yield_us",
                     help="a SCAN yields its core about this often, 0 never: U or MIX:U,... (default 99.5:20,50:0)")
     ap.add_argument("--slice-us", dest="slice_us", type=int, default=0)
+    ap.add_argument("--scan-nice", dest="scan_nice", help="nice of a worker during a SCAN: N or MIX:N,...")
     ap.add_argument("--nice", type=int, default=-20,
                     help="nice of the servers and the load generator (protects them from other work)")
     ap.add_argument("--server-cpus", dest="server_cpus", default="1")

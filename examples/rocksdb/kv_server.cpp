@@ -40,6 +40,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -74,6 +75,7 @@ DEFINE_double(scan_ratio, 70, "cost of a SCAN in GETs when calibrating");
 DEFINE_string(cpus, "", "CPUs the server may run on, e.g. 1 or 0-1 (empty: any)");
 DEFINE_int32(slice_us, 0, "scheduler slice asked for each worker (sched_attr.sched_runtime; 0: default)");
 DEFINE_uint32(yield_keys, 0, "a SCAN yields the core (sched_yield) every this many keys (0: never)");
+DEFINE_int32(scan_nice, 0, "nice of a worker while it serves a SCAN (0: unchanged)");
 DEFINE_int32(rcvbuf, 1 << 20, "receive buffer of each socket, bytes");
 DEFINE_bool(calibrate_only, false, "load the DB, print the calibration as JSON and exit");
 DEFINE_string(thread_policy, "", "thread policy to deploy for the workers (needs the thread hook)");
@@ -293,7 +295,9 @@ void handle(Worker& w, const Pending& p, size_t waiting) {
       // reading scan_map sees this worker busy for exactly the SCAN.
       if (g.have_scan_map) syr_hint_set(&g.scan_map, w.idx, 1);
       if (g.have_long_req) syr_hint_set(&g.long_req, w.idx, 1);
+      if (FLAGS_scan_nice) setpriority(PRIO_PROCESS, static_cast<id_t>(w.tid), FLAGS_scan_nice);
       int e = g.db.scan(q.key, q.scan_len ? q.scan_len : g.scan_len, &r.count, &r.digest, FLAGS_yield_keys);
+      if (FLAGS_scan_nice) setpriority(PRIO_PROCESS, static_cast<id_t>(w.tid), 0);
       if (g.have_scan_map) syr_hint_set(&g.scan_map, w.idx, 0);
       if (g.have_long_req) syr_hint_set(&g.long_req, w.idx, 0);
       if (e) {

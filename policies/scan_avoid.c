@@ -6,8 +6,17 @@
  * round robin over the executors that are not marked, so it never picks a marked
  * executor while an unmarked one exists and the free ones share the load evenly; if all
  * are marked it goes round robin over all of them.
+ *
+ * It also marks the executor it hands a long request (request type == long_type, a
+ * little-endian __u32 at byte type_offset, as in sita): requests steered after it then
+ * avoid the executor at once, instead of queueing behind the long request until the
+ * application starts it and sets the mark itself. The application's clear at the end
+ * of the request ends both marks.
  */
 #include <syrup/policy.h>
+
+SYR_PARAM(__u32, type_offset, 8);
+SYR_PARAM(__u32, long_type, 2);
 
 SYR_ARRAY(scan_map, __u64, SYR_MAX_EXECUTORS);
 
@@ -20,6 +29,19 @@ static __always_inline int busy(__u32 idx)
 	return mark && *mark;
 }
 
+static __always_inline __u32 mark_if_long(struct syr_input *in, __u32 idx)
+{
+	__u32 type;
+	__u64 *mark;
+
+	if (syr_read_u32(in, type_offset, &type) == 0 && type == long_type) {
+		mark = syr_map_lookup(&scan_map, &idx);
+		if (mark)
+			*mark = 1;
+	}
+	return idx;
+}
+
 SYR_POLICY(struct syr_input *in)
 {
 	__u32 n = syr_num_executors, free = 0, turn = __sync_fetch_and_add(&next, 1);
@@ -27,14 +49,14 @@ SYR_POLICY(struct syr_input *in)
 	for (__u32 i = 0; i < SYR_MAX_EXECUTORS && i < n; i++)
 		free += !busy(i);
 	if (free == 0)
-		return turn % n;
+		return mark_if_long(in, turn % n);
 	/* The (turn % free)-th unmarked executor. */
 	__u32 want = turn % free;
 	for (__u32 i = 0; i < SYR_MAX_EXECUTORS && i < n; i++) {
 		if (busy(i))
 			continue;
 		if (want == 0)
-			return i;
+			return mark_if_long(in, i);
 		want--;
 	}
 	return SYR_PASS; /* marks changed under us: let the kernel choose */

@@ -8,6 +8,7 @@
 // shutdown test starts its own, because it ends it. Everything is torn down by RAII: the
 // server gets SIGTERM then SIGKILL, the database directory is removed, syrupd is stopped.
 #include <gtest/gtest.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -41,13 +42,14 @@ struct ServerProc {
 };
 
 std::unique_ptr<ServerProc> start_server(const std::string& db, const std::string& policy,
-                                         const std::string& app, const std::string& errfile) {
+                                         const std::string& app, const std::string& errfile,
+                                         const std::vector<std::string>& extra = {}) {
   auto s = std::make_unique<ServerProc>();
-  s->child = std::make_unique<Child>(
-      std::vector<std::string>{build_bin("kv_server"), "--db=" + db, "--keys=" + std::to_string(kKeys),
-                               "--workers=" + std::to_string(kWorkers), "--scan_len=" + std::to_string(kScanLen),
-                               "--policy=" + source_path("policies/" + policy), "--app=" + app, "--cache_mb=16"},
-      errfile);
+  std::vector<std::string> argv{build_bin("kv_server"), "--db=" + db, "--keys=" + std::to_string(kKeys),
+                                "--workers=" + std::to_string(kWorkers), "--scan_len=" + std::to_string(kScanLen),
+                                "--policy=" + source_path("policies/" + policy), "--app=" + app, "--cache_mb=16"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  s->child = std::make_unique<Child>(argv, errfile);
   auto line = s->child->read_line(30000);
   if (!line) return s;
   s->ready = json::parse(*line, nullptr, false);
@@ -266,6 +268,53 @@ TEST_F(KvServer, ScanMarksItsWorkerInScanMapWhileItRuns) {
   for (uint32_t i = 0; i < kWorkers; i++) EXPECT_EQ(syr_hint_get(&m, i), 0u) << "mark left on worker " << i;
   syr_map_munmap(&m);
   EXPECT_EQ(s->child->stop(10000), 0);
+}
+
+TEST_F(KvServer, CoreShareGivesEachWorkerADeadlineReservationOfItsOwn) {
+  // --core_share (the study's emulation of a core per worker): every worker thread runs
+  // under SCHED_DEADLINE with runtime = share x period, and the server still answers.
+  auto s = start_server(dir_->path() + "/db", "round_robin.c", "kvtest-share", dir_->path() + "/share.err",
+                        {"--core_share=0.02", "--core_period_us=1000"});
+  if (s->port == 0) {
+    std::string err = slurp(dir_->path() + "/share.err");
+    if (err.find("admits no more deadline bandwidth") != std::string::npos)
+      GTEST_SKIP() << "the kernel admits no more SCHED_DEADLINE bandwidth here: " << err;
+    FAIL() << "kv_server --core_share did not start:\n" << err;
+  }
+  int workers = 0;
+  for (auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(s->child->pid()) + "/task")) {
+    if (slurp(t.path().string() + "/comm").rfind("kv-w", 0) != 0) continue;
+    workers++;
+    struct {
+      uint32_t size, sched_policy;
+      uint64_t sched_flags;
+      int32_t sched_nice;
+      uint32_t sched_priority;
+      uint64_t sched_runtime, sched_deadline, sched_period;
+    } a = {};
+    pid_t tid = std::stoi(t.path().filename().string());
+    ASSERT_EQ(syscall(SYS_sched_getattr, tid, &a, sizeof a, 0), 0) << strerror(errno);
+    EXPECT_EQ(a.sched_policy, 6u) << t.path() << " is not SCHED_DEADLINE";
+    EXPECT_EQ(a.sched_runtime, 20'000u) << t.path();
+    EXPECT_EQ(a.sched_period, 1'000'000u) << t.path();
+  }
+  EXPECT_EQ(workers, kWorkers);
+  KvClient c(s->port);
+  for (int i = 0; i < 30; i++) {
+    auto r = c.call(KV_GET, static_cast<uint64_t>(i), static_cast<uint64_t>(i));
+    ASSERT_TRUE(r) << "no answer to GET " << i;
+    EXPECT_EQ(r->hdr.status, KV_OK);
+  }
+  EXPECT_EQ(s->child->stop(10000), 0) << slurp(dir_->path() + "/share.err");
+}
+
+TEST_F(KvServer, CoreShareWithYieldingIsRefusedWithAClearError) {
+  auto s = start_server(dir_->path() + "/db", "round_robin.c", "kvtest-share2", dir_->path() + "/share2.err",
+                        {"--core_share=0.1", "--yield_keys=10"});
+  EXPECT_EQ(s->port, 0);
+  EXPECT_EQ(s->child->stop(10000), 2);
+  EXPECT_NE(slurp(dir_->path() + "/share2.err").find("--core_share excludes --yield_keys"), std::string::npos)
+      << slurp(dir_->path() + "/share2.err");
 }
 
 TEST_F(KvServer, ShutsDownCleanlyPolicyRemovedPinsGone) {

@@ -124,6 +124,50 @@ TEST_F(SocketSelect, ScanAvoidNeverPicksAMarkedExecutorWhileAnUnmarkedOneExists)
   close(fd);
 }
 
+TEST_F(SocketSelect, SitaSpreadsLongRequestsOverItsLongExecutors) {
+  UdpGroup g(5);
+  ASSERT_GT(deploy("policies/sita.c", g, {{"long_type", 7}, {"long_executors", 2}}), 0) << syr_last_error();
+  UdpClient c(g.port());
+  for (int i = 0; i < 300; i++) c.send_request(i % 5 == 0 ? 7 : 1, i);
+  std::vector<std::vector<std::string>> got;
+  auto counts = g.drain(&got);
+  EXPECT_EQ(counts, (std::vector<int>{30, 30, 80, 80, 80})) << "60 long over 2, 240 short over 3";
+  for (int i = 0; i < 2; i++)
+    for (auto& p : got[i]) EXPECT_EQ(p[0], 7) << "a short request reached long executor " << i;
+  for (int i = 2; i < 5; i++)
+    for (auto& p : got[i]) EXPECT_EQ(p[0], 1) << "a long request reached short executor " << i;
+}
+
+TEST_F(SocketSelect, ScanAvoidMarksTheExecutorItHandsALongRequest) {
+  // The long request sits unread in its socket (nobody has started it), yet the requests
+  // after it already avoid that executor: the policy marked it when it steered the long
+  // one there, and the application's clear at the end releases it.
+  UdpGroup g(4);
+  ASSERT_GT(deploy("policies/scan_avoid.c", g, {{"long_type", 2}}), 0) << syr_last_error();
+  int fd = syr_map_open_app("socktest", "scan_map");
+  ASSERT_GE(fd, 0) << syr_last_error();
+  syr_mapped_array m{};
+  ASSERT_EQ(syr_map_mmap(fd, &m), 0) << syr_last_error();
+  close(fd);
+  UdpClient c(g.port());
+  c.send_request(2, 0);
+  auto first = g.drain();
+  int scan_at = static_cast<int>(std::find(first.begin(), first.end(), 1) - first.begin());
+  ASSERT_LT(scan_at, 4) << "the long request was not delivered";
+  EXPECT_EQ(syr_hint_get(&m, static_cast<uint32_t>(scan_at)), 1u) << "executor " << scan_at << " not marked";
+  c.send_request(2, 0);  // a second long request: the policy steers and marks it elsewhere
+  for (int i = 0; i < 40; i++) c.send_request(1, i);
+  auto counts = g.drain();
+  EXPECT_EQ(counts[scan_at], 0) << "a request went to the executor holding the long one";
+  int marked = 0;
+  for (uint32_t i = 0; i < 4; i++) marked += syr_hint_get(&m, i) != 0;
+  EXPECT_EQ(marked, 2);
+  for (uint32_t i = 0; i < 4; i++) syr_hint_set(&m, i, 0);  // the application finished them
+  for (int i = 0; i < 40; i++) c.send_request(1, i);
+  EXPECT_EQ(g.drain(), (std::vector<int>{10, 10, 10, 10}));
+  syr_map_munmap(&m);
+}
+
 TEST_F(SocketSelect, LeastLoadedFollowsTheQueueLengthsInTheMap) {
   UdpGroup g(4);
   ASSERT_GT(deploy("policies/least_loaded.c", g), 0) << syr_last_error();

@@ -22,6 +22,8 @@
 // - Threads: the whole server is pinned to --cpus (so the load generator can own the
 //   other core). Workers share that core, so a SCAN can yield it every --yield_keys keys
 //   (the same for every policy) and workers may ask for a shorter slice (--slice_us).
+//   With --core_share F each worker instead has a SCHED_DEADLINE reservation of F of a CPU
+//   (a slow core of its own, emulated; see set_core_share).
 //   With --thread_policy (e.g. get_first) the server deploys it at the thread hook before
 //   starting the workers, each worker registers itself as executor i, and long_req[i]
 //   is set while it serves a SCAN. Where the thread hook is not available the deploy
@@ -33,14 +35,13 @@
 //
 //   kv_server --db DIR [--keys N] [--workers N] [--port P] [--policy FILE.c] [--params k=v,..]
 //             [--app NAME] [--scan_len N | --scan_ratio R] [--cpus LIST] [--slice_us U]
-//             [--calibrate_only] [--thread_policy FILE.c]
+//             [--core_share F] [--calibrate_only] [--thread_policy FILE.c]
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -74,8 +75,11 @@ DEFINE_uint32(scan_len, 0, "keys per SCAN (0: calibrate to --scan_ratio)");
 DEFINE_double(scan_ratio, 70, "cost of a SCAN in GETs when calibrating");
 DEFINE_string(cpus, "", "CPUs the server may run on, e.g. 1 or 0-1 (empty: any)");
 DEFINE_int32(slice_us, 0, "scheduler slice asked for each worker (sched_attr.sched_runtime; 0: default)");
+DEFINE_double(core_share, 0,
+              "emulate a core of its own per worker: each worker is a SCHED_DEADLINE reservation of "
+              "this fraction of a CPU (0: off, workers share --cpus in the fair class)");
+DEFINE_int32(core_period_us, 100, "period of a --core_share reservation, us (>= 100)");
 DEFINE_uint32(yield_keys, 0, "a SCAN yields the core (sched_yield) every this many keys (0: never)");
-DEFINE_int32(scan_nice, 0, "nice of a worker while it serves a SCAN (0: unchanged)");
 DEFINE_int32(rcvbuf, 1 << 20, "receive buffer of each socket, bytes");
 DEFINE_bool(calibrate_only, false, "load the DB, print the calibration as JSON and exit");
 DEFINE_string(thread_policy, "", "thread policy to deploy for the workers (needs the thread hook)");
@@ -229,6 +233,38 @@ int set_slice(int slice_us) {
   return 0;
 }
 
+// --core_share: a SCHED_DEADLINE reservation of share x period every period (a short
+// period, so a worker that used its share waits little: closer to a slow core), for the worker's
+// whole life. This is how a 2-core machine emulates the talk's one-worker-per-core server:
+// each worker gets a fixed share of CPU that nobody else can take and that it cannot
+// exceed, so a SCAN occupies only its own worker's "core", and a socket the hash gives
+// more flows saturates its worker as it would a dedicated core. The kernel refuses
+// deadline tasks whose affinity is narrower than their root domain, so the worker first
+// widens it to every CPU; deadline tasks cannot fork, hence SCHED_FLAG_RESET_ON_FORK. The
+// reservation ends with the thread (switching a sleeping deadline task back to the fair
+// class leaks its bandwidth on some kernels, exiting does not).
+int set_core_share(double share, int period_us) {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  for (long c = 0; c < CPU_SETSIZE && c < sysconf(_SC_NPROCESSORS_CONF); c++) CPU_SET(c, &all);
+  if (sched_setaffinity(0, sizeof all, &all) < 0) return -errno;
+  struct {
+    uint32_t size, sched_policy;
+    uint64_t sched_flags;
+    int32_t sched_nice;
+    uint32_t sched_priority;
+    uint64_t sched_runtime, sched_deadline, sched_period;
+  } a = {};
+  a.size = sizeof a;
+  a.sched_policy = 6;    // SCHED_DEADLINE
+  a.sched_flags = 0x01;  // SCHED_FLAG_RESET_ON_FORK
+  a.sched_period = static_cast<uint64_t>(period_us) * 1000;
+  a.sched_deadline = a.sched_period;
+  a.sched_runtime = static_cast<uint64_t>(share * static_cast<double>(a.sched_period));
+  if (syscall(SYS_sched_setattr, 0, &a, 0) < 0) return -errno;
+  return 0;
+}
+
 void reply(Worker& w, const Pending& p, kv_response& r, const void* body, uint32_t len) {
   r.status = htole32(r.status);
   r.type = htole32(r.type);
@@ -295,9 +331,7 @@ void handle(Worker& w, const Pending& p, size_t waiting) {
       // reading scan_map sees this worker busy for exactly the SCAN.
       if (g.have_scan_map) syr_hint_set(&g.scan_map, w.idx, 1);
       if (g.have_long_req) syr_hint_set(&g.long_req, w.idx, 1);
-      if (FLAGS_scan_nice) setpriority(PRIO_PROCESS, static_cast<id_t>(w.tid), FLAGS_scan_nice);
       int e = g.db.scan(q.key, q.scan_len ? q.scan_len : g.scan_len, &r.count, &r.digest, FLAGS_yield_keys);
-      if (FLAGS_scan_nice) setpriority(PRIO_PROCESS, static_cast<id_t>(w.tid), 0);
       if (g.have_scan_map) syr_hint_set(&g.scan_map, w.idx, 0);
       if (g.have_long_req) syr_hint_set(&g.long_req, w.idx, 0);
       if (e) {
@@ -333,6 +367,17 @@ void worker_main(Worker* w) {
   if (FLAGS_slice_us > 0) {
     int e = set_slice(FLAGS_slice_us);
     if (e) fprintf(stderr, "kv_server: worker %d: sched slice: %s\n", w->idx, strerror(-e));
+  }
+  if (FLAGS_core_share > 0) {
+    int e = set_core_share(FLAGS_core_share, FLAGS_core_period_us);
+    if (e) {
+      // Without the reservation it would be a different experiment: stop.
+      fprintf(stderr, "kv_server: worker %d: SCHED_DEADLINE reservation of %.3f CPU: %s%s\n", w->idx,
+              FLAGS_core_share, strerror(-e),
+              e == -EBUSY ? " (the kernel admits no more deadline bandwidth: lower --core_share or --workers)"
+                          : "");
+      _exit(2);
+    }
   }
   if (g.thread_policy_id > 0) {
     int e = register_for_thread_hook(w->idx);
@@ -438,6 +483,11 @@ int main(int argc, char** argv) {
       FLAGS_port < 0 || FLAGS_port > 65535) {
     fprintf(stderr, "kv_server: --db is required; --workers 1..%d, --keys >= 1, --port 0..65535\n",
             SYR_MAX_EXECUTORS);
+    return 2;
+  }
+  if (FLAGS_core_share < 0 || FLAGS_core_share > 1 || FLAGS_core_period_us < 100 || (FLAGS_core_share > 0 && (FLAGS_yield_keys || FLAGS_slice_us))) {
+    // sched_yield() ends a deadline task's budget for the period: no yielding with shares.
+    fprintf(stderr, "kv_server: --core_share is 0..1, --core_period_us >= 100; --core_share excludes --yield_keys and --slice_us\n");
     return 2;
   }
 

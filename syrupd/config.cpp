@@ -569,8 +569,22 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
       }
     }
   }
-  bool persist = true;
-  if (auto it = f.find("persist"); it != f.end()) bool_of(it->second, sub(path, "persist"), persist);
+  // socket-select and thread policies follow their process: removed when it exits, and
+  // deployed again (on the new process) by the next apply. Persisting past the process
+  // is refused: a socket-select policy holds the process's sockets, so the port would stay
+  // bound to sockets nobody reads, a restarted server joining that group (same uid,
+  // SO_REUSEPORT) would get none of its traffic, and, the entry being unchanged, no reload
+  // would ever move the policy to the new process. XDP policies belong to an interface
+  // and persist by default.
+  bool needs_process = e.hook == "socket-select" || e.hook == "thread";
+  bool persist = !needs_process;
+  if (auto it = f.find("persist"); it != f.end() && bool_of(it->second, sub(path, "persist"), persist) &&
+                                   persist && needs_process)
+    error(it->second, sub(path, "persist"),
+          "persist: true is not allowed for the " + e.hook +
+              " hook: its policy follows the process (removed when it exits, deployed again on the new "
+              "process by the next reload); a persisting " + e.hook +
+              " policy would hold on to the exited process's " + (e.hook == "thread" ? "threads" : "sockets"));
 
   // The process it schedules.
   const Field* sel = nullptr;

@@ -42,6 +42,7 @@ using nlohmann::json;
 namespace {
 
 constexpr int kRecvTimeoutSec = 5;
+constexpr int kConfigRetrySec = 5;  // how often --config entries waiting for their process are retried
 
 json ok(json extra = json::object()) {
   extra["ok"] = true;
@@ -238,7 +239,19 @@ int Daemon::init(const DaemonConfig& cfg) {
 int Daemon::run() {
   epoll_event evs[32];
   for (;;) {
-    int n = epoll_wait(epoll_fd_.get(), evs, 32, sweep_clients());
+    int timeout = sweep_clients();
+    if (!config_waiting_.empty()) {
+      auto now = std::chrono::steady_clock::now();
+      if (now >= config_retry_at_) {
+        apply_config(true);
+        config_retry_at_ = now + std::chrono::seconds(kConfigRetrySec);
+      }
+      if (!config_waiting_.empty()) {
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(config_retry_at_ - now).count() + 1;
+        timeout = timeout < 0 ? static_cast<int>(ms) : std::min(timeout, static_cast<int>(ms));
+      }
+    }
+    int n = epoll_wait(epoll_fd_.get(), evs, 32, timeout);
     if (n < 0) {
       if (errno == EINTR) continue;
       log(LogLevel::kError, "epoll_wait: %s", std::strerror(errno));
@@ -746,6 +759,11 @@ void Daemon::owner_exited(int pidfd) {
     if (p->owner_pidfd.get() == pidfd) ids.push_back(id);
   for (int id : ids) {
     std::string why = "owner process " + std::to_string(policies_[id]->owner_pid) + " exited";
+    // A --config entry's policy comes back on the process's successor.
+    if (!policies_[id]->config_identity.empty()) {
+      if (config_waiting_.empty()) config_retry_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      config_waiting_.insert(policies_[id]->config_identity);
+    }
     remove_policy(id, true, why.c_str());
   }
   if (ids.empty()) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, pidfd, nullptr);
@@ -865,24 +883,42 @@ void Daemon::reload_config() {
   changed();
 }
 
-void Daemon::apply_config() {
+void Daemon::apply_config(bool retry) {
   std::vector<config::Applied> current;
   for (auto& [id, p] : policies_)
     if (!p->config_identity.empty()) current.push_back({p->config_identity, p->config_hash, id});
   config::Plan plan = config::plan(config_, current);
+  if (retry) {
+    // Only what waits for its process; the rest of the plan is the next reload's.
+    std::erase_if(plan.to_deploy, [&](const config::PlannedDeploy& d) { return !config_waiting_.count(d.entry.identity); });
+    plan.to_remove.clear();
+    std::set<std::string> planned;
+    for (auto& d : plan.to_deploy) planned.insert(d.entry.identity);
+    std::erase_if(config_waiting_, [&](const std::string& id) { return !planned.count(id); });
+  } else {
+    config_waiting_.clear();
+    config_retry_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(kConfigRetrySec);
+  }
   for (auto& a : plan.to_remove) remove_policy(a.policy_id, true, ("no longer in " + cfg_.config_path).c_str());
-  int failed = 0;
+  int failed = 0, deployed = 0;
   for (auto& d : plan.to_deploy) {
     const config::PolicyEntry& e = d.entry;
     std::string where = config_.path + ":" + std::to_string(e.line) + ": " + e.where;
     proto::Message msg;
     std::string err;
     if (int r = config::make_request(e, msg.body, err)) {
-      log(LogLevel::kError, "%s: %s", where.c_str(), err.c_str());
-      totals_.error("config", r);
+      // No such process (yet): retried every kConfigRetrySec until it appears.
+      bool waits = r == -ESRCH || r == -ENOENT;
+      bool again = retry && config_waiting_.count(e.identity);
+      log(again ? LogLevel::kDebug : LogLevel::kError, "%s: %s%s", where.c_str(), err.c_str(),
+          waits && !again ? " (retried every 5 s)" : "");
+      if (waits) config_waiting_.insert(e.identity);
+      else config_waiting_.erase(e.identity);
+      if (!again) totals_.error("config", r);
       failed++;
       continue;
     }
+    config_waiting_.erase(e.identity);
     // Deployed for the tenant (its uid owns the application), with an operator's rights:
     // the operator who wrote the file may name any port or process. The tenant's quotas
     // still apply: an operator who writes a quota for a tenant means all of its policies,
@@ -898,11 +934,20 @@ void Daemon::apply_config() {
       continue;
     }
     int id = resp.body["id"];
+    deployed++;
     policies_[id]->config_identity = e.identity;
     policies_[id]->config_hash = e.hash;
     record(*policies_[id]);
     if (d.replaces && resp.body.value("replaced", 0) != d.replaces)
       remove_policy(d.replaces, true, ("replaced by " + e.identity).c_str());
+  }
+  if (retry) {
+    if (deployed) {
+      log(LogLevel::kInfo, "retried %s entries waiting for their process: %d deployed, %zu still waiting",
+          cfg_.config_path.c_str(), deployed, config_waiting_.size());
+      changed();
+    }
+    return;
   }
   totals_.config_reloads++;
   if (failed) totals_.config_reload_failures++;

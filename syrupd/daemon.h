@@ -22,6 +22,7 @@
 #include <ctime>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -129,7 +130,9 @@ class Daemon {
   void publish_metrics();
   // --config: load at start, reload on SIGHUP, deploy/remove only what changed.
   void reload_config();
-  void apply_config();
+  // `retry`: only the entries in config_waiting_, quietly (a retry that finds the process
+  // still missing logs at debug level and changes no totals).
+  void apply_config(bool retry = false);
   config::Quotas quotas_for(const std::string& app) const;
   void gc_app(const std::string& app);
   nlohmann::json describe(const Policy& p) const;
@@ -169,6 +172,11 @@ class Daemon {
   };
   std::map<uid_t, Bucket> buckets_;
   config::Config config_;
+  // Identities of --config entries waiting for their process: it was not running at the
+  // last apply, or the entry's policy ended with it. Retried every kConfigRetrySec, so a
+  // restarted server gets its policy back without a reload.
+  std::set<std::string> config_waiting_;
+  std::chrono::steady_clock::time_point config_retry_at_;
   metrics::Metrics metrics_;
   metrics::Totals totals_;
   int metrics_refresh_fd_ = -1;

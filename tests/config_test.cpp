@@ -7,6 +7,7 @@
 #include <net/if.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -325,6 +326,83 @@ TEST(Config, RebootStyleCleanStartRebuildsFromTheFile) {
   check_deployed(d, "after the reboot");
   EXPECT_EQ(d.stop(), 0);
   EXPECT_EQ(attached_xdp_prog(net->host_if), 0u) << "syrupd left an XDP program attached";
+}
+
+// A socket-select entry follows its process: when the process exits its policy goes
+// (the sockets are released), and when a new process is there (found again through the
+// pid file) syrupd deploys the entry on it within a few seconds, without a reload.
+TEST(Config, SocketSelectEntryFollowsItsProcessAcrossARestartWithoutAReload) {
+  SYRUP_REQUIRE_ROOT();
+  uint16_t port;
+  {
+    UdpGroup probe(1);  // a free port, released at once
+    port = probe.port();
+  }
+  TempFile pidfile("server.pid"), yaml("follow.yaml");
+  // A "server": two SO_REUSEPORT sockets on the port; writes its pid file when bound.
+  auto start_server = [&]() -> pid_t {
+    pid_t c = fork();
+    if (c == 0) {
+      UdpGroup g(2, port);
+      std::ofstream(pidfile.path + ".tmp") << getpid() << "\n";
+      rename((pidfile.path + ".tmp").c_str(), pidfile.path.c_str());
+      for (;;) pause();
+    }
+    for (int i = 0; i < 200 && access(pidfile.path.c_str(), F_OK) != 0; i++)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return c;
+  };
+  struct Reaper {
+    pid_t pid = -1;
+    void stop() {
+      if (pid > 0) kill(pid, SIGKILL), waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+    ~Reaper() { stop(); }
+  } server;
+  server.pid = start_server();
+  ASSERT_GT(server.pid, 0);
+  {
+    std::ofstream f(yaml.path);
+    f << "tenants:\n  - name: follow\n    uid: 0\n    policies:\n      - name: by-key\n        hook: socket-select\n"
+      << "        policy: " << source_path("tests/policies/by_key.c") << "\n        pidfile: " << pidfile.path
+      << "\n        port: " << port << "\n";
+  }
+  Daemon d;
+  d.start("", {"--config=" + yaml.path});
+  auto deployed_for = [&](pid_t pid, int ms) {
+    for (int t = 0; t < ms / 50; t++) {
+      json l = list_policies();
+      if (pid == 0 && l.is_array() && l.empty()) return true;
+      if (pid && l.is_array() && l.size() == 1 && l[0]["owner_pid"] == pid) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  };
+  // Routes by key on the server's sockets: all even keys to executor 0.
+  auto routes = [&](const char* when) {
+    SCOPED_TRACE(when);
+    json l = list_policies();
+    ASSERT_EQ(l.size(), 1u);
+    UdpClient c(port);
+    for (uint32_t k = 0; k < 20; k++) c.send_request(1, 2 * k);
+    std::string out;
+    run_cmd(build_bin("syrupctl") + " --json stats " + std::to_string(l[0]["id"].get<int>()), out);
+    json st = json::parse(out, nullptr, false);
+    ASSERT_TRUE(st.is_array() && st.size() == 1u) << out;
+    EXPECT_EQ(st[0]["executors"], json::parse("[20, 0]")) << out;
+  };
+  ASSERT_TRUE(deployed_for(server.pid, 2000)) << list_policies().dump() << d.log();
+  EXPECT_EQ(list_policies()[0]["persist"], false) << "a socket-select entry follows its process";
+  routes("first server");
+
+  server.stop();
+  ASSERT_TRUE(deployed_for(0, 3000)) << "the policy must end with its process: " << list_policies().dump();
+  server.pid = start_server();
+  ASSERT_TRUE(deployed_for(server.pid, 10000)) << list_policies().dump() << d.log();
+  EXPECT_NE(d.log().find("entries waiting for their process: 1 deployed"), std::string::npos) << d.log();
+  routes("restarted server");
+  EXPECT_EQ(d.stop(), 0);
 }
 
 }  // namespace

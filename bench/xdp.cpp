@@ -26,13 +26,16 @@
 // (pass, executor core 0), and phase 2 measures A (1 application) against B
 // (env.xdp_apps applications), interleaved. The other applications are then removed and
 // phase 3 repeats the control. Reported: medians and the median of the per-round ratios
-// B/A.
+// B/A. The control operations are timed too: each filler deploy, the removals, and the
+// `list` request (what `syrupctl list` sends) with 2, N/4, N/2, 3N/4 and N + 1 policies
+// deployed, to show that listing grows linearly with the policies, not faster.
 //
 // ns/packet is the calling thread's CPU time over the BPF_PROG_TEST_RUN call divided by
 // repeat (sub-ns resolution; the kernel's own `duration` is truncated to whole ns and is
 // reported next to it). Time the test loop spends preempted is not counted by either.
 #include <bpf/bpf.h>
 #include <linux/bpf.h>
+#include <syrup/syrup.h>
 #include <syrup/xdp_abi.h>
 
 #include <algorithm>
@@ -44,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "client.h"
 #include "harness.h"
 #include "xdp_common.h"
 
@@ -58,6 +62,8 @@ constexpr uint16_t kFillerPortBase = 20000;
 constexpr double kTargetOverheadNs = 15;
 constexpr double kTargetTotalNs = 40;
 constexpr double kTargetGrowth = 1.05;
+// `syrupctl list` with a thousand tenants should feel instant to an operator.
+constexpr double kTargetListMs = 100;
 
 // One program under test: what to run, over which frame, and what must come out.
 struct Subject {
@@ -237,6 +243,26 @@ int run_xdp_cost(const Env& env, json& out) {
   return deployed.remove_all();
 }
 
+// Times `samples` list requests to syrupd, each on its own connection as syrupctl makes it:
+// connect, send, receive and parse the whole answer. Adds one sample per request (ms) to
+// `ms`; `listed` is the number of policies in the last answer.
+int time_list(int samples, std::vector<double>& ms, size_t& listed) {
+  for (int i = 0; i < samples; i++) {
+    auto t0 = std::chrono::steady_clock::now();
+    syrup::Client c;
+    syrup::Message resp;
+    int r = c.connect(syr_socket_path());
+    if (!r) r = c.call({{"op", "list"}}, resp);
+    if (r || !resp.body.value("ok", false)) {
+      std::fprintf(stderr, "syrup_bench: list failed: %s\n", r ? c.error().c_str() : resp.body.dump().c_str());
+      return r ? r : -EIO;
+    }
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    listed = resp.body["policies"].size();
+  }
+  return 0;
+}
+
 int run_xdp_scale(const Env& env, json& out) {
   if (env.xdp_apps < 2 || env.xdp_apps > SYR_XDP_MAX_APPS) {
     std::fprintf(stderr, "syrup_bench: --xdp_apps must be in 2..%d\n", SYR_XDP_MAX_APPS);
@@ -299,6 +325,22 @@ int run_xdp_scale(const Env& env, json& out) {
   std::vector<double> before_ratios[2];
   if (int r = phase("Phase 1 (control): 1 application on A, 1 on B", before, before_ratios)) return r;
 
+  // `list` with 2, about N/4, N/2, 3N/4 and N + 1 policies: the time per extra policy
+  // stays flat if listing is linear.
+  constexpr int kListSamples = 30;
+  struct ListPoint {
+    size_t policies = 0;
+    std::vector<double> ms;
+  };
+  std::vector<ListPoint> lists;
+  auto measure_list = [&]() -> int {
+    ListPoint p;
+    if (int r = time_list(kListSamples, p.ms, p.policies)) return r;
+    lists.push_back(std::move(p));
+    return 0;
+  };
+  if (int r = measure_list()) return r;
+
   std::printf("\ndeploying %u applications on %s ...\n", env.xdp_apps - 1, b.host_if.c_str());
   std::fflush(stdout);
   std::vector<double> deploy_ms;
@@ -310,7 +352,10 @@ int run_xdp_scale(const Env& env, json& out) {
     int id = fillers.deploy(pass_path, app, b.host_if, static_cast<uint16_t>(kFillerPortBase + i), core0);
     if (id < 0) return id;
     deploy_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (i == env.xdp_apps / 4 || i == env.xdp_apps / 2 || i == 3 * env.xdp_apps / 4)
+      if (int r = measure_list()) return r;
   }
+  if (int r = measure_list()) return r;
   // Medians per block of (up to) 100 deploys, in order: whether a deploy gets slower as the
   // interface fills up.
   std::vector<double> by_block;
@@ -324,6 +369,27 @@ int run_xdp_scale(const Env& env, json& out) {
               deploy_ms.size(), median(deploy_ms), percentile(deploy_ms, 90), percentile(deploy_ms, 100));
   for (double m : by_block) std::printf(" %.1f", m);
   std::printf(" ms\n");
+  std::printf("list (%d requests each, one connection per request, as syrupctl list):\n", kListSamples);
+  json list_json = json::array();
+  for (auto& p : lists) {
+    double med = median(p.ms);
+    std::printf("  %5zu policies: median %.2f ms, p90 %.2f ms, max %.2f ms, %.1f us per policy\n", p.policies, med,
+                percentile(p.ms, 90), percentile(p.ms, 100), p.policies ? 1000 * med / static_cast<double>(p.policies) : 0);
+    list_json.push_back({{"policies", p.policies},
+                         {"median_ms", med},
+                         {"p90_ms", percentile(p.ms, 90)},
+                         {"max_ms", percentile(p.ms, 100)},
+                         {"samples_ms", p.ms}});
+  }
+  // Linear: the time per extra policy from the middle point to the last is about the same
+  // as from the first to the middle (quadratic work would make it about three times as much).
+  double per_lo = 0, per_hi = 0;
+  if (lists.size() == 5) {
+    per_lo = (median(lists[2].ms) - median(lists[0].ms)) / static_cast<double>(lists[2].policies - lists[0].policies);
+    per_hi = (median(lists[4].ms) - median(lists[2].ms)) / static_cast<double>(lists[4].policies - lists[2].policies);
+    std::printf("  ms per extra policy: %.4f (first half), %.4f (second half): %.2fx\n", per_lo, per_hi,
+                per_lo > 0 ? per_hi / per_lo : 0);
+  }
 
   std::vector<Subject> after = subjects();
   std::vector<double> after_ratios[2];
@@ -352,6 +418,10 @@ int run_xdp_scale(const Env& env, json& out) {
               median(ns_of(after[0])), total, env.xdp_apps, growth, control, control2, median(after_ratios[1]),
               median(before_ratios[1]), median(again_ratios[1]));
   std::printf("\ntargets:\n");
+  if (!lists.empty()) {
+    double full = median(lists.back().ms);
+    print_target("list with N + 1 policies (median)", full, "ms", "< 100 ms", full < kTargetListMs);
+  }
   print_target("rr, N apps / 1 app", growth, "x", "<= 1.05x", growth <= kTargetGrowth);
   print_target("rr with N apps", total, "ns/packet", "< 40 ns", total < kTargetTotalNs);
 
@@ -378,6 +448,7 @@ int run_xdp_scale(const Env& env, json& out) {
            {"median_per_100_in_order", by_block},
            {"samples", deploy_ms}}},
          {"filler_remove_total_s", remove_s},
+         {"list", {{"points", list_json}, {"ms_per_policy_first_half", per_lo}, {"ms_per_policy_second_half", per_hi}}},
          {"targets",
           {{"growth_max", kTargetGrowth},
            {"growth_met", growth <= kTargetGrowth},

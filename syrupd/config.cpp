@@ -199,7 +199,7 @@ class Parser {
   bool uint_of(const Field& f, const std::string& key, uint64_t min, uint64_t max, uint64_t& out,
                const std::string& expected);
   bool bool_of(const Field& f, const std::string& key, bool& out);
-  void quotas(const Field& f, const std::string& path, Quotas& out);
+  void quotas(const Field& f, const std::string& path, Quotas& out, std::map<std::string, QuotaSource>& where);
   void tenant(const YAML::Node& n, const std::string& path, const Config& cfg, Tenant& out);
   void policy(const YAML::Node& n, const std::string& path, const Tenant& t, std::vector<PolicyEntry>& out);
   void cross_checks(Config& cfg);
@@ -281,7 +281,8 @@ bool Parser::bool_of(const Field& f, const std::string& key, bool& out) {
   return false;
 }
 
-void Parser::quotas(const Field& f, const std::string& path, Quotas& out) {
+void Parser::quotas(const Field& f, const std::string& path, Quotas& out,
+                    std::map<std::string, QuotaSource>& where) {
   std::map<std::string, Field> q;
   if (!fields(f.value, path, "a mapping of quotas (" + join(kQuotaKeys) + ")", q, &kQuotaKeys, line_of(f.key)))
     return;
@@ -294,6 +295,7 @@ void Parser::quotas(const Field& f, const std::string& path, Quotas& out) {
                                     : name == "requests_per_second" ? &out.requests_per_second
                                                              : nullptr;
     if (!slot) continue;  // reported as unknown
+    where[name] = {value_line(fld), sub(path, name)};
     bool size = name == "map_bytes" || name == "source_bytes";
     uint64_t v;
     if (fld.value.IsScalar() && fld.value.Scalar() == "unlimited") {
@@ -407,7 +409,7 @@ void Parser::run(const std::string& text, Config& out) {
   if (auto it = top.find("defaults"); it != top.end()) {
     std::map<std::string, Field> d;
     if (fields(it->second.value, "defaults", "a mapping with the key quotas", d, &kDefaultsKeys, line_of(it->second.key)))
-      if (auto q = d.find("quotas"); q != d.end()) quotas(q->second, "defaults.quotas", out.defaults);
+      if (auto q = d.find("quotas"); q != d.end()) quotas(q->second, "defaults.quotas", out.defaults, out.default_sources);
   }
   if (auto it = top.find("tenants"); it != top.end()) {
     const YAML::Node& ts = it->second.value;
@@ -446,8 +448,10 @@ void Parser::tenant(const YAML::Node& n, const std::string& path, const Config& 
     if (uint_of(it->second, sub(path, "uid"), 0, UINT32_MAX - 1, uid, "a uid (a non-negative integer below 4294967295)"))
       out.uid = static_cast<uid_t>(uid);
   }
-  if (auto it = f.find("quotas"); it != f.end()) quotas(it->second, sub(path, "quotas"), out.quotas);
+  if (auto it = f.find("quotas"); it != f.end())
+    quotas(it->second, sub(path, "quotas"), out.quotas, out.quota_sources);
   out.effective = out.quotas.over(cfg.defaults);
+  for (auto& [name, src] : cfg.default_sources) out.quota_sources.emplace(name, src);  // own ones win
   if (auto it = f.find("policies"); it != f.end()) {
     const YAML::Node& ps = it->second.value;
     if (ps.IsNull()) return;
@@ -565,8 +569,22 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
       }
     }
   }
-  bool persist = true;
-  if (auto it = f.find("persist"); it != f.end()) bool_of(it->second, sub(path, "persist"), persist);
+  // socket-select and thread policies follow their process: removed when it exits, and
+  // deployed again (on the new process) by the next apply. Persisting past the process
+  // is refused: a socket-select policy holds the process's sockets, so the port would stay
+  // bound to sockets nobody reads, a restarted server joining that group (same uid,
+  // SO_REUSEPORT) would get none of its traffic, and, the entry being unchanged, no reload
+  // would ever move the policy to the new process. XDP policies belong to an interface
+  // and persist by default.
+  bool needs_process = e.hook == "socket-select" || e.hook == "thread";
+  bool persist = !needs_process;
+  if (auto it = f.find("persist"); it != f.end() && bool_of(it->second, sub(path, "persist"), persist) &&
+                                   persist && needs_process)
+    error(it->second, sub(path, "persist"),
+          "persist: true is not allowed for the " + e.hook +
+              " hook: its policy follows the process (removed when it exits, deployed again on the new "
+              "process by the next reload); a persisting " + e.hook +
+              " policy would hold on to the exited process's " + (e.hook == "thread" ? "threads" : "sockets"));
 
   // The process it schedules.
   const Field* sel = nullptr;

@@ -89,12 +89,22 @@ struct PolicyEntry {
   std::string hash;
 };
 
+// Where a quota was written, so a deploy refused for it can point the operator at the
+// line to edit.
+struct QuotaSource {
+  int line = 0;
+  std::string key;  // "tenants[0].quotas.map_bytes" or "defaults.quotas.map_bytes"
+};
+
 struct Tenant {
   std::string name;
   uid_t uid = 0;
   int line = 0;
   Quotas quotas;      // as written
   Quotas effective;   // quotas.over(Config::defaults)
+  // Resource name ("policies", "maps", ...) -> where its effective value was written
+  // (the tenant's own quotas, else defaults.quotas); absent when neither sets it.
+  std::map<std::string, QuotaSource> quota_sources;
   std::vector<PolicyEntry> policies;
 };
 
@@ -103,6 +113,7 @@ struct Config {
   int version = 1;
   std::string admin_group;   // a group name or a numeric gid, as written; "" = none
   Quotas defaults;
+  std::map<std::string, QuotaSource> default_sources;  // as Tenant::quota_sources
   std::vector<Tenant> tenants;
 
   const Tenant* tenant(const std::string& name) const;

@@ -42,6 +42,7 @@ using nlohmann::json;
 namespace {
 
 constexpr int kRecvTimeoutSec = 5;
+constexpr int kConfigRetrySec = 5;  // how often --config entries waiting for their process are retried
 
 json ok(json extra = json::object()) {
   extra["ok"] = true;
@@ -139,8 +140,26 @@ int Daemon::init(const DaemonConfig& cfg) {
         "what they held (their hooks use the kernel's default until deployed to again) and "
         "removed their pins",
         released, apps.c_str());
-  for (auto& app_dir : fs::directory_iterator(apps, ec))
-    if (!app_owner_.count(app_dir.path().filename().string())) pins::remove_tree(app_dir.path());
+  // Applications no adopted policy belongs to go whole; those that have one keep only the
+  // maps an adopted policy declares. A previous syrupd that died between pinning a new
+  // policy's maps and recording the policy, or whose policies above could not be adopted,
+  // leaves map pins nothing claims: they would hold kernel memory and count against the
+  // application's quotas forever.
+  std::vector<std::string> kept;
+  for (auto& app_dir : fs::directory_iterator(apps, ec)) {
+    std::string app = app_dir.path().filename().string();
+    if (!app_owner_.count(app)) pins::remove_tree(app_dir.path());
+    else kept.push_back(app);
+  }
+  for (auto& app : kept) {
+    size_t before = 0, after = 0;
+    for (auto& e : fs::directory_iterator(pins::app_maps_dir(app), ec)) (void)e, before++;
+    gc_app(app);
+    for (auto& e : fs::directory_iterator(pins::app_maps_dir(app), ec)) (void)e, after++;
+    if (after < before)
+      log(LogLevel::kWarn, "removed %zu map pins of application '%s' that no adopted policy declares",
+          before - after, app.c_str());
+  }
   for (auto& h : hooks_) h->recover();
   if ((r = pins::make_dirs(apps))) {
     log(LogLevel::kError, "cannot create %s: %s", apps.c_str(), std::strerror(-r));
@@ -220,7 +239,19 @@ int Daemon::init(const DaemonConfig& cfg) {
 int Daemon::run() {
   epoll_event evs[32];
   for (;;) {
-    int n = epoll_wait(epoll_fd_.get(), evs, 32, -1);
+    int timeout = sweep_clients();
+    if (!config_waiting_.empty()) {
+      auto now = std::chrono::steady_clock::now();
+      if (now >= config_retry_at_) {
+        apply_config(true);
+        config_retry_at_ = now + std::chrono::seconds(kConfigRetrySec);
+      }
+      if (!config_waiting_.empty()) {
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(config_retry_at_ - now).count() + 1;
+        timeout = timeout < 0 ? static_cast<int>(ms) : std::min(timeout, static_cast<int>(ms));
+      }
+    }
+    int n = epoll_wait(epoll_fd_.get(), evs, 32, timeout);
     if (n < 0) {
       if (errno == EINTR) continue;
       log(LogLevel::kError, "epoll_wait: %s", std::strerror(errno));
@@ -243,6 +274,10 @@ int Daemon::run() {
         stop = true;
       } else if (clients_.count(fd)) {
         serve_client(fd);
+      } else if (rejected_.count(fd)) {
+        // Its request (or end of stream) came: the error it was sent has been delivered.
+        epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+        rejected_.erase(fd);
       } else if (fd == metrics_refresh_fd_) {
         uint64_t n;
         if (read(fd, &n, sizeof n) == sizeof n) publish_metrics();
@@ -280,17 +315,80 @@ void Daemon::accept_client() {
     timeval tv{kRecvTimeoutSec, 0};
     setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    ucred cred{};
+    socklen_t cl = sizeof cred;
+    getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
+    // Root is never turned away: the operator must be able to act while users crowd the
+    // socket.
+    if (cred.uid != 0 && unprivileged_clients_ >= cfg_.max_clients) {
+      reject_client(c, cred.uid);
+      continue;
+    }
     epoll_event ev{EPOLLIN, {.fd = c}};
     epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, c, &ev);
-    clients_.emplace(c, UniqueFd(c));
+    clients_.emplace(c, Conn{UniqueFd(c), cred.uid, std::chrono::steady_clock::now()});
+    if (cred.uid != 0) unprivileged_clients_++;
   }
+}
+
+void Daemon::reject_client(int c, uid_t uid) {
+  UniqueFd fd(c);
+  log(LogLevel::kWarn, "refused a connection of uid %u: %zu connections of users other than root are open (--max_clients)",
+      uid, unprivileged_clients_);
+  totals_.error("connect", EBUSY);
+  // The error goes out before the request comes in; the client reads it as the answer to
+  // its request. Closing at once would make the client's send fail with EPIPE instead,
+  // so the connection is half-closed and kept until the request arrives (or 1 s).
+  proto::send_message(c, proto::error_response(
+                             EBUSY, "syrupd serves at most " + std::to_string(cfg_.max_clients) +
+                                        " connections of users other than root at a time (syrupd --max_clients); " +
+                                        std::to_string(unprivileged_clients_) + " are open; retry later"));
+  shutdown(c, SHUT_WR);
+  constexpr size_t kMaxRejected = 64;  // beyond this, close at once: no unbounded parking
+  if (rejected_.size() >= kMaxRejected) return;
+  epoll_event ev{EPOLLIN, {.fd = c}};
+  if (epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, c, &ev) < 0) return;
+  rejected_.emplace(c, std::pair{std::move(fd), std::chrono::steady_clock::now() + std::chrono::seconds(1)});
+}
+
+int Daemon::sweep_clients() {
+  auto now = std::chrono::steady_clock::now();
+  auto next = std::chrono::steady_clock::time_point::max();
+  for (auto it = rejected_.begin(); it != rejected_.end();) {
+    if (it->second.second <= now) {
+      epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, it->first, nullptr);
+      it = rejected_.erase(it);
+    } else {
+      next = std::min(next, it->second.second);
+      ++it;
+    }
+  }
+  auto idle = std::chrono::seconds(cfg_.client_idle_timeout_s);
+  for (auto it = clients_.begin(); it != clients_.end();) {
+    if (cfg_.client_idle_timeout_s && it->second.last + idle <= now) {
+      log(LogLevel::kDebug, "closing a connection of uid %u idle for %u s", it->second.uid, cfg_.client_idle_timeout_s);
+      epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, it->first, nullptr);
+      if (it->second.uid != 0) unprivileged_clients_--;
+      it = clients_.erase(it);
+    } else {
+      if (cfg_.client_idle_timeout_s) next = std::min(next, it->second.last + idle);
+      ++it;
+    }
+  }
+  if (next == std::chrono::steady_clock::time_point::max()) return -1;
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
+  return static_cast<int>(std::clamp<long long>(ms, 1, 60000));
 }
 
 void Daemon::serve_client(int fd) {
   auto drop = [&] {
     epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
-    clients_.erase(fd);
+    auto it = clients_.find(fd);
+    if (it == clients_.end()) return;
+    if (it->second.uid != 0) unprivileged_clients_--;
+    clients_.erase(it);
   };
+  clients_[fd].last = std::chrono::steady_clock::now();
   ucred cred{};
   socklen_t cl = sizeof cred;
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) return drop();
@@ -314,8 +412,15 @@ void Daemon::serve_client(int fd) {
 
   proto::Message req;
   std::string why;
-  int r = proto::recv_message(fd, req, &why);
+  // The whole frame within kRecvTimeoutSec: a client trickling bytes cannot hold the
+  // (single-threaded) daemon longer than that per request.
+  int r = proto::recv_message(fd, req, &why, kRecvTimeoutSec * 1000);
   if (r == -ENODATA) return drop();
+  if (r == -ETIMEDOUT) {
+    log(LogLevel::kWarn, "pid %d uid %u: bad request: the frame did not arrive whole within %d s; closing the connection",
+        caller.pid, caller.uid, kRecvTimeoutSec);
+    return drop();
+  }
   if (r) {
     log(LogLevel::kWarn, "pid %d uid %u: bad request: %s", caller.pid, caller.uid,
         r == -EPROTO ? why.c_str() : std::strerror(-r));
@@ -323,6 +428,7 @@ void Daemon::serve_client(int fd) {
     return drop();  // the stream cannot be resynchronised
   }
   Response resp = handle(caller, req);
+  if (auto it = clients_.find(fd); it != clients_.end()) it->second.last = std::chrono::steady_clock::now();
   if (proto::send_message(fd, resp.body, resp.fds)) drop();
 }
 
@@ -353,7 +459,7 @@ Daemon::Response Daemon::dispatch(const Caller& caller, proto::Message& req) {
                                               std::to_string(rate_for(caller.uid)) + "); retry later")};
   try {
     if (op == "ping") return {ok({{"version", proto::kVersion}, {"pid", getpid()}})};
-    if (op == "deploy") return deploy(caller, req);
+    if (op == "deploy") return deploy(caller, req, !caller.admin());
     if (op == "remove") return remove(caller, b);
     if (op == "list") return list(caller);
     if (op == "stats") return stats(caller, b);
@@ -373,7 +479,7 @@ std::string Daemon::may_use_app(const Caller& caller, const std::string& app) co
   return "application '" + app + "' belongs to uid " + std::to_string(it->second);
 }
 
-Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
+Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool enforce_quotas) {
   const json& b = req.body;
   auto str = [&](const char* k) {
     return b.contains(k) && b[k].is_string() ? b[k].get<std::string>() : std::string();
@@ -493,7 +599,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req) {
   spec.system_maps = hi->system_maps();
   spec.allowed_helpers = hi->allowed_helpers();
   spec.allow_kfuncs = hi->allows_kfuncs();
-  spec.check_quota = [&](const LoadFootprint& fp) { return check_quota(caller, app, old, fp); };
+  if (enforce_quotas) spec.check_quota = [&](const LoadFootprint& fp) { return check_quota(app, old, fp); };
   if (int r = target->prepare_load(spec, old ? old->target.get() : nullptr,
                                    old ? old->loaded.get() : nullptr)) {
     undo_app();
@@ -570,9 +676,7 @@ bool Daemon::admit_request(const Caller& caller) {
   return true;
 }
 
-std::string Daemon::check_quota(const Caller& caller, const std::string& app, const Policy* replaced,
-                                const LoadFootprint& fp) const {
-  if (caller.admin()) return {};
+std::string Daemon::check_quota(const std::string& app, const Policy* replaced, const LoadFootprint& fp) const {
   config::Quotas cq = quotas_for(app);
   Quotas q{config::Quotas::limit(cq.policies), config::Quotas::limit(cq.maps),
            config::Quotas::limit(cq.map_bytes), config::Quotas::limit(cq.insns), 0};
@@ -595,13 +699,18 @@ std::string Daemon::check_quota(const Caller& caller, const std::string& app, co
     maps++;
     bytes += uint64_t{info.key_size + info.value_size} * info.max_entries;
   }
-  bool from_config = config_.tenant(app) != nullptr;
+  const config::Tenant* tenant = config_.tenant(app);
   auto over = [&](const char* what, uint64_t have, uint64_t limit) {
     std::string flag = what == std::string("bytes of maps") ? "map_bytes" : what;
+    std::string where = " (syrupd --quota_" + flag + ")";
+    if (tenant) {
+      auto src = tenant->quota_sources.find(flag);
+      where = src == tenant->quota_sources.end()
+                  ? " (tenant quota " + flag + " in " + config_.path + ")"
+                  : " (" + src->second.key + " at " + config_.path + ":" + std::to_string(src->second.line) + ")";
+    }
     return "application '" + app + "' would have " + std::to_string(have) + " " + what +
-           "; its quota is " + std::to_string(limit) +
-           (from_config ? " (tenant quota " + flag + " in " + config_.path + ")"
-                        : " (syrupd --quota_" + flag + ")");
+           "; its quota is " + std::to_string(limit) + where;
   };
   if (policies + 1 > q.policies) return over("policies", policies + 1, q.policies);
   if (maps > q.maps) return over("maps", maps, q.maps);
@@ -650,6 +759,11 @@ void Daemon::owner_exited(int pidfd) {
     if (p->owner_pidfd.get() == pidfd) ids.push_back(id);
   for (int id : ids) {
     std::string why = "owner process " + std::to_string(policies_[id]->owner_pid) + " exited";
+    // A --config entry's policy comes back on the process's successor.
+    if (!policies_[id]->config_identity.empty()) {
+      if (config_waiting_.empty()) config_retry_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      config_waiting_.insert(policies_[id]->config_identity);
+    }
     remove_policy(id, true, why.c_str());
   }
   if (ids.empty()) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, pidfd, nullptr);
@@ -769,28 +883,49 @@ void Daemon::reload_config() {
   changed();
 }
 
-void Daemon::apply_config() {
+void Daemon::apply_config(bool retry) {
   std::vector<config::Applied> current;
   for (auto& [id, p] : policies_)
     if (!p->config_identity.empty()) current.push_back({p->config_identity, p->config_hash, id});
   config::Plan plan = config::plan(config_, current);
+  if (retry) {
+    // Only what waits for its process; the rest of the plan is the next reload's.
+    std::erase_if(plan.to_deploy, [&](const config::PlannedDeploy& d) { return !config_waiting_.count(d.entry.identity); });
+    plan.to_remove.clear();
+    std::set<std::string> planned;
+    for (auto& d : plan.to_deploy) planned.insert(d.entry.identity);
+    std::erase_if(config_waiting_, [&](const std::string& id) { return !planned.count(id); });
+  } else {
+    config_waiting_.clear();
+    config_retry_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(kConfigRetrySec);
+  }
   for (auto& a : plan.to_remove) remove_policy(a.policy_id, true, ("no longer in " + cfg_.config_path).c_str());
-  int failed = 0;
+  int failed = 0, deployed = 0;
   for (auto& d : plan.to_deploy) {
     const config::PolicyEntry& e = d.entry;
     std::string where = config_.path + ":" + std::to_string(e.line) + ": " + e.where;
     proto::Message msg;
     std::string err;
     if (int r = config::make_request(e, msg.body, err)) {
-      log(LogLevel::kError, "%s: %s", where.c_str(), err.c_str());
-      totals_.error("config", r);
+      // No such process (yet): retried every kConfigRetrySec until it appears.
+      bool waits = r == -ESRCH || r == -ENOENT;
+      bool again = retry && config_waiting_.count(e.identity);
+      log(again ? LogLevel::kDebug : LogLevel::kError, "%s: %s%s", where.c_str(), err.c_str(),
+          waits && !again ? " (retried every 5 s)" : "");
+      if (waits) config_waiting_.insert(e.identity);
+      else config_waiting_.erase(e.identity);
+      if (!again) totals_.error("config", r);
       failed++;
       continue;
     }
+    config_waiting_.erase(e.identity);
     // Deployed for the tenant (its uid owns the application), with an operator's rights:
-    // the operator who wrote the file may name any port or process.
+    // the operator who wrote the file may name any port or process. The tenant's quotas
+    // still apply: an operator who writes a quota for a tenant means all of its policies,
+    // those the file declares included (otherwise a typo in the file could deploy a map
+    // of gigabytes that the tenant's own deploys could never get).
     Caller as{getpid(), e.uid, e.uid, true};
-    Response resp = deploy(as, msg);
+    Response resp = deploy(as, msg, true);
     if (!resp.body.value("ok", false)) {
       log(LogLevel::kError, "%s: %s%s", where.c_str(), resp.body.value("error", std::string()).c_str(),
           resp.body.contains("log") ? ("\n" + resp.body["log"].get<std::string>()).c_str() : "");
@@ -799,11 +934,20 @@ void Daemon::apply_config() {
       continue;
     }
     int id = resp.body["id"];
+    deployed++;
     policies_[id]->config_identity = e.identity;
     policies_[id]->config_hash = e.hash;
     record(*policies_[id]);
     if (d.replaces && resp.body.value("replaced", 0) != d.replaces)
       remove_policy(d.replaces, true, ("replaced by " + e.identity).c_str());
+  }
+  if (retry) {
+    if (deployed) {
+      log(LogLevel::kInfo, "retried %s entries waiting for their process: %d deployed, %zu still waiting",
+          cfg_.config_path.c_str(), deployed, config_waiting_.size());
+      changed();
+    }
+    return;
   }
   totals_.config_reloads++;
   if (failed) totals_.config_reload_failures++;

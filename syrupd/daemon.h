@@ -22,6 +22,7 @@
 #include <ctime>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,12 @@ struct DaemonConfig {
   std::string config_path;      // --config: tenants and their policies (docs/operations.md)
   uint16_t metrics_port = 0;    // --metrics_port: Prometheus text on localhost (0: off)
   bool remove_on_exit = false;  // SIGTERM: remove every policy (else leave them running)
+  // Open control connections of callers other than root (--max_clients): each holds a
+  // descriptor and an epoll entry, so a local user could otherwise exhaust syrupd's.
+  size_t max_clients = 128;
+  // A connection with no request for this long is closed (--client_idle_timeout_s):
+  // libsyrup and syrupctl make one call per connection, so only a squatter idles.
+  unsigned client_idle_timeout_s = 60;
 };
 
 // Field 22 of /proc/PID/stat (0 if unknown).
@@ -93,9 +100,17 @@ class Daemon {
 
   void accept_client();
   void serve_client(int fd);
+  // Answers a connection over --max_clients with an error and closes it soon after.
+  void reject_client(int fd, uid_t uid);
+  // Closes idle connections and rejected ones whose grace time is over; returns the
+  // epoll timeout (ms) until the next sweep is due, -1 when none is.
+  int sweep_clients();
+
   Response handle(const Caller& caller, proto::Message& req);  // dispatch + error totals
   Response dispatch(const Caller& caller, proto::Message& req);
-  Response deploy(const Caller& caller, proto::Message& req);
+  // `enforce_quotas`: whether the application's quotas apply. Requests: unless the caller
+  // is an admin. --config entries: always (the file's quotas bind its own entries too).
+  Response deploy(const Caller& caller, proto::Message& req, bool enforce_quotas);
   Response remove(const Caller& caller, const nlohmann::json& req);
   Response list(const Caller& caller);
   Response stats(const Caller& caller, const nlohmann::json& req);
@@ -115,16 +130,18 @@ class Daemon {
   void publish_metrics();
   // --config: load at start, reload on SIGHUP, deploy/remove only what changed.
   void reload_config();
-  void apply_config();
+  // `retry`: only the entries in config_waiting_, quietly (a retry that finds the process
+  // still missing logs at debug level and changes no totals).
+  void apply_config(bool retry = false);
   config::Quotas quotas_for(const std::string& app) const;
   void gc_app(const std::string& app);
   nlohmann::json describe(const Policy& p) const;
   nlohmann::json policy_stats(const Policy& p) const;
   // "" if `caller` may act on application `app`, else why not.
   std::string may_use_app(const Caller& caller, const std::string& app) const;
-  // "" if deploying `fp` for `app` stays within the caller's quotas, else which one not.
-  std::string check_quota(const Caller& caller, const std::string& app, const Policy* replaced,
-                          const LoadFootprint& fp) const;
+  // "" if deploying `fp` for `app` stays within the application's quotas, else which one
+  // not (naming the limit and where it is set).
+  std::string check_quota(const std::string& app, const Policy* replaced, const LoadFootprint& fp) const;
   // Makes apps/<app> owned by the application's uid, mode 0700 (docs/pin-layout.md).
   void secure_app_dir(const std::string& app, uid_t uid, gid_t gid);
   uint64_t rate_for(uid_t uid) const;  // requests per second allowed to `uid`
@@ -136,7 +153,14 @@ class Daemon {
   DaemonConfig cfg_;
   Compiler compiler_;
   UniqueFd listen_fd_, epoll_fd_, signal_fd_, lock_fd_;
-  std::map<int, UniqueFd> clients_;
+  struct Conn {
+    UniqueFd fd;
+    uid_t uid = 0;
+    std::chrono::steady_clock::time_point last;  // accepted, or its last request served
+  };
+  std::map<int, Conn> clients_;
+  size_t unprivileged_clients_ = 0;  // of clients_, those whose uid is not 0
+  std::map<int, std::pair<UniqueFd, std::chrono::steady_clock::time_point>> rejected_;  // fd -> close by
   // Declared before the policies, so the policies (whose targets call into their hook)
   // are destroyed first.
   std::vector<std::unique_ptr<Hook>> hooks_;
@@ -148,6 +172,11 @@ class Daemon {
   };
   std::map<uid_t, Bucket> buckets_;
   config::Config config_;
+  // Identities of --config entries waiting for their process: it was not running at the
+  // last apply, or the entry's policy ended with it. Retried every kConfigRetrySec, so a
+  // restarted server gets its policy back without a reload.
+  std::set<std::string> config_waiting_;
+  std::chrono::steady_clock::time_point config_retry_at_;
   metrics::Metrics metrics_;
   metrics::Totals totals_;
   int metrics_refresh_fd_ = -1;

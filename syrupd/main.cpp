@@ -29,6 +29,11 @@ DEFINE_uint64(quota_maps, 64, "most maps per application");
 DEFINE_uint64(quota_map_bytes, 64ull << 20, "most bytes of map keys and values per application");
 DEFINE_uint64(quota_insns, 200000, "most BPF instructions over all of an application's programs");
 DEFINE_uint32(quota_rps, 200, "most control requests per second per uid");
+DEFINE_uint64(max_clients, 128,
+              "most open control connections of users other than root; more are answered EBUSY "
+              "(root is never refused)");
+DEFINE_uint32(client_idle_timeout_s, 60,
+              "close a control connection that sends no request for this many seconds (0: never)");
 DEFINE_string(config, "", "YAML file of tenants and their policies, applied at start and on SIGHUP "
               "(docs/operations.md; check one with syrupctl validate)");
 DEFINE_uint32(metrics_port, 0, "serve Prometheus metrics on 127.0.0.1/[::1]:PORT/metrics (0: off)");
@@ -88,6 +93,12 @@ int main(int argc, char** argv) {
   }
   cfg.remove_on_exit = FLAGS_on_exit == "remove";
   cfg.config_path = FLAGS_config;
+  if (FLAGS_max_clients == 0) {
+    std::fprintf(stderr, "syrupd: --max_clients must be at least 1\n");
+    return 2;
+  }
+  cfg.max_clients = FLAGS_max_clients;
+  cfg.client_idle_timeout_s = FLAGS_client_idle_timeout_s;
   if (FLAGS_metrics_port > 65535) {
     std::fprintf(stderr, "syrupd: --metrics_port must be at most 65535\n");
     return 2;

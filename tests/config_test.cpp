@@ -2,20 +2,28 @@
 // only what changed (and keeping the running configuration when the file is bad), a
 // restart adopting without redeploying, and the Prometheus endpoint showing it all.
 #include <arpa/inet.h>
+#include <bpf/libbpf.h>
 #include <gtest/gtest.h>
+#include <net/if.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "harness.h"
+#include "syrup/syrup.h"
 
 namespace syrup::test {
 namespace {
 
+namespace fs = std::filesystem;
 using nlohmann::json;
 
 json list_policies() {
@@ -50,6 +58,31 @@ bool wait_log(const Daemon& d, const std::string& what, int count) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
+}
+
+// A file removed however the test ends.
+struct TempFile {
+  std::string path;
+  explicit TempFile(const std::string& name)
+      : path("/tmp/syrup-config-test-" + std::to_string(getpid()) + "-" + name) {}
+  ~TempFile() { unlink(path.c_str()); }
+};
+
+uint32_t attached_xdp_prog(const std::string& ifname) {
+  LIBBPF_OPTS(bpf_xdp_query_opts, q);
+  int ifindex = static_cast<int>(if_nametoindex(ifname.c_str()));
+  if (!ifindex || bpf_xdp_query(ifindex, 0, &q)) return 0;
+  return q.prog_id;
+}
+
+// Names of the policies `syrupctl list` shows, as "app/name", sorted.
+std::vector<std::string> listed_names() {
+  std::vector<std::string> v;
+  json l = list_policies();
+  if (l.is_array())
+    for (auto& p : l) v.push_back(p["app"].get<std::string>() + "/" + p["name"].get<std::string>());
+  std::sort(v.begin(), v.end());
+  return v;
 }
 
 TEST(Config, AppliedAtStartReloadedOnSighupOnlyWhatChangedAndExported) {
@@ -126,6 +159,250 @@ TEST(Config, AppliedAtStartReloadedOnSighupOnlyWhatChangedAndExported) {
   EXPECT_NE(d.log().find("0 deployed, 0 removed, 1 unchanged"), std::string::npos) << d.log();
   EXPECT_EQ(d.stop(), 0);
   unlink(yaml.c_str());
+}
+
+// The tenant's quotas bind the file's own entries: an entry over quota fails with an error
+// naming the file, the entry's line and key, the limit and where the limit is written;
+// the other entries (of that tenant and of others) are applied; raising the quota and
+// reloading deploys it.
+TEST(Config, TenantQuotasBindTheFilesEntriesAndTheRestStillApplies) {
+  SYRUP_REQUIRE_ROOT();
+  UdpGroup small(2), big(2), other(2);
+  TempFile yaml("quota.yaml");
+  auto write_yaml = [&](const std::string& map_bytes) {
+    std::ofstream f(yaml.path, std::ios::trunc);
+    auto entry = [&](const char* name, const char* rel, uint16_t port) {
+      f << "      - name: " << name << "\n        hook: socket-select\n        policy: " << source_path(rel)
+        << "\n        pid: " << getpid() << "\n        port: " << port << "\n";
+    };
+    f << "version: 1\ntenants:\n  - name: capped\n    uid: 0\n    quotas: {map_bytes: " << map_bytes
+      << "}\n    policies:\n";                                // lines 1-6
+    entry("small", "tests/policies/by_key.c", small.port());    // lines 7-11
+    entry("big", "tests/policies/big_map.c", big.port());       // lines 12-16 (a 1.2 MB map)
+    f << "  - name: other\n    uid: 0\n    policies:\n";
+    entry("rr", "policies/round_robin.c", other.port());
+  };
+  write_yaml("64KiB");
+  Daemon d;
+  d.start("", {"--config=" + yaml.path});
+
+  EXPECT_EQ(listed_names(), (std::vector<std::string>{"capped/small", "other/rr"})) << d.log();
+  std::string want = yaml.path + ":12: tenants[0].policies[1]: application 'capped' would have ";
+  std::string log = d.log();
+  size_t at = log.find(want);
+  ASSERT_NE(at, std::string::npos) << log;
+  std::string line = log.substr(at, log.find('\n', at) - at);
+  EXPECT_NE(line.find(" bytes of maps; its quota is 65536 (tenants[0].quotas.map_bytes at " + yaml.path + ":5)"),
+            std::string::npos)
+      << line;
+  EXPECT_NE(log.find("1 failed"), std::string::npos) << log;
+
+  // What was applied routes traffic; the refused entry's group keeps the kernel's hash.
+  UdpClient c1(small.port()), c2(big.port()), c3(other.port());
+  for (uint32_t k = 0; k < 20; k++) {
+    c1.send_request(1, k);
+    c2.send_request(1, k);
+    c3.send_request(1, k);
+  }
+  std::vector<std::vector<std::string>> got;
+  EXPECT_EQ(small.drain(&got), (std::vector<int>{10, 10}));
+  for (size_t s = 0; s < got.size(); s++)
+    for (auto& p : got[s]) {
+      uint32_t key;
+      std::memcpy(&key, p.data() + 4, 4);
+      EXPECT_EQ(key % 2, s) << "by_key sent key " << key << " to socket " << s;
+    }
+  auto hashed = big.drain();
+  EXPECT_TRUE(hashed == std::vector<int>({20, 0}) || hashed == std::vector<int>({0, 20})) << hashed[0];
+  EXPECT_EQ(other.drain(), (std::vector<int>{10, 10}));
+
+  // A larger quota: the next reload deploys the entry and leaves the others alone.
+  json before = list_policies();
+  write_yaml("2MiB");
+  kill(d.pid(), SIGHUP);
+  ASSERT_TRUE(wait_log(d, "applied " + yaml.path, 2)) << d.log();
+  EXPECT_EQ(listed_names(), (std::vector<std::string>{"capped/big", "capped/small", "other/rr"})) << d.log();
+  EXPECT_NE(d.log().find("1 deployed, 0 removed, 2 unchanged, 0 failed"), std::string::npos) << d.log();
+  for (auto& p : list_policies())
+    for (auto& b : before)
+      if (p["name"] == b["name"]) {
+        EXPECT_EQ(p["id"], b["id"]) << "an unchanged entry was redeployed";
+      }
+  EXPECT_EQ(d.stop(), 0);
+}
+
+// A reboot: bpffs is empty, the state file and every socket and interface are gone. The
+// next syrupd finds nothing to adopt and rebuilds every policy from --config, on the new
+// sockets and the new interface: the same policies, routing the same way.
+TEST(Config, RebootStyleCleanStartRebuildsFromTheFile) {
+  SYRUP_REQUIRE_ROOT();
+  constexpr int kNet = 241;
+  constexpr uint16_t kXdpPort = 9411;
+  auto net = std::make_unique<TestNet>(kNet);
+  ASSERT_TRUE(net->ok());
+  auto group = std::make_unique<UdpGroup>(2);
+  uint16_t port = group->port();
+  TempFile yaml("reboot.yaml");
+  {
+    std::ofstream f(yaml.path);
+    f << "version: 1\ntenants:\n"
+      << "  - name: kv\n    uid: 0\n    policies:\n"
+      << "      - name: by-key\n        hook: socket-select\n        policy: " << source_path("tests/policies/by_key.c")
+      << "\n        pid: " << getpid() << "\n        port: " << port << "\n"
+      << "  - name: edge\n    uid: 0\n    policies:\n"
+      << "      - name: count\n        hook: xdp\n        policy: " << source_path("tests/policies/xdp_count.c")
+      << "\n        ifname: " << net->host_if << "\n        port: " << kXdpPort << "\n";
+  }
+
+  // Deployed from the file; datagrams go where the policies say.
+  auto check_deployed = [&](const Daemon& d, const char* when) {
+    SCOPED_TRACE(when);
+    EXPECT_EQ(listed_names(), (std::vector<std::string>{"edge/count", "kv/by-key"})) << d.log();
+    std::vector<std::unique_ptr<UdpClient>> clients;
+    for (int i = 0; i < 4; i++) clients.push_back(std::make_unique<UdpClient>(port));
+    for (uint32_t k = 0; k < 40; k++) clients[k % 4]->send_request(1, k);
+    std::vector<std::vector<std::string>> got;
+    EXPECT_EQ(group->drain(&got), (std::vector<int>{20, 20}));
+    for (size_t s = 0; s < got.size(); s++)
+      for (auto& p : got[s]) {
+        uint32_t key;
+        std::memcpy(&key, p.data() + 4, 4);
+        EXPECT_EQ(key % 2, s) << "key " << key << " reached socket " << s;
+      }
+    // The XDP policy sees exactly the datagrams to its port, which still arrive.
+    UniqueFd srv(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    inet_pton(AF_INET, net->host_ip.c_str(), &a.sin_addr);
+    a.sin_port = htons(kXdpPort);
+    ASSERT_EQ(bind(srv.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+    UniqueFd peer(net->peer_udp());
+    uint32_t payload[4] = {1, 0, 0, 0};
+    for (int i = 0; i < 15; i++)
+      ASSERT_EQ(sendto(peer.get(), payload, sizeof payload, 0, reinterpret_cast<sockaddr*>(&a), sizeof a),
+                static_cast<ssize_t>(sizeof payload));
+    int received = 0;
+    char buf[256];
+    for (int t = 0; t < 100 && received < 15; t++) {
+      while (recv(srv.get(), buf, sizeof buf, 0) >= 0) received++;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(received, 15);
+    int m = syr_map_open_app("edge", "seen");
+    ASSERT_GE(m, 0) << syr_last_error();
+    uint32_t k = 0;
+    uint64_t seen = 0;
+    EXPECT_EQ(syr_map_lookup_elem(m, &k, &seen), 0);
+    close(m);
+    EXPECT_EQ(seen, 15u) << "the XDP policy of the file saw other traffic or none";
+    EXPECT_NE(attached_xdp_prog(net->host_if), 0u);
+  };
+
+  Daemon d;
+  d.start("", {"--config=" + yaml.path, "--on_exit=keep"});
+  check_deployed(d, "first start");
+  std::string root = d.bpffs_root(), state = fs::path(d.socket()).parent_path() / "syrupd.state.json";
+  ASSERT_EQ(d.terminate(), 0);
+  EXPECT_TRUE(fs::exists(root + "/apps/kv")) << "a keep shutdown leaves the pins";
+  EXPECT_TRUE(fs::exists(state));
+
+  // The reboot: a fresh bpffs, no state file, new sockets on the same port, a new
+  // interface of the same name.
+  std::error_code ec;
+  fs::remove_all(root, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_EQ(unlink(state.c_str()), 0);
+  group.reset();
+  group = std::make_unique<UdpGroup>(2, port);
+  ASSERT_EQ(group->port(), port);
+  net.reset();
+  net = std::make_unique<TestNet>(kNet);
+  ASSERT_TRUE(net->ok());
+  ASSERT_EQ(attached_xdp_prog(net->host_if), 0u);
+
+  d.start(root, {"--config=" + yaml.path});  // --on_exit=remove again: stop() cleans up
+  EXPECT_NE(d.log().find("2 deployed, 0 removed, 0 unchanged, 0 failed"), std::string::npos) << d.log();
+  EXPECT_EQ(d.log().find("adopted 1"), std::string::npos) << d.log();
+  check_deployed(d, "after the reboot");
+  EXPECT_EQ(d.stop(), 0);
+  EXPECT_EQ(attached_xdp_prog(net->host_if), 0u) << "syrupd left an XDP program attached";
+}
+
+// A socket-select entry follows its process: when the process exits its policy goes
+// (the sockets are released), and when a new process is there (found again through the
+// pid file) syrupd deploys the entry on it within a few seconds, without a reload.
+TEST(Config, SocketSelectEntryFollowsItsProcessAcrossARestartWithoutAReload) {
+  SYRUP_REQUIRE_ROOT();
+  uint16_t port;
+  {
+    UdpGroup probe(1);  // a free port, released at once
+    port = probe.port();
+  }
+  TempFile pidfile("server.pid"), yaml("follow.yaml");
+  // A "server": two SO_REUSEPORT sockets on the port; writes its pid file when bound.
+  auto start_server = [&]() -> pid_t {
+    pid_t c = fork();
+    if (c == 0) {
+      UdpGroup g(2, port);
+      std::ofstream(pidfile.path + ".tmp") << getpid() << "\n";
+      rename((pidfile.path + ".tmp").c_str(), pidfile.path.c_str());
+      for (;;) pause();
+    }
+    for (int i = 0; i < 200 && access(pidfile.path.c_str(), F_OK) != 0; i++)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return c;
+  };
+  struct Reaper {
+    pid_t pid = -1;
+    void stop() {
+      if (pid > 0) kill(pid, SIGKILL), waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+    ~Reaper() { stop(); }
+  } server;
+  server.pid = start_server();
+  ASSERT_GT(server.pid, 0);
+  {
+    std::ofstream f(yaml.path);
+    f << "tenants:\n  - name: follow\n    uid: 0\n    policies:\n      - name: by-key\n        hook: socket-select\n"
+      << "        policy: " << source_path("tests/policies/by_key.c") << "\n        pidfile: " << pidfile.path
+      << "\n        port: " << port << "\n";
+  }
+  Daemon d;
+  d.start("", {"--config=" + yaml.path});
+  auto deployed_for = [&](pid_t pid, int ms) {
+    for (int t = 0; t < ms / 50; t++) {
+      json l = list_policies();
+      if (pid == 0 && l.is_array() && l.empty()) return true;
+      if (pid && l.is_array() && l.size() == 1 && l[0]["owner_pid"] == pid) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  };
+  // Routes by key on the server's sockets: all even keys to executor 0.
+  auto routes = [&](const char* when) {
+    SCOPED_TRACE(when);
+    json l = list_policies();
+    ASSERT_EQ(l.size(), 1u);
+    UdpClient c(port);
+    for (uint32_t k = 0; k < 20; k++) c.send_request(1, 2 * k);
+    std::string out;
+    run_cmd(build_bin("syrupctl") + " --json stats " + std::to_string(l[0]["id"].get<int>()), out);
+    json st = json::parse(out, nullptr, false);
+    ASSERT_TRUE(st.is_array() && st.size() == 1u) << out;
+    EXPECT_EQ(st[0]["executors"], json::parse("[20, 0]")) << out;
+  };
+  ASSERT_TRUE(deployed_for(server.pid, 2000)) << list_policies().dump() << d.log();
+  EXPECT_EQ(list_policies()[0]["persist"], false) << "a socket-select entry follows its process";
+  routes("first server");
+
+  server.stop();
+  ASSERT_TRUE(deployed_for(0, 3000)) << "the policy must end with its process: " << list_policies().dump();
+  server.pid = start_server();
+  ASSERT_TRUE(deployed_for(server.pid, 10000)) << list_policies().dump() << d.log();
+  EXPECT_NE(d.log().find("entries waiting for their process: 1 deployed"), std::string::npos) << d.log();
+  routes("restarted server");
+  EXPECT_EQ(d.stop(), 0);
 }
 
 }  // namespace

@@ -90,6 +90,15 @@ int Daemon::stop() {
   return status;
 }
 
+int Daemon::terminate() {
+  if (pid_ <= 0) return -1;
+  kill(pid_, SIGTERM);
+  int st = 0, status = -1;
+  if (waitpid(pid_, &st, 0) == pid_) status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  pid_ = -1;
+  return status;
+}
+
 void Daemon::crash() {
   if (pid_ <= 0) return;
   kill(pid_, SIGKILL);

@@ -30,8 +30,12 @@ class Daemon {
   // Starts syrupd; SYRUP_SOCKET points libsyrup at it until stop(). `bpffs_root`
   // defaults to a directory of this test process.
   void start(const std::string& bpffs_root = "", const std::vector<std::string>& extra_args = {});
-  // SIGTERM and wait; returns syrupd's exit status (or -1).
+  // SIGTERM and wait; returns syrupd's exit status (or -1). Removes the directory and the
+  // bpffs root.
   int stop();
+  // SIGTERM and wait, keeping the directory (state file, log) and the bpffs root, as a
+  // service stop does; start() again restarts on them. Returns the exit status (or -1).
+  int terminate();
   // SIGKILL, as a crash: pins, attachments and the state file stay for the next syrupd;
   // start() again (same bpffs root) restarts on them.
   void crash();

@@ -155,7 +155,7 @@ TEST(Config, ParsesAValidFile) {
   EXPECT_EQ(s.target.kind, config::ProcessSelector::Kind::kProcess);
   EXPECT_EQ(s.target.process, "rocksdb_server");
   EXPECT_EQ(s.request, json::parse(R"({"op":"deploy","hook":"socket-select","app":"kv","name":"a.c",
-      "source_name":"/etc/syrup/a.c","source":"int a;\n","params":{},"persist":true,"port":9000,
+      "source_name":"/etc/syrup/a.c","source":"int a;\n","params":{},"persist":false,"port":9000,
       "protocol":"tcp"})"));
 
   const auto& t = c.tenants[1].policies[0];
@@ -375,6 +375,21 @@ TEST(ConfigErrors, ParamsAndPersist) {
   EXPECT_EQ(only_error(t + "    params: [1]\n"),
             "syrup.yaml:8: tenants[0].policies[0].params: expected a mapping of parameter names to non-negative integers");
   EXPECT_EQ(only_error(t + "    persist: maybe\n"), "syrup.yaml:8: tenants[0].policies[0].persist: expected true or false");
+  // A policy that needs a process follows it; persisting past it is refused.
+  EXPECT_EQ(only_error(t + "    persist: true\n"),
+            "syrup.yaml:8: tenants[0].policies[0].persist: persist: true is not allowed for the thread hook: its "
+            "policy follows the process (removed when it exits, deployed again on the new process by the next "
+            "reload); a persisting thread policy would hold on to the exited process's threads");
+  const std::string ss = kPolicyHead + "  - hook: socket-select\n    policy: a.c\n    pid: 1\n    port: 9\n";
+  EXPECT_NE(only_error(ss + "    persist: yes\n").find("syrup.yaml:9: tenants[0].policies[0].persist: persist: true is "
+                                                        "not allowed for the socket-select hook"),
+            std::string::npos);
+  EXPECT_EQ(load(ss + "    persist: false\n").r, 0);
+  const std::string x = kPolicyHead + "  - hook: xdp\n    policy: a.c\n    ifname: eth0\n    port: 9\n";
+  Loaded xp = load(x);
+  ASSERT_EQ(xp.r, 0) << testing::PrintToString(xp.errs);
+  EXPECT_EQ(xp.cfg.tenants[0].policies[0].request["persist"], true) << "xdp persists by default";
+  EXPECT_EQ(load(x + "    persist: false\n").cfg.tenants[0].policies[0].request["persist"], false);
   Loaded big = load(t + "    params: {x: 18446744073709551615}\n");
   ASSERT_EQ(big.r, 0);
   EXPECT_EQ(big.cfg.tenants[0].policies[0].request["params"]["x"].get<uint64_t>(), UINT64_MAX);

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "client.h"
 #include "harness.h"
 #include "protocol.h"
 #include "syrup/syrup.h"
@@ -332,6 +333,130 @@ TEST_F(Tenants, DeployAndExitCyclesLeakNothing) {
   int apps = 0;
   for (auto& e : std::filesystem::directory_iterator(d_.bpffs_root() + "/apps")) (void)e, apps++;
   EXPECT_EQ(apps, 1) << "pins of exited applications must be gone";
+}
+
+int connect_unix(const std::string& path) {
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
+  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) {
+    close(s);
+    return -errno;
+  }
+  return s;
+}
+
+json ping(const std::string& path) {
+  Client c;
+  Message resp;
+  if (int r = c.connect(path)) return {{"transport", r}};
+  if (int r = c.call({{"op", "ping"}}, resp)) return {{"transport", r}};
+  return resp.body;
+}
+
+// Whether syrupd closed `fd` within `ms` (a read returns end of stream).
+bool closed_within(int fd, int ms) {
+  timeval tv{0, 100000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  char b[64];
+  while (std::chrono::steady_clock::now() < end)
+    if (recv(fd, b, sizeof b, 0) == 0) return true;
+  return false;
+}
+
+// Connections of users other than root are capped with a clear error, root is never
+// refused, idle connections are closed, and a request must arrive whole within 5 s even
+// when its bytes trickle in faster than the per-read timeout.
+TEST_F(Tenants, ControlConnectionsAreCappedIdleOnesClosedAndSlowFramesDropped) {
+  EXPECT_EQ(d_.stop(), 0);
+  d_.start("", {"--max_clients=3", "--client_idle_timeout_s=1"});
+  std::string sock = d_.socket();
+  json j = as_user(kUidA, [&] {
+    json out;
+    std::vector<UniqueFd> held;
+    for (int i = 0; i < 3; i++) held.emplace_back(connect_unix(sock));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // all three accepted
+    out["over"] = ping(sock);
+    // Idle for longer than --client_idle_timeout_s: closed, and the slots are free again.
+    out["idle_closed"] = closed_within(held[0].get(), 3000);
+    out["after"] = ping(sock);
+    return out;
+  });
+  ASSERT_TRUE(j["over"].is_object()) << j.dump();
+  EXPECT_EQ(j["over"].value("ok", true), false) << j.dump();
+  EXPECT_EQ(j["over"].value("errno", 0), EBUSY) << j.dump();
+  EXPECT_NE(j["over"].value("error", std::string()).find(
+                "syrupd serves at most 3 connections of users other than root at a time (syrupd --max_clients)"),
+            std::string::npos)
+      << j.dump();
+  EXPECT_TRUE(j["idle_closed"].get<bool>()) << d_.log();
+  EXPECT_EQ(j["after"].value("ok", false), true) << j.dump();
+
+  // Root is never refused, however many connections it holds.
+  std::vector<UniqueFd> mine;
+  for (int i = 0; i < 5; i++) mine.emplace_back(connect_unix(sock));
+  EXPECT_EQ(ping(sock).value("ok", false), true);
+
+  // A frame trickling in one byte a second (each read well within the old per-read
+  // timeout) is cut off 5 s after it started; the daemon then serves again.
+  UniqueFd slow(connect_unix(sock));
+  ASSERT_TRUE(slow);
+  uint32_t hdr[2] = {htole32(proto::kMagic), htole32(100)};
+  ASSERT_EQ(send(slow.get(), hdr, sizeof hdr, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof hdr));
+  auto t0 = std::chrono::steady_clock::now();
+  std::thread trickle([fd = slow.get()] {
+    for (int i = 0; i < 9; i++) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      if (send(fd, "{", 1, MSG_NOSIGNAL) != 1) return;
+    }
+  });
+  bool closed = closed_within(slow.get(), 9000);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  trickle.join();
+  EXPECT_TRUE(closed) << d_.log();
+  EXPECT_LT(secs, 7.0) << "the whole frame must arrive within 5 s";
+  EXPECT_NE(d_.log().find("the frame did not arrive whole within 5 s"), std::string::npos) << d_.log();
+  EXPECT_EQ(ping(sock).value("ok", false), true);
+}
+
+// Map pins that no policy of the state file declares (a syrupd that died between pinning a
+// new policy's maps and recording it) are removed at the next start; the adopted policy
+// keeps its own map, and an application nothing is recorded for goes whole.
+TEST_F(Tenants, LeftoverMapPinsOfACrashedDaemonAreRemovedAtStart) {
+  namespace fs = std::filesystem;
+  UdpGroup g(2);
+  int id = deploy_on(g, "tests/policies/mark_long.c", "stray");
+  ASSERT_GT(id, 0) << syr_last_error();
+  std::string maps = d_.bpffs_root() + "/apps/stray/maps";
+  ASSERT_TRUE(fs::exists(maps + "/long_req"));
+  d_.crash();
+
+  auto pin_map = [](const std::string& dir, const std::string& name) {
+    fs::create_directories(dir);
+    UniqueFd m(bpf_map_create(BPF_MAP_TYPE_ARRAY, name.c_str(), 4, 8, 1, nullptr));
+    ASSERT_TRUE(m) << strerror(errno);
+    ASSERT_EQ(bpf_obj_pin(m.get(), (dir + "/" + name).c_str()), 0) << strerror(errno);
+  };
+  pin_map(maps, "orphan");
+  pin_map(d_.bpffs_root() + "/apps/ghost/maps", "ghostmap");
+
+  d_.start(d_.bpffs_root(), {"--quota_policies=2", "--quota_map_bytes=65536", "--max_source_bytes=4096",
+                             "--quota_rps=40"});
+  EXPECT_FALSE(fs::exists(maps + "/orphan")) << d_.log();
+  EXPECT_TRUE(fs::exists(maps + "/long_req")) << "the adopted policy's map must stay";
+  EXPECT_FALSE(fs::exists(d_.bpffs_root() + "/apps/ghost")) << d_.log();
+  EXPECT_NE(d_.log().find("removed 1 map pins of application 'stray' that no adopted policy declares"),
+            std::string::npos)
+      << d_.log();
+  std::string out;
+  run_cmd(build_bin("syrupctl") + " --json list", out);
+  json list = json::parse(out, nullptr, false);
+  ASSERT_TRUE(list.is_array() && list.size() == 1u) << out;
+  EXPECT_EQ(list[0]["id"], id);
+  EXPECT_EQ(syr_remove_policy(id), 0) << syr_last_error();
+  EXPECT_FALSE(fs::exists(d_.bpffs_root() + "/apps/stray"));
 }
 
 }  // namespace

@@ -37,4 +37,16 @@ set +e
 rc=$?
 set -e
 [ $rc -eq 2 ] || { echo "validate_cli_test: no FILE gave exit $rc, expected 2 (usage)" >&2; exit 1; }
+# --max_source_bytes: the limit syrupd is run with applies to the policy files.
+big=$(wc -c < "$src/policies/xdp_classify.c")
+set +e
+err=$("$ctl" validate --max_source_bytes=$((big - 1)) "$dir/syrup.yaml" 2>&1 >/dev/null)
+rc=$?
+set -e
+echo "$err"
+[ $rc -eq 1 ] || { echo "validate_cli_test: --max_source_bytes below a policy's size gave exit $rc, expected 1" >&2; exit 1; }
+echo "$err" | grep -q "xdp_classify.c is larger than $((big - 1)) bytes (syrupd's --max_source_bytes)" ||
+  { echo "validate_cli_test: no diagnostic naming the --max_source_bytes limit" >&2; exit 1; }
+most=$(cat "$src"/policies/{xdp_classify,socket_local,fifo}.c | wc -c)
+"$ctl" validate --max_source_bytes="$most" "$dir/syrup.yaml" > /dev/null
 echo "validate_cli_test: ok"

@@ -29,6 +29,9 @@ DEFINE_bool(persist, false, "deploy: keep the policy when the process exits");
 DEFINE_int32(limit, 4096, "map dump: most entries to print");
 DEFINE_string(by, "", "stats: sum over policies per 'tenant' (application) or per 'hook'");
 DEFINE_string(ifname, "", "deploy --hook xdp: the interface");
+DEFINE_uint64(max_source_bytes, 1 << 20,
+              "validate: largest policy file, in bytes; give syrupd's --max_source_bytes so the "
+              "check matches what syrupd will accept");
 DEFINE_string(cpus, "", "deploy --hook xdp: executor cores, CPU[,CPU...] (default: every core)");
 
 namespace {
@@ -48,7 +51,8 @@ const char* kUsage =
     "  syrupctl stats [ID] [--by tenant|hook]\n"
     "  syrupctl map dump --app APP MAP\n"
     "  syrupctl ping\n"
-    "  syrupctl validate FILE        check a syrupd --config file (no syrupd needed)\n\n"
+    "  syrupctl validate [--max_source_bytes N] FILE\n"
+    "                                check a syrupd --config file (no syrupd needed)\n\n"
     "Global: --json (machine-readable output), --socket PATH.\n"
     "Exit codes: 0 ok, 1 syrupd refused or failed, 2 usage, 3 syrupd unreachable.";
 
@@ -305,7 +309,9 @@ int cmd_validate(const std::vector<std::string>& args) {
   if (args.size() != 1) return usage("validate takes one FILE (a syrupd --config file)");
   syrup::config::Config cfg;
   std::vector<syrup::config::Diagnostic> errs;
-  int r = syrup::config::load(args[0], cfg, errs);
+  syrup::config::LoadOptions lo;
+  lo.max_source_bytes = FLAGS_max_source_bytes;
+  int r = syrup::config::load(args[0], cfg, errs, lo);
   if (FLAGS_json) {
     nlohmann::json diags = nlohmann::json::array(), pols = nlohmann::json::array();
     for (auto& d : errs)

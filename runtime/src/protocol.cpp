@@ -1,11 +1,13 @@
 #include "protocol.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <endian.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 namespace syrup::proto {
@@ -30,8 +32,25 @@ int write_all(int sock, const char* p, size_t n) {
   return 0;
 }
 
-int read_all(int sock, char* p, size_t n) {
+using Clock = std::chrono::steady_clock;
+
+// Waits until `sock` is readable or `deadline` (none: Clock::time_point::max()) passes.
+// 0 or -ETIMEDOUT.
+int wait_readable(int sock, Clock::time_point deadline) {
+  if (deadline == Clock::time_point::max()) return 0;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return -ETIMEDOUT;
+    pollfd pf{sock, POLLIN, 0};
+    int r = ::poll(&pf, 1, static_cast<int>(std::min<long long>(left, 60000)));
+    if (r > 0) return 0;  // readable, closed or in error: recv() tells which
+    if (r < 0 && errno != EINTR) return -errno;
+  }
+}
+
+int read_all(int sock, char* p, size_t n, Clock::time_point deadline) {
   while (n > 0) {
+    if (int w = wait_readable(sock, deadline)) return w;
     ssize_t r = ::recv(sock, p, n, 0);
     if (r == 0) return -EPROTO;  // the peer closed in the middle of a frame
     if (r < 0) {
@@ -83,7 +102,11 @@ int send_message(int sock, const nlohmann::json& body, std::span<const int> fds)
   return write_all(sock, payload.data() + (sent - sizeof h), total - sent);
 }
 
-int recv_message(int sock, Message& out, std::string* err) {
+int recv_message(int sock, Message& out, std::string* err, int timeout_ms) {
+  // One deadline for the whole frame: a per-recv timeout alone lets a peer that sends a
+  // byte now and then hold the reader for as long as it likes.
+  Clock::time_point deadline =
+      timeout_ms < 0 ? Clock::time_point::max() : Clock::now() + std::chrono::milliseconds(timeout_ms);
   auto fail = [&](const char* why) {
     if (err) *err = why;
     return -EPROTO;
@@ -99,6 +122,7 @@ int recv_message(int sock, Message& out, std::string* err) {
   msg.msg_iovlen = 1;
   msg.msg_control = control.data();
   msg.msg_controllen = control.size();
+  if (int w = wait_readable(sock, deadline)) return w;
   ssize_t r;
   do {
     r = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
@@ -116,7 +140,7 @@ int recv_message(int sock, Message& out, std::string* err) {
   }
   if (msg.msg_flags & MSG_CTRUNC) return fail("too many file descriptors in one message");
   if (static_cast<size_t>(r) < sizeof h) {
-    int rr = read_all(sock, reinterpret_cast<char*>(&h) + r, sizeof h - r);
+    int rr = read_all(sock, reinterpret_cast<char*>(&h) + r, sizeof h - r, deadline);
     if (rr) return rr == -EPROTO ? fail("connection closed inside a frame header") : rr;
   }
   h.magic = le32toh(h.magic);
@@ -124,7 +148,7 @@ int recv_message(int sock, Message& out, std::string* err) {
   if (h.magic != kMagic) return fail("bad frame magic (not a Syrup control message)");
   if (h.length > kMaxPayload) return fail("frame larger than the 4 MiB limit");
   std::string payload(h.length, '\0');
-  int rr = read_all(sock, payload.data(), payload.size());
+  int rr = read_all(sock, payload.data(), payload.size(), deadline);
   if (rr) return rr == -EPROTO ? fail("connection closed inside a frame") : rr;
   out.body = nlohmann::json::parse(payload, nullptr, false);
   if (out.body.is_discarded() || !out.body.is_object())

@@ -35,8 +35,9 @@ struct Message {
 int send_message(int sock, const nlohmann::json& body, std::span<const int> fds = {});
 
 // 0, -ENODATA on a clean end of stream before a frame starts, -EPROTO on a malformed
-// frame (with `err` saying why), or another -errno.
-int recv_message(int sock, Message& out, std::string* err = nullptr);
+// frame (with `err` saying why), -ETIMEDOUT when the whole frame has not arrived within
+// `timeout_ms` of the call (-1: no limit beyond the socket's own), or another -errno.
+int recv_message(int sock, Message& out, std::string* err = nullptr, int timeout_ms = -1);
 
 // Builds the standard error response.
 nlohmann::json error_response(int err, const std::string& message, const std::string& log = {});

@@ -3,6 +3,7 @@
 #include <bpf/bpf.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/eventfd.h>
@@ -60,6 +61,20 @@ uint64_t start_time(pid_t pid) {
 bool wait_pidfd(int pidfd, int ms) {
   pollfd pf{pidfd, POLLIN, 0};
   return poll(&pf, 1, ms) == 1;
+}
+
+// Starts `f` on a thread with every signal blocked. A thread made while syrupd adopts
+// policies at start exists before syrupd blocks SIGTERM for its signalfd; unblocked there,
+// a SIGTERM to syrupd could be delivered to it and kill the process (default action)
+// instead of shutting it down in order.
+template <class F>
+std::thread signal_free_thread(F f) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  std::thread t(std::move(f));
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return t;
 }
 
 uint64_t now_ms() {
@@ -219,7 +234,7 @@ class AgentTarget : public Target {
     t->status_ = "running";
     t->stop_efd_.reset(eventfd(0, EFD_CLOEXEC));
     AgentTarget* raw = t.get();
-    t->watchdog_ = std::thread([raw] { raw->watch(); });
+    t->watchdog_ = signal_free_thread([raw] { raw->watch(); });
     log(LogLevel::kInfo, "thread agent %d of process %d adopted (started by a previous syrupd)", apid, tgid);
     out = std::move(t);
     return 0;
@@ -291,7 +306,7 @@ class AgentTarget : public Target {
       status_ = "running";
     }
     stop_efd_.reset(eventfd(0, EFD_CLOEXEC));
-    watchdog_ = std::thread([this] { watch(); });
+    watchdog_ = signal_free_thread([this] { watch(); });
     log(LogLevel::kInfo, "thread agent %d schedules process %d (%s)", pid, tgid_,
         all_ ? "all its threads" : "its registered threads");
     return 0;

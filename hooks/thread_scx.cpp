@@ -3,6 +3,7 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -37,7 +38,14 @@ constexpr int kSchedExt = 7;
 constexpr int kAttachStructOps = 44;
 constexpr int kMaxApps = 64;  // SYR_SCX_MAX_APPS
 constexpr uint32_t kResume = kMaxApps;
+// The monitor's period: kSyncMs for kBusyMs after anything changed (a deploy, a thread
+// switched in or out, an ejection), then kIdleSyncMs. Every turn wakes syrupd in the fair
+// class, which preempts whatever SCHED_EXT thread runs on that core: at a fixed 10 ms that
+// was most of the preemptions left inside cs_aware's critical sections (bench/thread).
+// SYRUP_SCX_SYNC_MS=N fixes the period at N ms.
 constexpr int kSyncMs = 10;
+constexpr int kIdleSyncMs = 250;
+constexpr uint64_t kBusyMs = 1000;
 constexpr int kMaxEjections = 3;  // per minute, then give up
 
 // Mirrors of thread_scx_common.h.
@@ -66,7 +74,8 @@ const char* kSharedMaps[] = {"syr_scx_tasks", "syr_scx_cpus", "syr_scx_round", "
 // outlives syrupd, and a restarted syrupd adopts it); syr_root_ops is the struct_ops map
 // itself, from which an adopted root is attached again after an ejection.
 const char* kRootMaps[] = {"syr_scx_tasks", "syr_scx_cpus", "syr_scx_round", "syr_scx_procs", "syr_scx_disp",
-                           "syr_scx_enq",   "syr_scx_conf", "syr_scx_exit",  "syr_scx_apps",  "syr_root_ops"};
+                           "syr_scx_enq",   "syr_scx_sel",  "syr_scx_conf", "syr_scx_exit",  "syr_scx_apps",
+                           "syr_root_ops"};
 
 uint64_t env_u64(const char* name, uint64_t dflt) {
   const char* v = std::getenv(name);
@@ -74,6 +83,20 @@ uint64_t env_u64(const char* name, uint64_t dflt) {
   char* end = nullptr;
   unsigned long long x = std::strtoull(v, &end, 10);
   return end && *end == 0 ? x : dflt;
+}
+
+// Starts `f` on a thread with every signal blocked. A thread made while syrupd adopts
+// policies at start exists before syrupd blocks SIGTERM for its signalfd; unblocked there,
+// a SIGTERM to syrupd could be delivered to it and kill the process (default action)
+// instead of shutting it down in order.
+template <class F>
+std::thread signal_free_thread(F f) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  std::thread t(std::move(f));
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return t;
 }
 
 uint64_t now_ms() {
@@ -192,6 +215,7 @@ class ScxBackend {
     return it == fds_.end() ? -ENOENT : it->second.get();
   }
   uint64_t starve_ns() const { return starve_ns_; }
+  void busy_locked() { busy_until_ms_ = now_ms() + kBusyMs; }
   void add(ScxTarget* t) {
     std::lock_guard lk(mu_);
     targets_.insert(t);
@@ -231,6 +255,7 @@ class ScxBackend {
   bool used_[kMaxApps] = {};
   std::set<ScxTarget*> targets_;
   uint32_t exit_seq_ = 0;
+  uint64_t busy_until_ms_ = 0;
   std::deque<json> ejections_;
   std::deque<uint64_t> ejection_times_;
   std::thread monitor_;
@@ -287,30 +312,35 @@ class ScxTarget : public Target {
     threads_fd_.reset(dup(p.map_fd("syrup_threads")));
     bpf_program* enq = bpf_object__find_program_by_name(p.obj, "syr_app_enqueue");
     bpf_program* disp = bpf_object__find_program_by_name(p.obj, "syr_app_dispatch");
-    if (!threads_fd_ || !enq || !disp) {
+    bpf_program* sel = bpf_object__find_program_by_name(p.obj, "syr_app_select");
+    if (!threads_fd_ || !enq || !disp || !sel) {
       err = "the compiled thread policy lacks the sched_ext wrapper's programs or syrup_threads";
       return -EINVAL;
     }
     uint32_t slot = static_cast<uint32_t>(slot_), tgid = static_cast<uint32_t>(tgid_);
-    int efd = bpf_program__fd(enq), dfd = bpf_program__fd(disp);
+    int efd = bpf_program__fd(enq), dfd = bpf_program__fd(disp), sfd = bpf_program__fd(sel);
     // The swap: enqueue first, then dispatch; both programs of either version work on
     // the same slot's queue, so every thread sees the old or the new policy.
     if (bpf_map_update_elem(b_.map_fd("syr_scx_enq"), &slot, &efd, 0) < 0 ||
-        bpf_map_update_elem(b_.map_fd("syr_scx_disp"), &slot, &dfd, 0) < 0) {
+        bpf_map_update_elem(b_.map_fd("syr_scx_disp"), &slot, &dfd, 0) < 0 ||
+        bpf_map_update_elem(b_.map_fd("syr_scx_sel"), &slot, &sfd, 0) < 0) {
       int e = errno;
       err = "cannot install the policy in slot " + std::to_string(slot) + ": " + std::strerror(e);
       if (prev && prev->active_) {
-        int pe = prev->enq_fd_, pd = prev->disp_fd_;
+        int pe = prev->enq_fd_, pd = prev->disp_fd_, ps = prev->sel_fd_;
         bpf_map_update_elem(b_.map_fd("syr_scx_enq"), &slot, &pe, 0);
         bpf_map_update_elem(b_.map_fd("syr_scx_disp"), &slot, &pd, 0);
+        bpf_map_update_elem(b_.map_fd("syr_scx_sel"), &slot, &ps, 0);
       } else {
         bpf_map_delete_elem(b_.map_fd("syr_scx_enq"), &slot);
         bpf_map_delete_elem(b_.map_fd("syr_scx_disp"), &slot);
+        bpf_map_delete_elem(b_.map_fd("syr_scx_sel"), &slot);
       }
       return -e;
     }
     enq_fd_ = efd;
     disp_fd_ = dfd;
+    sel_fd_ = sfd;
     if (!prev) b_.reset_vtime_locked(slot_);  // a new application starts level with the others
     bpf_map_update_elem(b_.map_fd("syr_scx_procs"), &tgid, &slot, 0);
     b_.set_active_locked(slot_, true);
@@ -320,6 +350,7 @@ class ScxTarget : public Target {
         b_.set_active_locked(slot_, false);
         bpf_map_delete_elem(b_.map_fd("syr_scx_enq"), &slot);
         bpf_map_delete_elem(b_.map_fd("syr_scx_disp"), &slot);
+        bpf_map_delete_elem(b_.map_fd("syr_scx_sel"), &slot);
       }
       return r;
     }
@@ -335,6 +366,7 @@ class ScxTarget : public Target {
     active_ = true;
     status_ = "running";
     sync_locked();  // registered threads run under the policy when deploy returns
+    b_.busy_locked();  // threads that register next are picked up within kSyncMs
     log(LogLevel::kInfo, "sched_ext: process %d scheduled by policy %d in slot %d%s", tgid_, p.policy_id, slot_,
         prev ? " (replaced its previous policy)" : "");
     return 0;
@@ -371,12 +403,14 @@ class ScxTarget : public Target {
     // should a replacement fail to install.
     if (bpf_map_lookup_elem(b_.map_fd("syr_scx_enq"), &slot, &id) == 0) enq_own_.reset(bpf_prog_get_fd_by_id(id));
     if (bpf_map_lookup_elem(b_.map_fd("syr_scx_disp"), &slot, &id) == 0) disp_own_.reset(bpf_prog_get_fd_by_id(id));
+    if (bpf_map_lookup_elem(b_.map_fd("syr_scx_sel"), &slot, &id) == 0) sel_own_.reset(bpf_prog_get_fd_by_id(id));
     if (!enq_own_ || !disp_own_) {
       err = "slot " + std::to_string(slot_) + " of the root scheduler has no programs";
       return -ENOENT;
     }
     enq_fd_ = enq_own_.get();
     disp_fd_ = disp_own_.get();
+    sel_fd_ = sel_own_.get();
     threads_fd_.reset(dup(p.map_fd("syrup_threads")));
     if (!threads_fd_) {
       err = "its syrup_threads map was not adopted";
@@ -402,10 +436,11 @@ class ScxTarget : public Target {
   }
 
   // Under the backend's lock: switch registered threads to SCHED_EXT, others back.
-  void sync_locked() {
-    if (!active_ || handed_over_ || !threads_fd_) return;
+  // Returns whether it switched any thread in or out.
+  bool sync_locked() {
+    if (!active_ || handed_over_ || !threads_fd_) return false;
     std::vector<pid_t> tids = list_tids(tgid_);
-    if (tids.empty()) return;  // the process is gone; its owner's exit removes the policy
+    if (tids.empty()) return false;  // the process is gone; its owner's exit removes the policy
     std::set<pid_t> alive(tids.begin(), tids.end());
     if (all_)
       for (pid_t tid : tids) {
@@ -423,18 +458,21 @@ class ScxTarget : public Target {
       pid_t t = static_cast<pid_t>(key);
       if (alive.count(t)) reg.insert(t);  // another process's thread in the map: ignored
     }
+    bool changed = false;
     for (pid_t t : reg)
-      if (!switched_.count(t) && set_policy(t, kSchedExt, baseline_.nice) == 0) switched_.insert(t);
+      if (!switched_.count(t) && set_policy(t, kSchedExt, baseline_.nice) == 0) switched_.insert(t), changed = true;
     for (auto it = switched_.begin(); it != switched_.end();) {
       if (!alive.count(*it)) {
         it = switched_.erase(it);
       } else if (!reg.count(*it)) {
         restore(*it);
         it = switched_.erase(it);
+        changed = true;
       } else {
         ++it;
       }
     }
+    return changed;
   }
 
   // Under the lock: out of the scheduler (threads restored, slot freed).
@@ -443,6 +481,7 @@ class ScxTarget : public Target {
     bpf_map_delete_elem(b_.map_fd("syr_scx_procs"), &tgid);
     if (slot_ >= 0) {
       b_.set_active_locked(slot_, false);
+      bpf_map_delete_elem(b_.map_fd("syr_scx_sel"), &slot);
       bpf_map_delete_elem(b_.map_fd("syr_scx_enq"), &slot);
       bpf_map_delete_elem(b_.map_fd("syr_scx_disp"), &slot);
     }
@@ -477,8 +516,8 @@ class ScxTarget : public Target {
   int slot_ = -1;
   bool owns_slot_ = false;
   bool active_ = false, handed_over_ = false;
-  int enq_fd_ = -1, disp_fd_ = -1;
-  UniqueFd enq_own_, disp_own_;  // adopted: the slot's programs (installed by a previous syrupd)
+  int enq_fd_ = -1, disp_fd_ = -1, sel_fd_ = -1;
+  UniqueFd enq_own_, disp_own_, sel_own_;  // adopted: the slot's programs (installed by a previous syrupd)
   UniqueFd threads_fd_;
   std::set<pid_t> switched_;
   uint32_t next_exec_ = 0;
@@ -650,7 +689,7 @@ int ScxBackend::adopt_root(std::string& err) {
 
 void ScxBackend::start_monitor() {
   stop_efd_.reset(eventfd(0, EFD_CLOEXEC));
-  monitor_ = std::thread([this] { monitor(); });
+  monitor_ = signal_free_thread([this] { monitor(); });
 }
 
 void ScxBackend::stop_monitor() {
@@ -662,18 +701,24 @@ void ScxBackend::stop_monitor() {
 }
 
 void ScxBackend::monitor() {
+  const int fixed = static_cast<int>(env_u64("SYRUP_SCX_SYNC_MS", 0));
+  int period = kSyncMs;
   for (;;) {
     pollfd pf{stop_efd_.get(), POLLIN, 0};
-    if (poll(&pf, 1, kSyncMs) > 0) return;
+    if (poll(&pf, 1, period) > 0) return;
     std::lock_guard lk(mu_);
+    period = fixed > 0 ? fixed : now_ms() < busy_until_ms_ ? kSyncMs : kIdleSyncMs;
     uint32_t z = 0;
     ExitRec rec{};
     if (bpf_map_lookup_elem(map_fd("syr_scx_exit"), &z, &rec) == 0 && rec.seq != exit_seq_) {
       exit_seq_ = rec.seq;
       // 64/65: unregistered by user space -- our own detach (only syrupd holds the link).
       if (rec.kind != 64 && rec.kind != 65) handle_exit_locked(rec);
+      busy_locked();
     }
-    for (ScxTarget* t : targets_) t->sync_locked();
+    bool changed = false;
+    for (ScxTarget* t : targets_) changed |= t->sync_locked();
+    if (changed) busy_locked();
   }
 }
 
@@ -806,6 +851,7 @@ void ScxBackend::recover() {
   for (uint32_t s = 0; s < static_cast<uint32_t>(kMaxApps); s++) {
     if (used_[s]) continue;
     c.active &= ~(1ull << s);
+    bpf_map_delete_elem(map_fd("syr_scx_sel"), &s);
     bpf_map_delete_elem(map_fd("syr_scx_enq"), &s);
     bpf_map_delete_elem(map_fd("syr_scx_disp"), &s);
   }
@@ -850,6 +896,6 @@ std::vector<std::string> scx_system_maps() {
           "syr_scx_procs", "syr_scx_disp",  "syr_app_ops",   "syr_app_ops2"};
 }
 
-std::vector<std::string> scx_programs() { return {"syr_app_enqueue", "syr_app_dispatch"}; }
+std::vector<std::string> scx_programs() { return {"syr_app_enqueue", "syr_app_dispatch", "syr_app_select"}; }
 
 }  // namespace syrup::thread

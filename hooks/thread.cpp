@@ -3,6 +3,7 @@
 #include <bpf/bpf.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/eventfd.h>
@@ -12,9 +13,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <cerrno>
 #include <chrono>
+#include <cctype>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -33,6 +39,43 @@ namespace {
 constexpr int kHangMs = 500;        // no heartbeat for this long: the agent is hung
 constexpr int kStartTimeoutMs = 5000;
 constexpr int kStopTimeoutMs = 1000;
+// The agent keeps the heartbeat pipe's read end open as this fd (never reading it), so the
+// pipe outlives syrupd and a restarted syrupd takes the read end with pidfd_getfd.
+constexpr int kAgentHbReadFd = 5;
+
+// Field 22 of /proc/PID/stat (start time in clock ticks): with the pid, it names one
+// process, not a later one that reused the pid. 0 if there is no such process.
+uint64_t start_time(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t close = s.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(s.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; i++)
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  return 0;
+}
+
+// Waits up to `ms` for the process behind `pidfd` to exit. True if it did.
+bool wait_pidfd(int pidfd, int ms) {
+  pollfd pf{pidfd, POLLIN, 0};
+  return poll(&pf, 1, ms) == 1;
+}
+
+// Starts `f` on a thread with every signal blocked. A thread made while syrupd adopts
+// policies at start exists before syrupd blocks SIGTERM for its signalfd; unblocked there,
+// a SIGTERM to syrupd could be delivered to it and kill the process (default action)
+// instead of shutting it down in order.
+template <class F>
+std::thread signal_free_thread(F f) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  std::thread t(std::move(f));
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return t;
+}
 
 uint64_t now_ms() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -72,11 +115,20 @@ int restore_registered(pid_t tgid, int threads_fd, const Baseline& b) {
 
 class AgentTarget : public Target {
  public:
-  AgentTarget(pid_t tgid, bool all, Baseline b) : tgid_(tgid), all_(all), baseline_(std::move(b)) {
+  AgentTarget(pid_t tgid, bool all, Baseline b, std::shared_ptr<std::atomic<bool>> leaving)
+      : tgid_(tgid), all_(all), baseline_(std::move(b)), leaving_(std::move(leaving)) {
     long n = sysconf(_SC_NPROCESSORS_CONF);
     ncpu_ = n > 0 ? static_cast<uint32_t>(n) : 1;
   }
-  ~AgentTarget() override { stop(/*restore=*/!handed_over_); }
+  ~AgentTarget() override {
+    // syrupd exits keeping its policies (--on_exit=keep): the agent goes on scheduling
+    // the threads, unwatched until the next syrupd adopts it (ThreadHook::adopt).
+    if (leaving_ && leaving_->load()) {
+      stop_watchdog();
+      return;
+    }
+    stop(/*restore=*/!handed_over_);
+  }
 
   std::string key() const override { return "thread:" + std::to_string(tgid_); }
   uint32_t num_executors() const override { return ncpu_; }
@@ -111,8 +163,81 @@ class AgentTarget : public Target {
   nlohmann::json describe() const override {
     std::lock_guard lk(mu_);
     return {{"backend", "agent"}, {"pid", tgid_}, {"agent_pid", agent_pid_},
-            {"all_threads", all_}, {"status", status_},
+            {"all_threads", all_}, {"status", status_}, {"adopted", adopted_},
             {"baseline", {{"nice", baseline_.nice}, {"cpus", cpus_to_string(baseline_.cpus)}}}};
+  }
+
+  // What a restarted syrupd needs to take the agent over: the scheduled process and the
+  // agent, each by pid and start time (a reused pid is not them), and the baseline to
+  // restore the threads to should the agent be gone by then.
+  nlohmann::json save() const override {
+    std::lock_guard lk(mu_);
+    return {{"backend", "agent"}, {"pid", tgid_}, {"pid_start", tgid_start_}, {"all_threads", all_},
+            {"agent_pid", agent_pid_}, {"agent_start", agent_start_}, {"status", status_},
+            {"baseline", {{"policy", baseline_.policy}, {"nice", baseline_.nice},
+                          {"cpus", cpus_to_string(baseline_.cpus)}}}};
+  }
+
+  // Takes over the agent a previous syrupd started (see save()). If it is gone, the
+  // threads are restored, as the watchdog would have, and the policy stays listed with
+  // the reason. 0 or -errno with `err` (the process itself is gone: nothing to adopt).
+  static int adopt(const nlohmann::json& saved, LoadedPolicy& p, std::shared_ptr<std::atomic<bool>> leaving,
+                   std::unique_ptr<Target>& out, std::string& err) {
+    pid_t tgid = saved.value("pid", 0);
+    uint64_t tstart = saved.value("pid_start", uint64_t{0});
+    if (tgid <= 0 || start_time(tgid) != tstart || tstart == 0) {
+      err = "process " + std::to_string(tgid) + ", whose threads it scheduled, is gone";
+      return -ESRCH;
+    }
+    Baseline b;
+    const auto& bj = saved.value("baseline", nlohmann::json::object());
+    b.policy = bj.value("policy", SCHED_OTHER);
+    b.nice = bj.value("nice", 0);
+    b.cpus = cpus_from_string(bj.value("cpus", std::string()));
+    if (b.cpus.empty()) {
+      err = "the saved baseline has no cores";
+      return -EINVAL;
+    }
+    auto t = std::make_unique<AgentTarget>(tgid, saved.value("all_threads", false), std::move(b), std::move(leaving));
+    t->tgid_start_ = tstart;
+    t->adopted_ = true;
+    t->threads_fd_.reset(dup(p.map_fd("syrup_threads")));
+    if (!t->threads_fd_) {
+      err = "its syrup_threads map was not adopted";
+      return -EINVAL;
+    }
+    pid_t apid = saved.value("agent_pid", 0);
+    uint64_t astart = saved.value("agent_start", uint64_t{0});
+    std::string old_status = saved.value("status", std::string());
+    UniqueFd pidfd;
+    if (apid > 0 && astart != 0 && start_time(apid) == astart)
+      pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, apid, 0)));
+    // Between the check and pidfd_open the pid could be reused: check again, now pinned.
+    if (pidfd && start_time(apid) != astart) pidfd.reset();
+    UniqueFd hb;
+    if (pidfd) hb.reset(static_cast<int>(syscall(SYS_pidfd_getfd, pidfd.get(), kAgentHbReadFd, 0)));
+    if (!pidfd || !hb) {
+      // Gone (or not ours any more): what the watchdog does on an agent's death.
+      int n = restore_registered(tgid, t->threads_fd_.get(), t->baseline_);
+      t->status_ = apid <= 0 ? old_status
+                             : "failed: the agent (pid " + std::to_string(apid) +
+                                   ") ended while syrupd was down; " + std::to_string(n) +
+                                   " threads restored to normal scheduling when syrupd restarted";
+      log(LogLevel::kWarn, "thread policy of process %d: %s", tgid, t->status_.c_str());
+      out = std::move(t);
+      return 0;
+    }
+    t->agent_pid_ = apid;
+    t->agent_start_ = astart;
+    t->agent_pidfd_ = std::move(pidfd);
+    t->hb_rd_ = std::move(hb);
+    t->status_ = "running";
+    t->stop_efd_.reset(eventfd(0, EFD_CLOEXEC));
+    AgentTarget* raw = t.get();
+    t->watchdog_ = signal_free_thread([raw] { raw->watch(); });
+    log(LogLevel::kInfo, "thread agent %d of process %d adopted (started by a previous syrupd)", apid, tgid);
+    out = std::move(t);
+    return 0;
   }
 
  private:
@@ -140,12 +265,15 @@ class AgentTarget : public Target {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, hb_wr.get(), 3);
     posix_spawn_file_actions_adddup2(&fa, ready_wr.get(), 4);
+    posix_spawn_file_actions_adddup2(&fa, hb_rd_.get(), kAgentHbReadFd);
     posix_spawnattr_t sa;
     posix_spawnattr_init(&sa);
     sigset_t none;
     sigemptyset(&none);
     posix_spawnattr_setsigmask(&sa, &none);  // syrupd blocks SIGTERM for its signalfd
-    posix_spawnattr_setflags(&sa, POSIX_SPAWN_SETSIGMASK);
+    // Its own session: a signal to syrupd's process group (a terminal's ^C, a service
+    // manager stopping syrupd) does not reach it; it outlives syrupd (see save()).
+    posix_spawnattr_setflags(&sa, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSID);
     pid_t pid;
     int r = posix_spawnp(&pid, bin.c_str(), &fa, &sa, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
@@ -159,6 +287,8 @@ class AgentTarget : public Target {
     {
       std::lock_guard lk(mu_);
       agent_pid_ = pid;
+      agent_start_ = start_time(pid);
+      tgid_start_ = start_time(tgid_);
       status_ = "starting";
     }
     agent_pidfd_.reset(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
@@ -176,7 +306,7 @@ class AgentTarget : public Target {
       status_ = "running";
     }
     stop_efd_.reset(eventfd(0, EFD_CLOEXEC));
-    watchdog_ = std::thread([this] { watch(); });
+    watchdog_ = signal_free_thread([this] { watch(); });
     log(LogLevel::kInfo, "thread agent %d schedules process %d (%s)", pid, tgid_,
         all_ ? "all its threads" : "its registered threads");
     return 0;
@@ -192,8 +322,10 @@ class AgentTarget : public Target {
       std::string why;
       if (pf[1].revents) {
         int st = 0;
-        waitpid(agent_pid_, &st, 0);
-        why = WIFSIGNALED(st) ? std::string("agent killed by signal ") + std::to_string(WTERMSIG(st)) + " (" +
+        // An adopted agent is not our child: its exit status went to its new parent.
+        if (adopted_ || waitpid(agent_pid_, &st, 0) != agent_pid_)
+          why = "agent exited (exit status unknown: it was started by a previous syrupd)";
+        else why = WIFSIGNALED(st) ? std::string("agent killed by signal ") + std::to_string(WTERMSIG(st)) + " (" +
                                     strsignal(WTERMSIG(st)) + ")"
                               : "agent exited with status " + std::to_string(WEXITSTATUS(st));
       } else {
@@ -204,8 +336,9 @@ class AgentTarget : public Target {
           last_hb = now_ms();
         }
         if (now_ms() - last_hb <= static_cast<uint64_t>(kHangMs)) continue;
-        kill(agent_pid_, SIGKILL);
-        waitpid(agent_pid_, nullptr, 0);
+        signal_agent(SIGKILL);
+        wait_pidfd(agent_pidfd_.get(), kStopTimeoutMs);
+        if (!adopted_) waitpid(agent_pid_, nullptr, 0);
         why = "agent hung (no heartbeat for " + std::to_string(kHangMs) + " ms): killed";
       }
       uint64_t t0 = now_ms();
@@ -237,23 +370,29 @@ class AgentTarget : public Target {
     handed_over_ = true;
     pid_t pid = agent_pid_;
     if (pid > 0) {
-      kill(pid, SIGUSR1);
+      signal_agent(SIGUSR1);
       wait_exit(pid);
     }
     agent_pid_ = 0;
   }
 
+  // Through the pidfd: an agent that already exited (and, adopted, is not our child to
+  // reap) may have its pid reused by now.
+  void signal_agent(int sig) { syscall(SYS_pidfd_send_signal, agent_pidfd_.get(), sig, nullptr, 0); }
+
   void wait_exit(pid_t pid) {
-    pollfd pf{agent_pidfd_.get(), POLLIN, 0};
-    if (poll(&pf, 1, kStopTimeoutMs) != 1) kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
+    if (!wait_pidfd(agent_pidfd_.get(), kStopTimeoutMs)) {
+      signal_agent(SIGKILL);
+      wait_pidfd(agent_pidfd_.get(), kStopTimeoutMs);
+    }
+    if (!adopted_) waitpid(pid, nullptr, 0);
   }
 
   void stop(bool restore) {
     stop_watchdog();
     pid_t pid = agent_pid_;
     if (pid > 0) {
-      kill(pid, restore ? SIGTERM : SIGUSR1);
+      signal_agent(restore ? SIGTERM : SIGUSR1);
       wait_exit(pid);
       agent_pid_ = 0;
     }
@@ -263,6 +402,9 @@ class AgentTarget : public Target {
   pid_t tgid_;
   bool all_;
   Baseline baseline_;
+  std::shared_ptr<std::atomic<bool>> leaving_;  // ThreadHook::shutdown() with policies kept
+  bool adopted_ = false;                        // the agent is a previous syrupd's child
+  uint64_t tgid_start_ = 0, agent_start_ = 0;
   uint32_t ncpu_ = 1;
   UniqueFd threads_fd_, hb_rd_, agent_pidfd_, stop_efd_;
   std::thread watchdog_;
@@ -343,14 +485,63 @@ int ThreadHook::make_target(const Caller& caller, proto::Message& req, std::uniq
   }
   owner = pid;
   if (backend_ == Backend::kSchedExt) return scx_make_target(scx_, pid, all, std::move(base), out, err);
-  out = std::make_unique<AgentTarget>(pid, all, std::move(base));
+  out = std::make_unique<AgentTarget>(pid, all, std::move(base), leaving_);
   return 0;
 }
 
+int ThreadHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
+                      std::string& err) {
+  std::string was = saved.value("backend", std::string("agent"));
+  std::string now = backend_ == Backend::kSchedExt ? "sched_ext" : "agent";
+  if (was != now) {
+    err = "it ran on the " + was + " backend, this syrupd uses " + now + " (" + why_ + ")";
+    return -EOPNOTSUPP;
+  }
+  if (backend_ == Backend::kSchedExt) return scx_adopt(scx_, saved, p, out, err);
+  return AgentTarget::adopt(saved, p, leaving_, out, err);
+}
+
 void ThreadHook::release_leftover(const std::string& policy_dir) {
-  // The agent of a syrupd that died exits with its process or was killed with syrupd's
-  // process group; its threads' registrations die with the pins. Nothing is attached.
-  (void)policy_dir;
+  // A policy a previous syrupd left and this one could not adopt (no state file, its
+  // process gone, another backend): an agent may still be running on its pins. It is
+  // found by its command line and stopped with SIGTERM, on which it restores the
+  // threads itself.
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    std::string name = e.path().filename();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<std::string> args;
+    for (size_t a = 0, z; a < cmd.size(); a = z + 1) {
+      z = cmd.find('\0', a);
+      if (z == std::string::npos) z = cmd.size();
+      args.push_back(cmd.substr(a, z - a));
+    }
+    bool agent = !args.empty() && args[0].size() >= 11 && args[0].rfind("syrup-agent") == args[0].size() - 11;
+    for (size_t i = 1; agent && i + 1 < args.size(); i++)
+      if (args[i] == "--policy-dir" && args[i + 1] == policy_dir) {
+        pid_t pid = std::atoi(name.c_str());
+        UniqueFd pfd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+        if (!pfd) break;
+        syscall(SYS_pidfd_send_signal, pfd.get(), SIGTERM, nullptr, 0);
+        if (!wait_pidfd(pfd.get(), kStopTimeoutMs)) syscall(SYS_pidfd_send_signal, pfd.get(), SIGKILL, nullptr, 0);
+        log(LogLevel::kWarn, "stopped thread agent %d left on %s (it restores its threads)", pid, policy_dir.c_str());
+        break;
+      }
+  }
+  if (backend_ == Backend::kSchedExt) scx_release_leftover(scx_, policy_dir);
+}
+
+void ThreadHook::recover() {
+  if (backend_ == Backend::kSchedExt) scx_recover(scx_);
+}
+
+void ThreadHook::shutdown() {
+  // Called after the policies were removed (--on_exit=remove) or left for the next
+  // syrupd: what is still deployed now is left running.
+  leaving_->store(true);
+  if (backend_ == Backend::kSchedExt) scx_leave(scx_);
 }
 
 }  // namespace syrup::thread

@@ -10,19 +10,28 @@
 //
 // Agent backend design: the target is one process (the deploying process, whose threads
 // opt in with syr_thread_register(), or --pid PID, every thread of it registered in
-// ascending tid order, new ones as they appear). install() starts `syrup-agent` as a
-// child of syrupd and waits until it is attached; a watchdog thread per target watches
-// the agent's pidfd and its heartbeat pipe: if the agent exits or misses its heartbeat
-// for kHangMs, syrupd kills it and puts every registered thread back to the process's
+// ascending tid order, new ones as they appear). install() starts `syrup-agent` (in its
+// own session) and waits until it is attached; a watchdog thread per target watches the
+// agent's pidfd and its heartbeat pipe: if the agent exits or misses its heartbeat for
+// kHangMs, syrupd kills it and puts every registered thread back to the process's
 // baseline (SCHED_OTHER, its nice, its affinity) itself, and reports the reason in
 // `list` (status). A replacement policy's agent takes over from the old one without a
 // restore in between (the old agent exits on SIGUSR1 leaving the threads as they are).
+// Across a syrupd restart: the agent outlives syrupd (no parent-death signal, own
+// session) and keeps the heartbeat pipe's read end open; Target::save() records the
+// agent and the process (pid + start time) and the baseline. A restarted syrupd adopts
+// the agent (pidfd, heartbeat read end via pidfd_getfd; the watchdog resumes) or, if it
+// ended meanwhile, restores the threads and says so in `list`. While no syrupd runs,
+// nobody watches the agent: if it dies then, its threads stay as it left them until
+// syrupd is back. --on_exit=remove stops every agent (threads restored) as before.
 // Invariants: at most one agent per process; after uninstall() or an agent failure no
 // registered thread is left SCHED_IDLE or pinned by Syrup.
 #pragma once
 
 #include <sys/types.h>
 
+#include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -53,6 +62,12 @@ class ThreadHook : public Hook {
   int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
                   pid_t& owner, std::string& err) override;
   void release_leftover(const std::string& policy_dir) override;
+  void recover() override;
+  // Agent: takes over the running agent (or restores the threads if it is gone);
+  // sched_ext: takes over the slot in the pinned root scheduler.
+  int adopt(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
+            std::string& err) override;
+  void shutdown() override;
   Backend backend() const { return backend_; }
 
  private:
@@ -60,6 +75,8 @@ class ThreadHook : public Hook {
   Backend backend_;
   std::string why_;
   std::shared_ptr<ScxBackend> scx_;  // shared with its targets
+  // Set by shutdown(): targets destroyed after it leave their threads scheduled.
+  std::shared_ptr<std::atomic<bool>> leaving_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace syrup::thread

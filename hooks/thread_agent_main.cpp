@@ -3,7 +3,6 @@
 //   syrup-agent --tgid PID --policy-dir DIR --maps-dir DIR [--all] [--period-us N]
 //               [--heartbeat-fd FD] [--ready-fd FD] --nice N --cpus 0,1,...
 #include <signal.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -14,9 +13,12 @@
 #include "thread_agent.h"
 
 int main(int argc, char** argv) {
-  // If syrupd dies, the agent restores the threads and exits (SIGTERM path).
-  prctl(PR_SET_PDEATHSIG, SIGTERM);
-  if (getppid() == 1) return 1;
+  // The agent outlives a syrupd that crashes or exits keeping its policies: it runs in its
+  // own session (syrupd starts it with setsid), has no parent-death signal, and ignores
+  // SIGPIPE (syrupd's stderr may be a pipe nobody reads any more). A restarted syrupd
+  // adopts it (hooks/thread.cpp: its pid, and the heartbeat pipe's read end the agent
+  // keeps open as fd 5, taken with pidfd_getfd) or, if it is gone, restores the threads.
+  signal(SIGPIPE, SIG_IGN);
   syrup::thread::AgentOptions o;
   bool have_cpus = false;
   for (int i = 1; i < argc; i++) {

@@ -3,6 +3,8 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <regex>
 #include <set>
@@ -21,6 +24,7 @@
 #include <thread>
 
 #include "log.h"
+#include "pins.h"
 #include "syrup/abi.h"
 #include "unique_fd.h"
 
@@ -30,9 +34,18 @@ namespace {
 using nlohmann::json;
 
 constexpr int kSchedExt = 7;
+// enum bpf_attach_type's BPF_STRUCT_OPS (uapi, since 6.4; Debian 12's headers are older).
+constexpr int kAttachStructOps = 44;
 constexpr int kMaxApps = 64;  // SYR_SCX_MAX_APPS
 constexpr uint32_t kResume = kMaxApps;
+// The monitor's period: kSyncMs for kBusyMs after anything changed (a deploy, a thread
+// switched in or out, an ejection), then kIdleSyncMs. Every turn wakes syrupd in the fair
+// class, which preempts whatever SCHED_EXT thread runs on that core: at a fixed 10 ms that
+// was most of the preemptions left inside cs_aware's critical sections (bench/thread).
+// SYRUP_SCX_SYNC_MS=N fixes the period at N ms.
 constexpr int kSyncMs = 10;
+constexpr int kIdleSyncMs = 250;
+constexpr uint64_t kBusyMs = 1000;
 constexpr int kMaxEjections = 3;  // per minute, then give up
 
 // Mirrors of thread_scx_common.h.
@@ -57,6 +70,12 @@ struct RootOps {
 };
 
 const char* kSharedMaps[] = {"syr_scx_tasks", "syr_scx_cpus", "syr_scx_round", "syr_scx_procs", "syr_scx_disp"};
+// Every map of the root, pinned under <root>/thread_scx/ with its link (so the scheduler
+// outlives syrupd, and a restarted syrupd adopts it); syr_root_ops is the struct_ops map
+// itself, from which an adopted root is attached again after an ejection.
+const char* kRootMaps[] = {"syr_scx_tasks", "syr_scx_cpus", "syr_scx_round", "syr_scx_procs", "syr_scx_disp",
+                           "syr_scx_enq",   "syr_scx_sel",  "syr_scx_conf", "syr_scx_exit",  "syr_scx_apps",
+                           "syr_root_ops"};
 
 uint64_t env_u64(const char* name, uint64_t dflt) {
   const char* v = std::getenv(name);
@@ -64,6 +83,20 @@ uint64_t env_u64(const char* name, uint64_t dflt) {
   char* end = nullptr;
   unsigned long long x = std::strtoull(v, &end, 10);
   return end && *end == 0 ? x : dflt;
+}
+
+// Starts `f` on a thread with every signal blocked. A thread made while syrupd adopts
+// policies at start exists before syrupd blocks SIGTERM for its signalfd; unblocked there,
+// a SIGTERM to syrupd could be delivered to it and kill the process (default action)
+// instead of shutting it down in order.
+template <class F>
+std::thread signal_free_thread(F f) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  std::thread t(std::move(f));
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return t;
 }
 
 uint64_t now_ms() {
@@ -114,8 +147,26 @@ class ScxBackend {
   ~ScxBackend() {
     stop_monitor();
     std::lock_guard lk(mu_);
-    detach_locked();
+    // Leaving the policies to the next syrupd: closing our fd leaves the pinned link,
+    // and the scheduler, attached.
+    if (!leaving_) detach_locked();
+    link_.reset();
     if (obj_) bpf_object__close(obj_);
+  }
+  void leave() {
+    std::lock_guard lk(mu_);
+    leaving_ = true;
+  }
+  bool leaving() const { return leaving_; }
+  int adopt_root(std::string& err);
+  // After adoption: slots the root still has but no adopted policy owns are cleared; a
+  // root nothing was adopted into is detached and unpinned.
+  void recover();
+  bool adopt_slot(int slot) {
+    std::lock_guard lk(mu_);
+    if (slot < 0 || slot >= kMaxApps || used_[slot]) return false;
+    used_[slot] = true;
+    return true;
   }
 
   int ensure_root(std::string& err);
@@ -160,10 +211,11 @@ class ScxBackend {
     bpf_map_update_elem(map_fd("syr_scx_apps"), &k, &v, 0);
   }
   int map_fd(const char* name) const {
-    bpf_map* m = obj_ ? bpf_object__find_map_by_name(obj_, name) : nullptr;
-    return m ? bpf_map__fd(m) : -ENOENT;
+    auto it = fds_.find(name);
+    return it == fds_.end() ? -ENOENT : it->second.get();
   }
   uint64_t starve_ns() const { return starve_ns_; }
+  void busy_locked() { busy_until_ms_ = now_ms() + kBusyMs; }
   void add(ScxTarget* t) {
     std::lock_guard lk(mu_);
     targets_.insert(t);
@@ -176,7 +228,8 @@ class ScxBackend {
   json scheduler_locked() const {
     json ej = json::array();
     for (auto& e : ejections_) ej.push_back(e);
-    return {{"state", sched_ext_state()}, {"attached", link_ != nullptr}, {"ops", "syrup"},
+    return {{"state", sched_ext_state()}, {"attached", static_cast<bool>(link_)}, {"adopted", adopted_},
+            {"ops", "syrup"},
             {"watchdog_ms", timeout_ms_}, {"starvation_guard_ms", starve_ns_ / 1000000},
             {"ejections", ej}};
   }
@@ -187,15 +240,22 @@ class ScxBackend {
   void monitor();
   void handle_exit_locked(const ExitRec& r);
 
+  void pin_locked();
+  void unpin_locked();
+
   Compiler& compiler_;
   std::mutex mu_;
-  bpf_object* obj_ = nullptr;
-  bpf_link* link_ = nullptr;
+  bpf_object* obj_ = nullptr;  // null when adopted from the pins
+  bool adopted_ = false;
+  bool leaving_ = false;       // syrupd exits keeping the policies
+  std::map<std::string, UniqueFd> fds_;  // kRootMaps, by name
+  UniqueFd link_;              // the struct_ops link (also pinned while attached)
   uint32_t timeout_ms_ = 30000;
   uint64_t starve_ns_ = 1000000000ull;
   bool used_[kMaxApps] = {};
   std::set<ScxTarget*> targets_;
   uint32_t exit_seq_ = 0;
+  uint64_t busy_until_ms_ = 0;
   std::deque<json> ejections_;
   std::deque<uint64_t> ejection_times_;
   std::thread monitor_;
@@ -215,6 +275,7 @@ class ScxTarget : public Target {
   ~ScxTarget() override {
     b_.remove(this);
     std::lock_guard lk(b_.mu());
+    if (b_.leaving()) return;  // syrupd exits keeping its policies: the slot stays as it is
     if (active_ && !handed_over_) deactivate_locked(true);
     else if (owns_slot_) b_.free_slot_locked(slot_);  // a deploy that failed after prepare_load
   }
@@ -251,30 +312,35 @@ class ScxTarget : public Target {
     threads_fd_.reset(dup(p.map_fd("syrup_threads")));
     bpf_program* enq = bpf_object__find_program_by_name(p.obj, "syr_app_enqueue");
     bpf_program* disp = bpf_object__find_program_by_name(p.obj, "syr_app_dispatch");
-    if (!threads_fd_ || !enq || !disp) {
+    bpf_program* sel = bpf_object__find_program_by_name(p.obj, "syr_app_select");
+    if (!threads_fd_ || !enq || !disp || !sel) {
       err = "the compiled thread policy lacks the sched_ext wrapper's programs or syrup_threads";
       return -EINVAL;
     }
     uint32_t slot = static_cast<uint32_t>(slot_), tgid = static_cast<uint32_t>(tgid_);
-    int efd = bpf_program__fd(enq), dfd = bpf_program__fd(disp);
+    int efd = bpf_program__fd(enq), dfd = bpf_program__fd(disp), sfd = bpf_program__fd(sel);
     // The swap: enqueue first, then dispatch; both programs of either version work on
     // the same slot's queue, so every thread sees the old or the new policy.
     if (bpf_map_update_elem(b_.map_fd("syr_scx_enq"), &slot, &efd, 0) < 0 ||
-        bpf_map_update_elem(b_.map_fd("syr_scx_disp"), &slot, &dfd, 0) < 0) {
+        bpf_map_update_elem(b_.map_fd("syr_scx_disp"), &slot, &dfd, 0) < 0 ||
+        bpf_map_update_elem(b_.map_fd("syr_scx_sel"), &slot, &sfd, 0) < 0) {
       int e = errno;
       err = "cannot install the policy in slot " + std::to_string(slot) + ": " + std::strerror(e);
       if (prev && prev->active_) {
-        int pe = prev->enq_fd_, pd = prev->disp_fd_;
+        int pe = prev->enq_fd_, pd = prev->disp_fd_, ps = prev->sel_fd_;
         bpf_map_update_elem(b_.map_fd("syr_scx_enq"), &slot, &pe, 0);
         bpf_map_update_elem(b_.map_fd("syr_scx_disp"), &slot, &pd, 0);
+        bpf_map_update_elem(b_.map_fd("syr_scx_sel"), &slot, &ps, 0);
       } else {
         bpf_map_delete_elem(b_.map_fd("syr_scx_enq"), &slot);
         bpf_map_delete_elem(b_.map_fd("syr_scx_disp"), &slot);
+        bpf_map_delete_elem(b_.map_fd("syr_scx_sel"), &slot);
       }
       return -e;
     }
     enq_fd_ = efd;
     disp_fd_ = dfd;
+    sel_fd_ = sfd;
     if (!prev) b_.reset_vtime_locked(slot_);  // a new application starts level with the others
     bpf_map_update_elem(b_.map_fd("syr_scx_procs"), &tgid, &slot, 0);
     b_.set_active_locked(slot_, true);
@@ -284,6 +350,7 @@ class ScxTarget : public Target {
         b_.set_active_locked(slot_, false);
         bpf_map_delete_elem(b_.map_fd("syr_scx_enq"), &slot);
         bpf_map_delete_elem(b_.map_fd("syr_scx_disp"), &slot);
+        bpf_map_delete_elem(b_.map_fd("syr_scx_sel"), &slot);
       }
       return r;
     }
@@ -299,6 +366,7 @@ class ScxTarget : public Target {
     active_ = true;
     status_ = "running";
     sync_locked();  // registered threads run under the policy when deploy returns
+    b_.busy_locked();  // threads that register next are picked up within kSyncMs
     log(LogLevel::kInfo, "sched_ext: process %d scheduled by policy %d in slot %d%s", tgid_, p.policy_id, slot_,
         prev ? " (replaced its previous policy)" : "");
     return 0;
@@ -307,6 +375,56 @@ class ScxTarget : public Target {
   void uninstall(LoadedPolicy&) override {
     std::lock_guard lk(b_.mu());
     if (active_) deactivate_locked(true);
+  }
+
+  // What a restarted syrupd needs to take the slot over (scx_adopt).
+  json save() const override {
+    std::lock_guard lk(b_.mu());
+    if (!active_) return nullptr;
+    return {{"backend", "sched_ext"}, {"pid", tgid_}, {"slot", slot_}, {"all_threads", all_},
+            {"next_exec", next_exec_},
+            {"baseline", {{"policy", baseline_.policy}, {"nice", baseline_.nice},
+                          {"cpus", cpus_to_string(baseline_.cpus)}}}};
+  }
+
+  // Rebuilds the target of a policy a previous syrupd installed in slot `slot` of the
+  // adopted root: the kernel state (the slot's programs, syr_scx_procs, the threads'
+  // SCHED_EXT class) is left exactly as it is.
+  int adopt_locked(const json& saved, LoadedPolicy& p, std::string& err) {
+    slot_ = saved.value("slot", -1);
+    next_exec_ = saved.value("next_exec", 0u);
+    uint32_t slot = static_cast<uint32_t>(slot_), tgid = static_cast<uint32_t>(tgid_), v = ~0u, id = 0;
+    if (bpf_map_lookup_elem(b_.map_fd("syr_scx_procs"), &tgid, &v) != 0 || v != slot) {
+      err = "the root scheduler no longer maps process " + std::to_string(tgid_) + " to slot " +
+            std::to_string(slot_);
+      return -ENOENT;
+    }
+    // The programs in the slot (a prog array's lookup gives their ids), for a rollback
+    // should a replacement fail to install.
+    if (bpf_map_lookup_elem(b_.map_fd("syr_scx_enq"), &slot, &id) == 0) enq_own_.reset(bpf_prog_get_fd_by_id(id));
+    if (bpf_map_lookup_elem(b_.map_fd("syr_scx_disp"), &slot, &id) == 0) disp_own_.reset(bpf_prog_get_fd_by_id(id));
+    if (bpf_map_lookup_elem(b_.map_fd("syr_scx_sel"), &slot, &id) == 0) sel_own_.reset(bpf_prog_get_fd_by_id(id));
+    if (!enq_own_ || !disp_own_) {
+      err = "slot " + std::to_string(slot_) + " of the root scheduler has no programs";
+      return -ENOENT;
+    }
+    enq_fd_ = enq_own_.get();
+    disp_fd_ = disp_own_.get();
+    sel_fd_ = sel_own_.get();
+    threads_fd_.reset(dup(p.map_fd("syrup_threads")));
+    if (!threads_fd_) {
+      err = "its syrup_threads map was not adopted";
+      return -EINVAL;
+    }
+    for (pid_t t : list_tids(tgid_)) {
+      uint32_t k = static_cast<uint32_t>(t), e;
+      if (bpf_map_lookup_elem(threads_fd_.get(), &k, &e) == 0 && sched_getscheduler(t) == kSchedExt)
+        switched_.insert(t);
+    }
+    owns_slot_ = true;
+    active_ = true;
+    status_ = "running (adopted from a previous syrupd)";
+    return 0;
   }
 
   json describe() const override {
@@ -318,10 +436,11 @@ class ScxTarget : public Target {
   }
 
   // Under the backend's lock: switch registered threads to SCHED_EXT, others back.
-  void sync_locked() {
-    if (!active_ || handed_over_ || !threads_fd_) return;
+  // Returns whether it switched any thread in or out.
+  bool sync_locked() {
+    if (!active_ || handed_over_ || !threads_fd_) return false;
     std::vector<pid_t> tids = list_tids(tgid_);
-    if (tids.empty()) return;  // the process is gone; its owner's exit removes the policy
+    if (tids.empty()) return false;  // the process is gone; its owner's exit removes the policy
     std::set<pid_t> alive(tids.begin(), tids.end());
     if (all_)
       for (pid_t tid : tids) {
@@ -339,18 +458,21 @@ class ScxTarget : public Target {
       pid_t t = static_cast<pid_t>(key);
       if (alive.count(t)) reg.insert(t);  // another process's thread in the map: ignored
     }
+    bool changed = false;
     for (pid_t t : reg)
-      if (!switched_.count(t) && set_policy(t, kSchedExt, baseline_.nice) == 0) switched_.insert(t);
+      if (!switched_.count(t) && set_policy(t, kSchedExt, baseline_.nice) == 0) switched_.insert(t), changed = true;
     for (auto it = switched_.begin(); it != switched_.end();) {
       if (!alive.count(*it)) {
         it = switched_.erase(it);
       } else if (!reg.count(*it)) {
         restore(*it);
         it = switched_.erase(it);
+        changed = true;
       } else {
         ++it;
       }
     }
+    return changed;
   }
 
   // Under the lock: out of the scheduler (threads restored, slot freed).
@@ -359,6 +481,7 @@ class ScxTarget : public Target {
     bpf_map_delete_elem(b_.map_fd("syr_scx_procs"), &tgid);
     if (slot_ >= 0) {
       b_.set_active_locked(slot_, false);
+      bpf_map_delete_elem(b_.map_fd("syr_scx_sel"), &slot);
       bpf_map_delete_elem(b_.map_fd("syr_scx_enq"), &slot);
       bpf_map_delete_elem(b_.map_fd("syr_scx_disp"), &slot);
     }
@@ -393,7 +516,8 @@ class ScxTarget : public Target {
   int slot_ = -1;
   bool owns_slot_ = false;
   bool active_ = false, handed_over_ = false;
-  int enq_fd_ = -1, disp_fd_ = -1;
+  int enq_fd_ = -1, disp_fd_ = -1, sel_fd_ = -1;
+  UniqueFd enq_own_, disp_own_, sel_own_;  // adopted: the slot's programs (installed by a previous syrupd)
   UniqueFd threads_fd_;
   std::set<pid_t> switched_;
   uint32_t next_exec_ = 0;
@@ -404,7 +528,7 @@ class ScxTarget : public Target {
 
 int ScxBackend::ensure_root(std::string& err) {
   std::lock_guard lk(mu_);
-  if (obj_) return 0;
+  if (obj_ || adopted_) return 0;
   std::string path = compiler_.config().kernel_dir + "/hooks/thread_scx_root.bpf.c";
   std::ifstream in(path);
   std::stringstream ss;
@@ -441,12 +565,15 @@ int ScxBackend::ensure_root(std::string& err) {
     return r;
   }
   obj_ = obj;
+  for (const char* m : kRootMaps)
+    if (bpf_map* bm = bpf_object__find_map_by_name(obj_, m)) fds_[m].reset(dup(bpf_map__fd(bm)));
   uint32_t resume = kResume;
   int rfd = bpf_program__fd(bpf_object__find_program_by_name(obj_, "syr_root_dispatch"));
   if (bpf_map_update_elem(map_fd("syr_scx_disp"), &resume, &rfd, 0) < 0) {
     int e = errno;
     bpf_object__close(obj_);
     obj_ = nullptr;
+    fds_.clear();
     err = "cannot set up the sched_ext root's dispatch chain: " + std::string(std::strerror(e));
     return -e;
   }
@@ -463,28 +590,106 @@ int ScxBackend::ensure_root(std::string& err) {
 int ScxBackend::attach_locked(std::string& err) {
   if (link_) return 0;
   std::string st = sched_ext_state();
-  bpf_link* l = bpf_map__attach_struct_ops(bpf_object__find_map_by_name(obj_, "syr_root_ops"));
-  if (!l) {
-    int e = errno;
+  int fd = -1, e = 0;
+  if (obj_) {
+    // libbpf writes the struct_ops image into the map (once; later attaches skip that)
+    // and creates the link; we keep a dup of the link's fd, libbpf's handle goes.
+    bpf_link* l = bpf_map__attach_struct_ops(bpf_object__find_map_by_name(obj_, "syr_root_ops"));
+    if (l) {
+      fd = dup(bpf_link__fd(l));
+      if (fd < 0) e = errno;
+      bpf_link__destroy(l);  // closes libbpf's fd only: ours keeps the link
+    } else {
+      e = errno;
+    }
+  } else {
+    // Adopted: the struct_ops map already holds its image; a new link attaches it again.
+    fd = bpf_link_create(map_fd("syr_root_ops"), 0, static_cast<bpf_attach_type>(kAttachStructOps), nullptr);
+    if (fd < 0) e = -fd;
+  }
+  if (fd < 0) {
     err = "cannot attach the sched_ext scheduler: " + std::string(std::strerror(e)) +
           (st == "enabled" ? " (another sched_ext scheduler is running: only one can be)" : "");
     return -e;
   }
-  link_ = l;
+  link_.reset(fd);
+  pin_locked();
   log(LogLevel::kInfo, "sched_ext: root scheduler 'syrup' attached (partial mode: only registered threads)");
   return 0;
 }
 
+// The link and the maps in bpffs: the scheduler stays attached if syrupd dies, and the
+// next syrupd finds it. A failure is logged, not fatal: the scheduler then ends with
+// syrupd, as it did before pinning existed.
+void ScxBackend::pin_locked() {
+  if (int r = pins::make_dirs(pins::thread_scx_dir())) {
+    log(LogLevel::kWarn, "sched_ext: cannot create %s: %s", pins::thread_scx_dir().c_str(), std::strerror(-r));
+    return;
+  }
+  auto pin = [](int fd, const std::string& path) {
+    unlink(path.c_str());
+    if (bpf_obj_pin(fd, path.c_str()) < 0)
+      log(LogLevel::kWarn, "sched_ext: cannot pin %s: %s (the scheduler will not survive syrupd)", path.c_str(),
+          std::strerror(errno));
+  };
+  for (auto& [name, fd] : fds_) pin(fd.get(), pins::thread_scx_obj(name));
+  pin(link_.get(), pins::thread_scx_obj("link"));
+}
+
+void ScxBackend::unpin_locked() {
+  unlink(pins::thread_scx_obj("link").c_str());
+  for (const char* m : kRootMaps) unlink(pins::thread_scx_obj(m).c_str());
+  rmdir(pins::thread_scx_dir().c_str());
+}
+
 void ScxBackend::detach_locked() {
+  unpin_locked();
   if (!link_) return;
-  bpf_link__destroy(link_);
-  link_ = nullptr;
+  link_.reset();
   log(LogLevel::kInfo, "sched_ext: root scheduler detached (no thread policy left)");
+}
+
+int ScxBackend::adopt_root(std::string& err) {
+  std::lock_guard lk(mu_);
+  if (obj_ || adopted_) return 0;
+  UniqueFd link(bpf_obj_get(pins::thread_scx_obj("link").c_str()));
+  if (!link) {
+    err = "the sched_ext root scheduler a previous syrupd left is gone (no link pinned at " +
+          pins::thread_scx_obj("link") + ")";
+    return -ENOENT;
+  }
+  std::string st = sched_ext_state();
+  if (st != "enabled") {
+    // The kernel ejected it while nobody watched: the threads run in the fair class.
+    err = "the sched_ext scheduler a previous syrupd left is not running (sched_ext state '" + st +
+          "': the kernel ejected it while syrupd was down)";
+    return -ENOENT;
+  }
+  std::map<std::string, UniqueFd> fds;
+  for (const char* m : kRootMaps) {
+    UniqueFd fd(bpf_obj_get(pins::thread_scx_obj(m).c_str()));
+    if (!fd) {
+      int e = errno;
+      err = "the sched_ext root's map " + std::string(m) + " is not pinned: " + std::strerror(e);
+      return -e;
+    }
+    fds[m] = std::move(fd);
+  }
+  fds_ = std::move(fds);
+  link_ = std::move(link);
+  adopted_ = true;
+  uint32_t z = 0;
+  ExitRec rec{};
+  bpf_map_lookup_elem(map_fd("syr_scx_exit"), &z, &rec);
+  exit_seq_ = rec.seq;
+  start_monitor();
+  log(LogLevel::kInfo, "sched_ext: adopted the root scheduler a previous syrupd left attached");
+  return 0;
 }
 
 void ScxBackend::start_monitor() {
   stop_efd_.reset(eventfd(0, EFD_CLOEXEC));
-  monitor_ = std::thread([this] { monitor(); });
+  monitor_ = signal_free_thread([this] { monitor(); });
 }
 
 void ScxBackend::stop_monitor() {
@@ -496,18 +701,24 @@ void ScxBackend::stop_monitor() {
 }
 
 void ScxBackend::monitor() {
+  const int fixed = static_cast<int>(env_u64("SYRUP_SCX_SYNC_MS", 0));
+  int period = kSyncMs;
   for (;;) {
     pollfd pf{stop_efd_.get(), POLLIN, 0};
-    if (poll(&pf, 1, kSyncMs) > 0) return;
+    if (poll(&pf, 1, period) > 0) return;
     std::lock_guard lk(mu_);
+    period = fixed > 0 ? fixed : now_ms() < busy_until_ms_ ? kSyncMs : kIdleSyncMs;
     uint32_t z = 0;
     ExitRec rec{};
     if (bpf_map_lookup_elem(map_fd("syr_scx_exit"), &z, &rec) == 0 && rec.seq != exit_seq_) {
       exit_seq_ = rec.seq;
       // 64/65: unregistered by user space -- our own detach (only syrupd holds the link).
       if (rec.kind != 64 && rec.kind != 65) handle_exit_locked(rec);
+      busy_locked();
     }
-    for (ScxTarget* t : targets_) t->sync_locked();
+    bool changed = false;
+    for (ScxTarget* t : targets_) changed |= t->sync_locked();
+    if (changed) busy_locked();
   }
 }
 
@@ -515,10 +726,10 @@ void ScxBackend::handle_exit_locked(const ExitRec& r) {
   std::string reason(r.reason, strnlen(r.reason, sizeof r.reason));
   std::string msg(r.msg, strnlen(r.msg, sizeof r.msg));
   std::string why = reason + (msg.empty() ? "" : ": " + msg);
-  bool was_attached = link_ != nullptr;
+  bool was_attached = static_cast<bool>(link_);
   if (link_) {
-    bpf_link__destroy(link_);
-    link_ = nullptr;
+    unlink(pins::thread_scx_obj("link").c_str());
+    link_.reset();
   }
   // Who is to blame: the process of a stalled thread ("comm[tid] failed to run ..."), or
   // the application program last run on the core that raised a runtime error.
@@ -590,11 +801,101 @@ int scx_make_target(const std::shared_ptr<ScxBackend>& b, pid_t tgid, bool all, 
   return 0;
 }
 
+int scx_adopt(const std::shared_ptr<ScxBackend>& b, const json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
+              std::string& err) {
+  pid_t tgid = saved.value("pid", 0);
+  if (tgid <= 0 || kill(tgid, 0) < 0) {
+    err = "process " + std::to_string(tgid) + ", whose threads it scheduled, is gone";
+    return -ESRCH;
+  }
+  if (int r = b->adopt_root(err)) return r;
+  int slot = saved.value("slot", -1);
+  if (!b->adopt_slot(slot)) {
+    err = "slot " + std::to_string(slot) + " is not a free slot of the root scheduler";
+    return -EINVAL;
+  }
+  Baseline base;
+  const auto& bj = saved.value("baseline", json::object());
+  base.policy = bj.value("policy", SCHED_OTHER);
+  base.nice = bj.value("nice", 0);
+  base.cpus = cpus_from_string(bj.value("cpus", std::string()));
+  auto t = std::make_unique<ScxTarget>(b, tgid, saved.value("all_threads", false), std::move(base));
+  std::lock_guard lk(b->mu());
+  if (int r = t->adopt_locked(saved, p, err)) {
+    b->free_slot_locked(slot);
+    return r;
+  }
+  log(LogLevel::kInfo, "sched_ext: process %d in slot %d adopted from a previous syrupd", tgid, slot);
+  out = std::move(t);
+  return 0;
+}
+
+void ScxBackend::recover() {
+  std::lock_guard lk(mu_);
+  bool any = false;
+  for (bool u : used_) any |= u;
+  if (!any) {
+    // Nothing adopted into a root a previous syrupd left pinned (or none was left):
+    // unpinning the link detaches it, and its threads go back to the fair class.
+    if (!adopted_ && access(pins::thread_scx_obj("link").c_str(), F_OK) == 0)
+      log(LogLevel::kWarn, "sched_ext: detaching the root scheduler a previous syrupd left (no policy adopted)");
+    if (!adopted_) unpin_locked();
+    else detach_locked();
+    return;
+  }
+  // Slots the kernel still has that no adopted policy owns: emptied, so their threads
+  // wait in the fallback FIFO until syrupd switches them back (release_leftover).
+  Conf c{};
+  uint32_t z = 0;
+  bpf_map_lookup_elem(map_fd("syr_scx_conf"), &z, &c);
+  for (uint32_t s = 0; s < static_cast<uint32_t>(kMaxApps); s++) {
+    if (used_[s]) continue;
+    c.active &= ~(1ull << s);
+    bpf_map_delete_elem(map_fd("syr_scx_sel"), &s);
+    bpf_map_delete_elem(map_fd("syr_scx_enq"), &s);
+    bpf_map_delete_elem(map_fd("syr_scx_disp"), &s);
+  }
+  bpf_map_update_elem(map_fd("syr_scx_conf"), &z, &c, 0);
+  uint32_t key, next;
+  std::vector<uint32_t> stale;
+  bool first = true;
+  while (bpf_map_get_next_key(map_fd("syr_scx_procs"), first ? nullptr : &key, &next) == 0) {
+    first = false;
+    key = next;
+    uint32_t v;
+    if (bpf_map_lookup_elem(map_fd("syr_scx_procs"), &key, &v) == 0 && (v >= static_cast<uint32_t>(kMaxApps) || !used_[v]))
+      stale.push_back(key);
+  }
+  for (uint32_t k : stale) bpf_map_delete_elem(map_fd("syr_scx_procs"), &k);
+}
+
+void scx_recover(const std::shared_ptr<ScxBackend>& b) { b->recover(); }
+void scx_leave(const std::shared_ptr<ScxBackend>& b) { b->leave(); }
+
+void scx_release_leftover(const std::shared_ptr<ScxBackend>&, const std::string& policy_dir) {
+  // A sched_ext policy that was not adopted: its process's registered threads may still
+  // be SCHED_EXT (running in the fair class once its slot is emptied by recover(), or the
+  // root detached): back to SCHED_OTHER. The application's maps are two levels up.
+  std::string threads = policy_dir + "/../../maps/syrup_threads";
+  UniqueFd m(bpf_obj_get(threads.c_str()));
+  if (!m) return;
+  uint32_t key, next;
+  bool first = true;
+  int n = 0;
+  while (bpf_map_get_next_key(m.get(), first ? nullptr : &key, &next) == 0) {
+    first = false;
+    key = next;
+    pid_t t = static_cast<pid_t>(key);
+    if (sched_getscheduler(t) == kSchedExt && set_policy(t, SCHED_OTHER, 0) == 0) n++;
+  }
+  if (n) log(LogLevel::kWarn, "sched_ext: %d threads of a policy that was not adopted are back in the fair class", n);
+}
+
 std::vector<std::string> scx_system_maps() {
   return {SYR_STATS_MAP,   "syr_scx_pick",  "syr_scx_tasks", "syr_scx_cpus", "syr_scx_round",
           "syr_scx_procs", "syr_scx_disp",  "syr_app_ops",   "syr_app_ops2"};
 }
 
-std::vector<std::string> scx_programs() { return {"syr_app_enqueue", "syr_app_dispatch"}; }
+std::vector<std::string> scx_programs() { return {"syr_app_enqueue", "syr_app_dispatch", "syr_app_select"}; }
 
 }  // namespace syrup::thread

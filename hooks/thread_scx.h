@@ -26,12 +26,20 @@
 // Invariants: a slot is in syr_scx_procs exactly while its programs are in the prog
 // arrays and its bit is in the root's active mask; after uninstall() or an ejection no
 // thread of the process is left SCHED_EXT by Syrup.
-// Limits: 64 applications (slots); one dispatch round tries at most ~16 applications
-// that have nothing for the core (two tail calls each, 33 at most), then leaves the core
-// to its current thread. A syrupd that dies (or exits keeping its policies: thread
-// targets cannot be adopted) closes the root's link, so the kernel detaches the
-// scheduler: the threads run in the fair class, still marked SCHED_EXT until restarted
-// or until a new root adopts them into its fallback FIFO.
+// Across a syrupd restart: the root's struct_ops link and maps are pinned under
+// <root>/thread_scx/ while attached, so a syrupd that dies (or exits with
+// --on_exit=keep) leaves the scheduler attached and every application's policy running
+// (its slot's programs are held by the pinned prog arrays). What stops until the next
+// syrupd: the monitor (new threads of --pid processes are not switched to SCHED_EXT, an
+// ejection is not reported nor repaired). A restarted syrupd adopts the root from the
+// pins (scx_adopt, from each policy's saved slot); if the kernel ejected it meanwhile,
+// adoption fails, the policies are released and their threads switched back to
+// SCHED_OTHER (scx_release_leftover). --on_exit=remove detaches and unpins everything.
+// Limits: 64 applications (slots): the root's active mask is one u64 and one dispatch
+// round marks the slots it tried in another (syr_scx_round.tried); more would take
+// per-round bitmaps in arrays. One dispatch round tries at most ~16 applications that
+// have nothing for the core (two tail calls each, 33 at most: the kernel's tail-call
+// limit), then leaves the core to its current thread.
 #pragma once
 
 #include <sys/types.h>
@@ -53,6 +61,17 @@ std::shared_ptr<ScxBackend> make_scx_backend(Compiler& compiler);
 // Builds the target for process `tgid` (loads and checks the root first). 0 or -errno.
 int scx_make_target(const std::shared_ptr<ScxBackend>& b, pid_t tgid, bool all, Baseline base, std::unique_ptr<Target>& out,
                     std::string& err);
+
+// Takes over a policy a previous syrupd left in the pinned root scheduler (Target::save()
+// of a sched_ext target). 0 or -errno with `err`.
+int scx_adopt(const std::shared_ptr<ScxBackend>& b, const nlohmann::json& saved, LoadedPolicy& p,
+              std::unique_ptr<Target>& out, std::string& err);
+// Once after the adoptions: clears what no adopted policy owns (Hook::recover).
+void scx_recover(const std::shared_ptr<ScxBackend>& b);
+// A policy directory that was not adopted: its threads back to the fair class.
+void scx_release_leftover(const std::shared_ptr<ScxBackend>& b, const std::string& policy_dir);
+// syrupd exits keeping its policies: the scheduler stays attached (pinned).
+void scx_leave(const std::shared_ptr<ScxBackend>& b);
 
 // The wrapper's system maps and programs (LoadSpec::system_maps / ::programs).
 std::vector<std::string> scx_system_maps();

@@ -39,8 +39,8 @@ DEFINE_string(config, "", "YAML file of tenants and their policies, applied at s
 DEFINE_uint32(metrics_port, 0, "serve Prometheus metrics on 127.0.0.1/[::1]:PORT/metrics (0: off)");
 DEFINE_string(admin_group, "", "members of this group may act for any process, as root does");
 DEFINE_string(on_exit, "keep",
-              "on SIGINT/SIGTERM: 'keep' the socket-select and XDP policies running for the next "
-              "syrupd to adopt (thread policies end with their agents), or 'remove' them all");
+              "on SIGINT/SIGTERM: 'keep' every policy running (thread agents and the sched_ext "
+              "scheduler too) for the next syrupd to adopt, or 'remove' them all");
 
 namespace {
 

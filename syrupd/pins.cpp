@@ -32,6 +32,9 @@ std::string xdp_root_obj(std::string_view ifname, std::string_view obj) {
   return xdp_root_dir(ifname) + "/" + std::string(obj);
 }
 
+std::string thread_scx_dir() { return g_root + "/thread_scx"; }
+std::string thread_scx_obj(std::string_view obj) { return thread_scx_dir() + "/" + std::string(obj); }
+
 std::string validate_name(std::string_view kind, std::string_view name) {
   if (name.empty()) return std::string(kind) + " name is empty";
   if (name.size() > 64) return std::string(kind) + " name is longer than 64 characters";

@@ -7,6 +7,8 @@
 //   <root>/apps/<app>/policies/<id>/<sysmap>  its system maps (syr_executors, syr_stats)
 //   <root>/xdp/<ifname>/prog                  the XDP root program attached to <ifname>
 //   <root>/xdp/<ifname>/<map>                 its maps (syr_xdp_apps, syr_xdp_ports, ...)
+//   <root>/thread_scx/link                    the sched_ext root scheduler's struct_ops link
+//   <root>/thread_scx/<map>                   its maps (syr_scx_procs, syr_scx_enq, ...)
 //
 // Invariants: every path syrupd pins or unpins comes from these functions; names are
 // validated (validate_name) before they reach them, so no path leaves <root>.
@@ -29,6 +31,8 @@ std::string policy_map(std::string_view app, int id, std::string_view map);
 std::string xdp_dir();
 std::string xdp_root_dir(std::string_view ifname);
 std::string xdp_root_obj(std::string_view ifname, std::string_view obj);
+std::string thread_scx_dir();
+std::string thread_scx_obj(std::string_view obj);
 
 // Application and map names: 1..64 of [A-Za-z0-9_.-], not starting with '.'.
 // Returns "" if valid, else why not.

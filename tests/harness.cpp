@@ -55,8 +55,9 @@ void Daemon::start(const std::string& bpffs_root, const std::vector<std::string>
     execv(bin.c_str(), argv.data());
     _exit(127);
   }
-  // Ready when it answers a ping.
-  for (int i = 0; i < 200; i++) {
+  // Ready when it answers a ping. 15 s: a restart that adopts policies under load (or in
+  // the emulated sched_ext guest, where starting clang alone takes 2 s) needs more than 5.
+  for (int i = 0; i < 600; i++) {
     Client c;
     Message resp;
     if (c.connect(socket_) == 0 && c.call({{"op", "ping"}}, resp) == 0) {
@@ -70,7 +71,7 @@ void Daemon::start(const std::string& bpffs_root, const std::vector<std::string>
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
-  FAIL() << "syrupd did not answer within 5 s:\n" << log();
+  FAIL() << "syrupd did not answer within 15 s:\n" << log();
 }
 
 int Daemon::stop() {

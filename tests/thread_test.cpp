@@ -160,7 +160,8 @@ class ThreadHook : public ::testing::Test {
   }
   static void TearDownTestSuite() {
     if (!daemon_) return;
-    EXPECT_EQ(daemon_->stop(), 0) << "syrupd did not exit cleanly";
+    std::string log = daemon_->log();
+    EXPECT_EQ(daemon_->stop(), 0) << "syrupd did not exit cleanly:\n" << log;
     delete daemon_;
     daemon_ = nullptr;
   }
@@ -551,6 +552,148 @@ TEST_F(ThreadHook, CsAwareNeverMakesAThreadInACriticalSectionWait) {
   EXPECT_EQ(w[0], 0) << "a thread inside a critical section was made to wait";
   EXPECT_GT(w[1] + w[2], 0);
   syr_map_munmap(&cs);
+}
+
+// Restarts the suite's syrupd (on the same pins and state file) when a test that crashed
+// it ends, even on a failed assertion, so the tests after it have a daemon.
+struct Restart {
+  Daemon* d;
+  ~Restart() {
+    if (d->pid() <= 0) d->start(d->bpffs_root());
+  }
+};
+
+// The process exists and has not exited (a zombie waiting for its new parent to reap it
+// counts as exited: an orphaned agent is reparented, not to this test).
+bool alive(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto rp = s.rfind(')');
+  return rp != std::string::npos && rp + 2 < s.size() && s[rp + 2] != 'Z' && s[rp + 2] != 'X';
+}
+
+// Item 1 of issue #4: syrupd SIGKILLed and restarted. The agent is its own process (own
+// session, no parent-death signal): it goes on enforcing the policy while no syrupd runs,
+// the restarted syrupd adopts it (same policy id, same agent pid, `list` says adopted),
+// the policy still enforces (the marked thread >= 95% of the three's time on the shared
+// core), hints still move the core, and the adopted agent's watchdog and removal work as
+// for one syrupd started itself.
+TEST_F(ThreadHook, AgentOutlivesSyrupdCrashAndIsAdoptedAfterRestart) {
+  syr_set_app("thrcrash");
+  int id = deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}, "thrcrash");
+  ASSERT_GT(id, 0) << syr_last_error();
+  int hfd = syr_map_open("high");
+  ASSERT_GE(hfd, 0) << syr_last_error();
+  syr_mapped_array high{};
+  ASSERT_EQ(syr_map_mmap(hfd, &high), 0) << syr_last_error();
+  close(hfd);
+  for (uint32_t i = 0; i < 8; i++) syr_hint_set(&high, i, 0);
+  Spinners reg(3, true);
+  for (int i = 0; i < 3; i++) ASSERT_EQ(reg.reg_result(i), 0) << syr_last_error();
+  std::vector<clockid_t> clocks = {reg.clock(0), reg.clock(1), reg.clock(2)};
+  syr_hint_set(&high, 0, 1);
+  ASSERT_GE(wait_for([&] { return sched_policy_of(reg.tid(0)) == SCHED_OTHER &&
+                                  sched_policy_of(reg.tid(1)) == SCHED_IDLE &&
+                                  sched_policy_of(reg.tid(2)) == SCHED_IDLE; }, 2000), 0);
+  auto before = listed(id);
+  pid_t agent = before.value("agent_pid", 0);
+  ASSERT_GT(agent, 0) << before.dump();
+
+  Restart restart{daemon_};
+  daemon_->crash();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(alive(agent)) << "the agent ended with syrupd";
+  auto m = measure(clocks);
+  double sum = m[0] + m[1] + m[2];
+  std::printf("  syrupd down: registered %s\n", fmt(m).c_str());
+  ASSERT_GT(sum, 0.0);
+  EXPECT_GE(m[0] / sum, 0.95) << "the policy stops while syrupd is down: " << fmt(m);
+
+  daemon_->start(daemon_->bpffs_root());
+  auto after = listed(id);
+  ASSERT_FALSE(after.is_null()) << "the thread policy was not adopted:\n" << daemon_->log();
+  EXPECT_EQ(after.value("hook", ""), "thread");
+  EXPECT_EQ(after.value("agent_pid", 0), agent) << after.dump();
+  EXPECT_EQ(after.value("adopted", false), true) << after.dump();
+  EXPECT_EQ(after.value("status", ""), "running") << after.dump();
+  EXPECT_EQ(after.value("target", ""), before.value("target", "x"));
+  m = measure(clocks);
+  sum = m[0] + m[1] + m[2];
+  std::printf("  after the restart: registered %s\n", fmt(m).c_str());
+  ASSERT_GT(sum, 0.0);
+  EXPECT_GE(m[0] / sum, 0.95) << fmt(m);
+
+  syr_hint_set(&high, 0, 0);
+  syr_hint_set(&high, 2, 1);
+  int ms = wait_for([&] { return sched_policy_of(reg.tid(2)) == SCHED_OTHER &&
+                                 sched_policy_of(reg.tid(0)) == SCHED_IDLE; }, 2000);
+  std::printf("  mark moved after the restart: applied after %d ms\n", ms);
+  EXPECT_GE(ms, 0);
+
+  // The adopted agent's watchdog: killed, the threads come back within a bounded time.
+  ASSERT_EQ(kill(agent, SIGKILL), 0);
+  auto all_normal = [&] {
+    for (int i = 0; i < 3; i++)
+      if (sched_policy_of(reg.tid(i)) != SCHED_OTHER || int(cpus_of(reg.tid(i)).size()) != ncpus()) return false;
+    return true;
+  };
+  ms = wait_for(all_normal, 3000);
+  std::printf("  adopted agent SIGKILLed: threads normal again after %d ms\n", ms);
+  ASSERT_GE(ms, 0) << "threads were not restored";
+  EXPECT_LE(ms, 1000);
+  EXPECT_NE(listed(id).value("status", "").find("failed: agent exited"), std::string::npos) << listed(id).dump();
+  syr_map_munmap(&high);
+}
+
+// The agent dies while no syrupd watches it: the restarted syrupd restores the threads at
+// once and reports it. A policy removed after an adoption stops its agent and restores.
+TEST_F(ThreadHook, AgentGoneWhileSyrupdDownThreadsRestoredOnRestart) {
+  syr_set_app("thrgone");
+  int id = deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}, "thrgone");
+  ASSERT_GT(id, 0) << syr_last_error();
+  Spinners reg(2, true);
+  for (int i = 0; i < 2; i++) ASSERT_EQ(reg.reg_result(i), 0) << syr_last_error();
+  ASSERT_GE(wait_for([&] { return sched_policy_of(reg.tid(0)) == SCHED_IDLE || sched_policy_of(reg.tid(1)) == SCHED_IDLE; }, 2000), 0)
+      << listed(id).dump() << "\n" << daemon_->log();
+  int waiting = sched_policy_of(reg.tid(0)) == SCHED_IDLE ? 0 : 1;
+  pid_t agent = listed(id).value("agent_pid", 0);
+  ASSERT_GT(agent, 0);
+  {
+    Restart restart{daemon_};
+    daemon_->crash();
+    ASSERT_TRUE(alive(agent));
+    ASSERT_EQ(kill(agent, SIGKILL), 0);
+    ASSERT_GE(wait_for([&] { return !alive(agent); }, 2000), 0);
+    // Nobody restores while syrupd is down: the window lasts until it is back.
+    EXPECT_EQ(sched_policy_of(reg.tid(waiting)), SCHED_IDLE);
+    daemon_->start(daemon_->bpffs_root());
+  }
+  for (int i = 0; i < 2; i++) {
+    EXPECT_EQ(sched_policy_of(reg.tid(i)), SCHED_OTHER) << "thread " << i;
+    EXPECT_EQ(int(cpus_of(reg.tid(i)).size()), ncpus()) << "thread " << i;
+  }
+  auto p = listed(id);
+  EXPECT_NE(p.value("status", "").find("ended while syrupd was down"), std::string::npos) << p.dump();
+
+  // A fresh deploy after that (new threads: the registrations went with the app's maps),
+  // crash, restart, remove: the adopted agent stops and the threads are restored.
+  ASSERT_EQ(syr_remove_policy(id), 0) << syr_last_error();
+  ids_.clear();
+  id = deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}, "thrgone");
+  ASSERT_GT(id, 0) << syr_last_error();
+  Spinners reg2(2, true);
+  ASSERT_GE(wait_for([&] { return sched_policy_of(reg2.tid(0)) == SCHED_IDLE || sched_policy_of(reg2.tid(1)) == SCHED_IDLE; }, 2000), 0);
+  agent = listed(id).value("agent_pid", 0);
+  {
+    Restart restart{daemon_};
+    daemon_->crash();
+    daemon_->start(daemon_->bpffs_root());
+  }
+  ASSERT_EQ(listed(id).value("agent_pid", 0), agent) << daemon_->log();
+  ASSERT_EQ(syr_remove_policy(id), 0) << syr_last_error();
+  ids_.clear();
+  for (int i = 0; i < 2; i++) EXPECT_EQ(sched_policy_of(reg2.tid(i)), SCHED_OTHER) << "thread " << i;
+  EXPECT_GE(wait_for([&] { return !alive(agent); }, 2000), 0) << "the adopted agent was not stopped";
 }
 
 // The same policy source on the sched_ext backend needs a sched_ext kernel: the VM test

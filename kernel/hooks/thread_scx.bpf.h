@@ -4,6 +4,7 @@
  * source, it turns the policy's syr_schedule() into the two programs syrupd's root
  * scheduler (thread_scx_root.bpf.c) tail-calls for this application's threads:
  *
+ *  - syr_app_select(p, prev_cpu): the wakeup fast path (below);
  *  - syr_app_enqueue(p): asks the policy for p's core and key, queues p in the
  *    application's DSQ (by enqueue time), kicks the chosen core if idle (SYR_PASS: any
  *    idle core p may use), or preempts a thread of the same application running with a
@@ -183,6 +184,44 @@ void BPF_PROG(syr_app_enqueue, struct task_struct *p, __u64 enq_flags)
 		scx_bpf_kick_cpu(v.cpu, SYR_SCX_KICK_PREEMPT);
 }
 
+/* The wakeup fast path (the root's select_cpu tail-calls it): the policy's answer for the
+ * waking thread, honoured at once when it can be -- the chosen core (or, for SYR_PASS,
+ * the kernel's default pick) is idle and no sibling of the application is queued (with
+ * one queued, the keys decide who runs first: that is enqueue's and dispatch's job). The
+ * thread then goes straight into that core's local DSQ. Otherwise prev_cpu: the normal
+ * path. */
+SEC("struct_ops/syr_app_select")
+__s32 BPF_PROG(syr_app_select, struct task_struct *p, __s32 prev_cpu, __u64 wake_flags)
+{
+	__u64 now = bpf_ktime_get_ns(), key, slice;
+	__u32 core;
+	_Bool idle = 0;
+	__s32 cpu;
+
+	__u32 tid = p->pid;
+	struct syr_scx_task *tt;
+
+	if (scx_bpf_dsq_peek(SYR_SCX_APP_DSQ(syr_scx_slot)))
+		return prev_cpu;
+	/* The policy sees this wakeup's times (runnable() sets the same moments later). */
+	tt = bpf_map_lookup_elem(&syr_scx_tasks, &tid);
+	if (tt) {
+		tt->runnable_ns = now;
+		tt->run_ns = 0;
+	}
+	core = syr_scx_decide(p, SYR_THREAD_WAKEUP, now, 0, &key, &slice);
+	if (core == SYR_PASS) {
+		cpu = scx_bpf_select_cpu_dfl(p, prev_cpu, wake_flags, &idle);
+	} else {
+		cpu = (__s32)core;
+		idle = scx_bpf_test_and_clear_cpu_idle(cpu);
+	}
+	if (!idle)
+		return core == SYR_PASS ? prev_cpu : (__s32)core;
+	scx_bpf_dsq_insert(p, SYR_SCX_DSQ_LOCAL, slice, 0);
+	return cpu;
+}
+
 /* One dispatch's running choice. Kept in a map value, not on the stack: the verifier
  * then sees the same state at every turn of the DSQ loop and verifies it once. */
 struct syr_scx_pick {
@@ -290,6 +329,7 @@ void BPF_PROG(syr_app_dispatch, __s32 cpu, struct task_struct *prev)
 }
 
 struct sched_ext_ops {
+	__s32 (*select_cpu)(struct task_struct *p, __s32 prev_cpu, __u64 wake_flags);
 	void (*enqueue)(struct task_struct *p, __u64 enq_flags);
 	void (*dispatch)(__s32 cpu, struct task_struct *prev);
 	char name[128];
@@ -299,6 +339,7 @@ struct sched_ext_ops {
  * unassociated; see above). */
 SEC(".struct_ops.link")
 struct sched_ext_ops syr_app_ops = {
+	.select_cpu = (void *)syr_app_select,
 	.enqueue = (void *)syr_app_enqueue,
 	.dispatch = (void *)syr_app_dispatch,
 	.name = "syrup_app",
@@ -306,6 +347,7 @@ struct sched_ext_ops syr_app_ops = {
 
 SEC(".struct_ops.link")
 struct sched_ext_ops syr_app_ops2 = {
+	.select_cpu = (void *)syr_app_select,
 	.enqueue = (void *)syr_app_enqueue,
 	.dispatch = (void *)syr_app_dispatch,
 	.name = "syrup_app2",

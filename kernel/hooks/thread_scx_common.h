@@ -62,6 +62,9 @@ struct bpf_iter_scx_dsq {
 	__u64 __opaque[6];
 } __attribute__((aligned(8)));
 
+extern void scx_bpf_dsq_insert(struct task_struct *p, __u64 dsq_id, __u64 slice, __u64 enq_flags) __weak __ksym;
+extern __s32 scx_bpf_select_cpu_dfl(struct task_struct *p, __s32 prev_cpu, __u64 wake_flags,
+				    _Bool *is_idle) __weak __ksym;
 extern void scx_bpf_dsq_insert_vtime(struct task_struct *p, __u64 dsq_id, __u64 slice, __u64 vtime,
 				     __u64 enq_flags) __weak __ksym;
 extern _Bool scx_bpf_dsq_move_to_local(__u64 dsq_id) __weak __ksym;
@@ -78,6 +81,7 @@ extern void bpf_iter_scx_dsq_destroy(struct bpf_iter_scx_dsq *it) __weak __ksym;
 extern _Bool scx_bpf_dsq_move(struct bpf_iter_scx_dsq *it__iter, struct task_struct *p, __u64 dsq_id,
 			      __u64 enq_flags) __weak __ksym;
 extern void scx_bpf_dsq_move_set_slice(struct bpf_iter_scx_dsq *it__iter, __u64 slice) __weak __ksym;
+extern _Bool scx_bpf_test_and_clear_cpu_idle(__s32 cpu) __weak __ksym;
 extern _Bool bpf_cpumask_test_cpu(__u32 cpu, const struct cpumask *cpumask) __weak __ksym;
 
 /* Per SCHED_EXT thread, kept by the root (runnable/running/stopping/disable). */

@@ -641,7 +641,8 @@ def markdown(results):
                      f"SCAN = {mix['scan_len']} keys, "
                      + (f"each worker a core of {mix['core_share']:g} CPU (emulated), " if mix["core_share"] else
                         "workers share one core, ")
-                     + f"GET p99 target {target_us:,.0f} us (two SCANs on a worker)\n")
+                     + f"GET p99 target {target_us:,.0f} us"
+                     + (" (two SCANs on a worker)" if results["config"].get("target_us") is None else "") + "\n")
         lines.append("| policy | throughput at target (req/s) | vs pass | GET p99 @50% (us) | vs pass "
                      "| GET p99 @80% (us) | vs pass | SCAN p99 @80% (us) |")
         lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -709,7 +710,9 @@ def plot(results, outdir):
             axes[0].plot([], [], " ", label=f"{label}: {PENDING}")
         if mix["pending"]:
             axes[0].legend(fontsize=8)
-        fig.suptitle(f"RocksDB over UDP: {mix['workers']} workers on CPU {results['config']['server_cpus']}, "
+        where = (f"each a SCHED_DEADLINE core of {mix['core_share']:g} CPU" if mix.get("core_share")
+                 else f"on CPU {results['config']['server_cpus']}")
+        fig.suptitle(f"RocksDB over UDP: {mix['workers']} workers {where}, "
                      f"load generator on CPU {results['config']['client_cpu']}, 50 flows, open loop")
         fig.tight_layout()
         path = os.path.join(outdir, f"rocksdb_{mix['mix']}.png")

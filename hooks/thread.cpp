@@ -29,6 +29,7 @@
 #include "pins.h"
 #include "thread_agent.h"
 #include "thread_scx.h"
+#include "thread_util.h"
 #include "unique_fd.h"
 
 extern char** environ;
@@ -61,26 +62,6 @@ uint64_t start_time(pid_t pid) {
 bool wait_pidfd(int pidfd, int ms) {
   pollfd pf{pidfd, POLLIN, 0};
   return poll(&pf, 1, ms) == 1;
-}
-
-// Starts `f` on a thread with every signal blocked. A thread made while syrupd adopts
-// policies at start exists before syrupd blocks SIGTERM for its signalfd; unblocked there,
-// a SIGTERM to syrupd could be delivered to it and kill the process (default action)
-// instead of shutting it down in order.
-template <class F>
-std::thread signal_free_thread(F f) {
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, &old);
-  std::thread t(std::move(f));
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  return t;
-}
-
-uint64_t now_ms() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
 }
 
 uid_t process_uid(pid_t pid) {

@@ -26,6 +26,7 @@
 #include "log.h"
 #include "pins.h"
 #include "syrup/abi.h"
+#include "thread_util.h"
 #include "unique_fd.h"
 
 namespace syrup::thread {
@@ -83,26 +84,6 @@ uint64_t env_u64(const char* name, uint64_t dflt) {
   char* end = nullptr;
   unsigned long long x = std::strtoull(v, &end, 10);
   return end && *end == 0 ? x : dflt;
-}
-
-// Starts `f` on a thread with every signal blocked. A thread made while syrupd adopts
-// policies at start exists before syrupd blocks SIGTERM for its signalfd; unblocked there,
-// a SIGTERM to syrupd could be delivered to it and kill the process (default action)
-// instead of shutting it down in order.
-template <class F>
-std::thread signal_free_thread(F f) {
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, &old);
-  std::thread t(std::move(f));
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  return t;
-}
-
-uint64_t now_ms() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
 }
 
 std::string sched_ext_state() {

@@ -215,22 +215,26 @@ int register_for_thread_hook(int idx) {
   return syr_thread_register(static_cast<uint32_t>(idx));
 }
 
+// struct sched_attr (linux/sched/types.h clashes with glibc's <sched.h>).
+struct SchedAttr {
+  uint32_t size = sizeof(SchedAttr), sched_policy = SCHED_OTHER;
+  uint64_t sched_flags = 0;
+  int32_t sched_nice = 0;
+  uint32_t sched_priority = 0;
+  uint64_t sched_runtime = 0, sched_deadline = 0, sched_period = 0;
+};
+
+// sched_setattr(2) on the calling thread: 0 or -errno.
+int set_sched_attr(const SchedAttr& a) {
+  return syscall(SYS_sched_setattr, 0, &a, 0) < 0 ? -errno : 0;
+}
+
 // sched_setattr(2) with a custom slice for SCHED_OTHER (Linux 6.12+): a SCAN then cannot
 // keep a core for a whole default slice while GET workers wait on the same core.
 int set_slice(int slice_us) {
-  // struct sched_attr (linux/sched/types.h clashes with glibc's <sched.h>).
-  struct {
-    uint32_t size, sched_policy;
-    uint64_t sched_flags;
-    int32_t sched_nice;
-    uint32_t sched_priority;
-    uint64_t sched_runtime, sched_deadline, sched_period;
-  } a = {};
-  a.size = sizeof a;
-  a.sched_policy = SCHED_OTHER;
+  SchedAttr a;
   a.sched_runtime = static_cast<uint64_t>(slice_us) * 1000;
-  if (syscall(SYS_sched_setattr, 0, &a, 0) < 0) return -errno;
-  return 0;
+  return set_sched_attr(a);
 }
 
 // --core_share: a SCHED_DEADLINE reservation of share x period every period (a short
@@ -248,21 +252,13 @@ int set_core_share(double share, int period_us) {
   CPU_ZERO(&all);
   for (long c = 0; c < CPU_SETSIZE && c < sysconf(_SC_NPROCESSORS_CONF); c++) CPU_SET(c, &all);
   if (sched_setaffinity(0, sizeof all, &all) < 0) return -errno;
-  struct {
-    uint32_t size, sched_policy;
-    uint64_t sched_flags;
-    int32_t sched_nice;
-    uint32_t sched_priority;
-    uint64_t sched_runtime, sched_deadline, sched_period;
-  } a = {};
-  a.size = sizeof a;
+  SchedAttr a;
   a.sched_policy = 6;    // SCHED_DEADLINE
   a.sched_flags = 0x01;  // SCHED_FLAG_RESET_ON_FORK
   a.sched_period = static_cast<uint64_t>(period_us) * 1000;
   a.sched_deadline = a.sched_period;
   a.sched_runtime = static_cast<uint64_t>(share * static_cast<double>(a.sched_period));
-  if (syscall(SYS_sched_setattr, 0, &a, 0) < 0) return -errno;
-  return 0;
+  return set_sched_attr(a);
 }
 
 void reply(Worker& w, const Pending& p, kv_response& r, const void* body, uint32_t len) {

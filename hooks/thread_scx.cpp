@@ -56,6 +56,8 @@ struct ExitRec {
   uint32_t blamed_slot, seq;
   char reason[128];
   char msg[256];
+  uint32_t bt_len, pad;
+  uint64_t bt[32];  // SYR_SCX_EXIT_BT
 };
 struct Conf {
   uint64_t active, min_vtime;
@@ -220,6 +222,7 @@ class ScxBackend {
   void stop_monitor();
   void monitor();
   void handle_exit_locked(const ExitRec& r);
+  int slot_in_backtrace_locked(const ExitRec& r);
 
   void pin_locked();
   void unpin_locked();
@@ -703,6 +706,40 @@ void ScxBackend::monitor() {
   }
 }
 
+// The slot whose program (enqueue, dispatch or select_cpu, any of their functions) holds
+// a return address of the exit's backtrace, or -1.
+int ScxBackend::slot_in_backtrace_locked(const ExitRec& r) {
+  uint32_t n = std::min<uint32_t>(r.bt_len, sizeof r.bt / sizeof r.bt[0]);
+  if (n == 0) return -1;
+  for (ScxTarget* t : targets_) {
+    if (!t->active() || t->slot() < 0) continue;
+    uint32_t slot = static_cast<uint32_t>(t->slot());
+    for (const char* arr : {"syr_scx_enq", "syr_scx_disp", "syr_scx_sel"}) {
+      uint32_t id = 0;
+      if (bpf_map_lookup_elem(map_fd(arr), &slot, &id) != 0) continue;
+      UniqueFd fd(bpf_prog_get_fd_by_id(id));
+      if (fd.get() < 0) continue;
+      bpf_prog_info info{};
+      uint32_t len = sizeof info;
+      if (bpf_prog_get_info_by_fd(fd.get(), &info, &len) != 0 || info.nr_jited_ksyms == 0) continue;
+      std::vector<uint64_t> addrs(info.nr_jited_ksyms);
+      std::vector<uint32_t> lens(info.nr_jited_func_lens);
+      uint32_t nk = info.nr_jited_ksyms, nl = info.nr_jited_func_lens;
+      info = {};
+      info.nr_jited_ksyms = nk;
+      info.jited_ksyms = reinterpret_cast<uint64_t>(addrs.data());
+      info.nr_jited_func_lens = nl;
+      info.jited_func_lens = reinterpret_cast<uint64_t>(lens.data());
+      len = sizeof info;
+      if (bpf_prog_get_info_by_fd(fd.get(), &info, &len) != 0) continue;
+      for (uint32_t f = 0; f < nk && f < nl; f++)
+        for (uint32_t i = 0; i < n; i++)
+          if (addrs[f] && r.bt[i] >= addrs[f] && r.bt[i] < addrs[f] + lens[f]) return t->slot();
+    }
+  }
+  return -1;
+}
+
 void ScxBackend::handle_exit_locked(const ExitRec& r) {
   std::string reason(r.reason, strnlen(r.reason, sizeof r.reason));
   std::string msg(r.msg, strnlen(r.msg, sizeof r.msg));
@@ -715,7 +752,9 @@ void ScxBackend::handle_exit_locked(const ExitRec& r) {
   // Who is to blame: the process of a stalled thread ("comm[tid] failed to run ..."), or
   // the application program last run on the core that raised a runtime error.
   ScxTarget* culprit = nullptr;
+  const char* blamed_by = "";
   if (r.kind == 1026) {
+    blamed_by = "the stalled thread";
     static const std::regex kTid(R"(\[(\d+)\] failed to run)");
     std::smatch m;
     if (std::regex_search(msg, m, kTid)) {
@@ -723,9 +762,17 @@ void ScxBackend::handle_exit_locked(const ExitRec& r) {
       for (ScxTarget* t : targets_)
         if (t->active() && t->tgid() == tg) culprit = t;
     }
-  } else if (r.kind >= 1024 && r.blamed_slot < static_cast<uint32_t>(kMaxApps)) {
+  } else if (r.kind >= 1024) {
+    // Exact when the kernel's backtrace runs through an application's program; else the
+    // program last run on the exit core (racy: others may have run there since).
+    int slot = slot_in_backtrace_locked(r);
+    blamed_by = "the kernel's backtrace";
+    if (slot < 0 && r.blamed_slot < static_cast<uint32_t>(kMaxApps)) {
+      slot = static_cast<int>(r.blamed_slot);
+      blamed_by = "the program last run on the exit core";
+    }
     for (ScxTarget* t : targets_)
-      if (t->active() && t->slot() == static_cast<int>(r.blamed_slot)) culprit = t;
+      if (slot >= 0 && t->active() && t->slot() == slot) culprit = t;
   }
   uint64_t now = now_ms();
   ejection_times_.push_back(now);
@@ -733,7 +780,7 @@ void ScxBackend::handle_exit_locked(const ExitRec& r) {
   bool give_up = ejection_times_.size() > static_cast<size_t>(kMaxEjections);
   json rec = {{"time", time(nullptr)}, {"kind", exit_kind_name(r.kind)}, {"kind_code", r.kind},
               {"reason", reason}, {"message", msg}, {"exit_cpu", r.exit_cpu}};
-  if (culprit) rec["blamed_pid"] = culprit->tgid();
+  if (culprit) rec["blamed_pid"] = culprit->tgid(), rec["blamed_by"] = blamed_by;
   ejections_.push_back(rec);
   if (ejections_.size() > 8) ejections_.pop_front();
   log(LogLevel::kWarn, "sched_ext: the kernel ejected the scheduler (%s): %s%s", exit_kind_name(r.kind).c_str(),

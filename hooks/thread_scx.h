@@ -14,8 +14,9 @@
 //    process to SCHED_EXT (and unregistered ones back to their baseline class), registers
 //    new threads of --pid processes, and watches the root's exit record. When the kernel
 //    ejects the scheduler (watchdog stall, runtime error, sysrq), it blames a slot when it
-//    can (the stalled thread's process; the application program last run on the core
-//    that raised the error), takes that policy out (its threads back to the fair class,
+//    can (the stalled thread's process; for a runtime error, the application whose
+//    program is in the kernel's backtrace of the error, else the program last run on the
+//    core that raised it), takes that policy out (its threads back to the fair class,
 //    `list` status "ejected by the kernel: REASON: MESSAGE"), and re-attaches the root
 //    for the others (status says they were restored, and why). More than kMaxEjections in
 //    a minute: it gives up and restores every thread.

@@ -535,10 +535,16 @@ TEST_F(SchedExt, RuntimeErrorEjectsOnlyTheFaultyApplication) {
     return listed(daemon_, id).value("status", "").find("ejected by the kernel") != std::string::npos;
   }, 5000);
   auto mine = listed(daemon_, id), other = listed(daemon_, b.policy_id());
-  std::printf("  ejection noticed after %d ms\n  faulty: %s\n  other:  %s\n", ms, mine.value("status", "").c_str(),
-              other.value("status", "").c_str());
+  std::printf("  ejection noticed after %d ms\n  faulty: %s\n  other:  %s\n  ejections: %s\n", ms,
+              mine.value("status", "").c_str(), other.value("status", "").c_str(),
+              mine.contains("scheduler") ? mine["scheduler"].value("ejections", nlohmann::json::array()).dump().c_str() : "-");
   ASSERT_GE(ms, 0) << mine.dump();
   EXPECT_NE(mine.value("status", "").find("asked this policy to fail"), std::string::npos) << mine.dump();
+  // Blamed exactly: the kernel's backtrace of the error runs through the faulty slot's
+  // program (the core's last program may already be another application's).
+  auto ej = mine["scheduler"].value("ejections", nlohmann::json::array());
+  ASSERT_FALSE(ej.empty()) << mine.dump();
+  EXPECT_EQ(ej.back().value("blamed_by", ""), "the kernel's backtrace") << ej.dump();
   EXPECT_NE(other.value("status", "").find("restored"), std::string::npos) << other.dump();
   ASSERT_GE(wait_for([&] { return read_line("/sys/kernel/sched_ext/state") == "enabled"; }, 3000), 0);
   EXPECT_EQ(enable_seq(), seq + 1) << "re-attached once";

@@ -30,6 +30,7 @@
 #define SYR_SCX_MAX_SLICE_NS 100000000ULL
 #define SYR_SCX_MAX_SCAN 64 /* queued threads one dispatch re-decides, oldest first */
 #define SYR_SCX_NO_SLOT 0xffffffffU
+#define SYR_SCX_EXIT_BT 32 /* backtrace entries kept of an exit */
 
 #define syr_barrier_var(v) asm volatile("" : "+r"(v))
 
@@ -130,6 +131,13 @@ struct syr_scx_exit_rec {
 	__u32 seq;         /* incremented by each exit() */
 	char reason[128];
 	char msg[256];
+	/* The kernel's backtrace of the exit (scx_exit_info.bt), innermost first: for a
+	 * runtime error raised inside an application's program it holds a return address in
+	 * that program's JIT image, which names the culprit exactly (blamed_slot is read at
+	 * exit() time, after other programs may have run on the core). */
+	__u32 bt_len;
+	__u32 pad;
+	__u64 bt[SYR_SCX_EXIT_BT];
 };
 
 struct {

@@ -101,6 +101,8 @@ struct scx_exit_info {
 	int exit_cpu;
 	long long exit_code;
 	const char *reason;
+	unsigned long *bt;
+	__u32 bt_len;
 	char *msg;
 } __attribute__((preserve_access_index));
 
@@ -128,11 +130,10 @@ static __always_inline void syr_kick_for(struct task_struct *p)
 SEC("struct_ops/syr_root_select_cpu")
 __s32 BPF_PROG(syr_root_select_cpu, struct task_struct *p, __s32 prev_cpu, __u64 wake_flags)
 {
-	/* Off for now: with it, the VM test RuntimeErrorEjectsOnlyTheFaultyApplication blamed
-	 * the wrong application now and then (exit() reads the exit core's last_slot when the
-	 * disable work runs, after more wakeups noted other slots there), and it bought little
-	 * in the ping-pong (bench/thread/README.md). Kept: syr_scx_sel and syr_app_select are
-	 * installed per slot, ready once the blame records the failing slot at the error. */
+	/* Off: it bought little in the ping-pong (bench/thread/README.md). It was switched
+	 * off while ejection blame was racy (read from the exit core's last program at
+	 * exit() time); blame now comes from the exit's backtrace, so it could be tried
+	 * again. syr_scx_sel and syr_app_select stay installed per slot. */
 	return prev_cpu; /* cores are the policies' choice, made in enqueue and dispatch */
 }
 
@@ -311,7 +312,7 @@ __s32 BPF_PROG(syr_root_init)
 SEC("struct_ops/syr_root_exit")
 void BPF_PROG(syr_root_exit, struct scx_exit_info *ei)
 {
-	__u32 z = 0, cpu;
+	__u32 z = 0, cpu, n;
 	struct syr_scx_exit_rec *r = bpf_map_lookup_elem(&syr_scx_exit, &z);
 	struct syr_scx_cpu *c;
 
@@ -327,6 +328,10 @@ void BPF_PROG(syr_root_exit, struct scx_exit_info *ei)
 		r->blamed_slot = c->last_slot;
 	bpf_probe_read_kernel_str(r->reason, sizeof(r->reason), ei->reason);
 	bpf_probe_read_kernel_str(r->msg, sizeof(r->msg), ei->msg);
+	n = ei->bt_len;
+	if (n > SYR_SCX_EXIT_BT)
+		n = SYR_SCX_EXIT_BT;
+	r->bt_len = bpf_probe_read_kernel(r->bt, n * sizeof(__u64), ei->bt) ? 0 : n;
 	__sync_fetch_and_add(&r->seq, 1);
 }
 

@@ -126,6 +126,7 @@ class ScxBackend {
   explicit ScxBackend(Compiler& c) : compiler_(c) {
     timeout_ms_ = static_cast<uint32_t>(std::min<uint64_t>(env_u64("SYRUP_SCX_TIMEOUT_MS", 30000), 30000));
     starve_ns_ = env_u64("SYRUP_SCX_STARVE_MS", 1000) * 1000000ull;
+    direct_ = env_u64("SYRUP_SCX_DIRECT", 1) != 0;
   }
   ~ScxBackend() {
     stop_monitor();
@@ -198,6 +199,7 @@ class ScxBackend {
     return it == fds_.end() ? -ENOENT : it->second.get();
   }
   uint64_t starve_ns() const { return starve_ns_; }
+  bool direct() const { return direct_; }
   void busy_locked() { busy_until_ms_ = now_ms() + kBusyMs; }
   void add(ScxTarget* t) {
     std::lock_guard lk(mu_);
@@ -214,6 +216,7 @@ class ScxBackend {
     return {{"state", sched_ext_state()}, {"attached", static_cast<bool>(link_)}, {"adopted", adopted_},
             {"ops", "syrup"},
             {"watchdog_ms", timeout_ms_}, {"starvation_guard_ms", starve_ns_ / 1000000},
+            {"direct_wakeups", direct_},
             {"ejections", ej}};
   }
 
@@ -236,6 +239,7 @@ class ScxBackend {
   UniqueFd link_;              // the struct_ops link (also pinned while attached)
   uint32_t timeout_ms_ = 30000;
   uint64_t starve_ns_ = 1000000000ull;
+  bool direct_ = true;  // the wakeup direct path (thread_scx.bpf.h); SYRUP_SCX_DIRECT=0 for A/B
   bool used_[kMaxApps] = {};
   std::set<ScxTarget*> targets_;
   uint32_t exit_seq_ = 0;
@@ -281,6 +285,7 @@ class ScxTarget : public Target {
     if (slot_ < 0) return -ENOSPC;
     spec.params["syr_scx_slot"] = static_cast<uint64_t>(slot_);
     spec.params["syr_scx_starve_ns"] = b_.starve_ns();
+    spec.params["syr_scx_direct_on"] = static_cast<uint64_t>(b_.direct());
     for (const char* m : kSharedMaps) spec.reuse_maps[m] = b_.map_fd(m);
     spec.programs = scx_programs();
     return 0;

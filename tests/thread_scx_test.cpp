@@ -25,6 +25,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -55,6 +56,20 @@ uint64_t enable_seq() { return std::strtoull(read_line("/sys/kernel/sched_ext/en
 
 // Run time of a thread of any process, ns (first field of /proc/TID/schedstat).
 uint64_t run_ns(pid_t tid) { return std::strtoull(read_line("/proc/" + std::to_string(tid) + "/schedstat").c_str(), nullptr, 10); }
+
+// How many times the thread was switched in (schedstat's third field): tells a thread that
+// got the core once for long (an emulator stall charged to it) from one given it often.
+uint64_t run_count(pid_t tid) {
+  unsigned long long ns = 0, wait = 0, n = 0;
+  std::sscanf(read_line("/proc/" + std::to_string(tid) + "/schedstat").c_str(), "%llu %llu %llu", &ns, &wait, &n);
+  return n;
+}
+
+std::string run_counts(const std::vector<pid_t>& tids, const std::vector<uint64_t>& before) {
+  std::string s = "switched in ";
+  for (size_t i = 0; i < tids.size(); i++) s += std::to_string(run_count(tids[i]) - before[i]) + " ";
+  return s + "times";
+}
 
 int policy_of(pid_t tid) { return sched_getscheduler(tid); }
 
@@ -135,6 +150,65 @@ class Spinners {
   std::atomic<int> ready_{0};
   std::atomic<bool> stop_{false};
 };
+
+// N registered threads that serve "requests": sleep 300 us, work 200 us, and count on
+// which core each request ran (sched_getcpu() after the wakeup). Not pinned: where they
+// run is the policy's choice, made at every wakeup.
+class Sleepers {
+ public:
+  explicit Sleepers(int n) : tids_(n), ok_(n), counts_(n), last_(n) {
+    for (auto& c : counts_) c = std::make_unique<std::atomic<uint64_t>[]>(kCores);
+    for (int i = 0; i < n; i++)
+      threads_.emplace_back([this, i] {
+        tids_[i] = static_cast<pid_t>(syscall(SYS_gettid));
+        ok_[i] = syr_thread_register(static_cast<uint32_t>(i));
+        ready_++;
+        while (!stop_.load(std::memory_order_relaxed)) {
+          std::this_thread::sleep_for(std::chrono::microseconds(300));
+          int c = sched_getcpu();
+          if (c >= 0 && c < kCores) counts_[i][c]++;
+          last_[i] = c;
+          auto t0 = Clock::now();
+          while (Clock::now() - t0 < std::chrono::microseconds(200)) {
+          }
+        }
+      });
+    while (ready_.load() < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~Sleepers() {
+    stop_ = true;
+    for (auto& t : threads_) t.join();
+  }
+  const std::vector<pid_t>& tids() const { return tids_; }
+  int reg_result(int i) const { return ok_[i]; }
+  int last_core(int i) const { return last_[i].load(); }
+  void reset() {
+    for (auto& c : counts_)
+      for (int k = 0; k < kCores; k++) c[k] = 0;
+  }
+  // Requests thread i served on each of the first `n` cores since reset().
+  std::vector<uint64_t> counts(int i, int n) const {
+    std::vector<uint64_t> v;
+    for (int k = 0; k < n && k < kCores; k++) v.push_back(counts_[i][k].load());
+    return v;
+  }
+
+ private:
+  static constexpr int kCores = 64;
+  std::vector<pid_t> tids_;
+  std::vector<int> ok_;
+  std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> counts_;
+  std::vector<std::atomic<int>> last_;
+  std::vector<std::thread> threads_;
+  std::atomic<int> ready_{0};
+  std::atomic<bool> stop_{false};
+};
+
+std::string counts_str(const std::vector<uint64_t>& v) {
+  std::string s;
+  for (size_t k = 0; k < v.size(); k++) s += "core " + std::to_string(k) + ": " + std::to_string(v[k]) + " ";
+  return s;
+}
 
 // Another application: this binary with --helper, in its own process. It deploys
 // `policy` for application `app` and runs `n` registered busy threads on `core` until
@@ -357,11 +431,100 @@ TEST_F(SchedExt, MarkedThreadGetsTheCoreAndTheMarkMoves) {
   std::printf("  mark moved to thread 2: it ran 20 ms within %d ms\n", ms);
   ASSERT_GE(ms, 0) << "the newly marked thread did not get the core";
   EXPECT_LE(ms, 300);
+  std::vector<uint64_t> n0;
+  for (pid_t t : reg.tids()) n0.push_back(run_count(t));
   m = measure(all);
   sum = m[0] + m[1] + m[2];
-  std::printf("  [mark on 2] registered %s unregistered %s\n", fmt({m[0], m[1], m[2]}).c_str(), fmt({m[3]}).c_str());
-  EXPECT_GE(m[2] / sum, 0.95) << fmt(m);
+  std::string counts = run_counts(reg.tids(), n0);
+  std::printf("  [mark on 2] registered %s unregistered %s (registered %s)\n", fmt({m[0], m[1], m[2]}).c_str(),
+              fmt({m[3]}).c_str(), counts.c_str());
+  EXPECT_GE(m[2] / sum, 0.95) << fmt(m) << counts << "\n" << listed(daemon_, id).dump();
   syr_map_munmap(&high);
+}
+
+// The same cross-layer assertion as the agent backend's (thread_test.cpp): a socket-select
+// policy of the application writes which executor was just handed a long request
+// (long_req, a map shared by name); get_first, the thread policy, reads it and runs the
+// other threads first. Here the waiting is done by the sched_ext scheduler itself.
+TEST_F(SchedExt, CrossLayerLongRequestRunsLast) {
+  int id = deploy("policies/get_first.c", "scxxl", {{"core", 1}});
+  ASSERT_GT(id, 0) << syr_last_error();
+  UdpGroup g(3);
+  auto fds = g.fds();
+  syr_deploy_opts o{};
+  o.sz = sizeof o;
+  o.app = "scxxl";
+  o.fds = fds.data();
+  o.n_fds = fds.size();
+  int sel = syr_deploy_policy(source_path("tests/policies/mark_long.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+  ASSERT_GT(sel, 0) << syr_last_error();
+  ids_.push_back(sel);
+  Spinners reg(3, true, 1);
+  for (int i = 0; i < 3; i++) ASSERT_EQ(reg.reg_result(i), 0) << syr_last_error();
+  ASSERT_GE(wait_for([&] { return all_policy(reg.tids(), kSchedExt); }, 3000), 0);
+  UdpClient c(g.port());
+  // Executor 0 (the first in FIFO order) is handed a long request: 1 and 2 run first.
+  c.send_request(2, 0);
+  c.send_request(1, 1);
+  c.send_request(1, 2);
+  EXPECT_EQ(g.drain(), (std::vector<int>{1, 1, 1})) << "mark_long steers request key k to socket k";
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto m = measure(reg.tids());
+  double sum = m[0] + m[1] + m[2];
+  std::printf("  [long on 0] %s\n", fmt(m).c_str());
+  ASSERT_GT(sum, 0.0);
+  EXPECT_LE(m[0] / sum, 0.05) << "the thread with the long request must wait: " << fmt(m);
+  // It finishes; executor 1 is handed a long one: now 1 waits.
+  c.send_request(1, 0);
+  c.send_request(2, 1);
+  g.drain();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  m = measure(reg.tids());
+  sum = m[0] + m[1] + m[2];
+  std::printf("  [long on 1] %s\n", fmt(m).c_str());
+  EXPECT_LE(m[1] / sum, 0.05) << fmt(m);
+  EXPECT_GE(m[0] / sum, 0.3) << "executor 0's request is short now: it runs again: " << fmt(m);
+}
+
+// locality.c on threads that sleep and wake (every wakeup is a policy decision, taken on
+// the wakeup direct path when the core is free): each request runs on the core its
+// executor is steered to, none elsewhere; moving the steering moves the thread.
+TEST_F(SchedExt, LocalityRunsWakingThreadsOnTheirSteeredCore) {
+  int id = deploy("policies/locality.c", "scxloc");
+  ASSERT_GT(id, 0) << syr_last_error();
+  auto ec = mapped("exec_core");
+  syr_hint_set(&ec, 0, 1 + 1);  // executor 0's packets go to core 1
+  syr_hint_set(&ec, 1, 0 + 1);  // executor 1's to core 0
+  Sleepers s(2);
+  for (int i = 0; i < 2; i++) ASSERT_EQ(s.reg_result(i), 0) << syr_last_error();
+  ASSERT_GE(wait_for([&] { return all_policy(s.tids(), kSchedExt); }, 3000), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  s.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  auto a = s.counts(0, 2), b = s.counts(1, 2);
+  std::printf("  steered to 1 and 0: executor 0 %s| executor 1 %s\n", counts_str(a).c_str(), counts_str(b).c_str());
+  EXPECT_GE(a[1], 50u) << counts_str(a);
+  EXPECT_EQ(a[0], 0u) << "executor 0 ran a request off its steered core: " << counts_str(a);
+  EXPECT_GE(b[0], 50u) << counts_str(b);
+  EXPECT_EQ(b[1], 0u) << "executor 1 ran a request off its steered core: " << counts_str(b);
+
+  // Executor 0's steering moves to core 0: its thread follows; the two share core 0.
+  syr_hint_set(&ec, 0, 0 + 1);
+  int ms = wait_for([&] { return s.last_core(0) == 0; }, 2000);
+  std::printf("  steering of executor 0 moved to core 0: followed after %d ms\n", ms);
+  ASSERT_GE(ms, 0);
+  EXPECT_LE(ms, 100);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  s.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  a = s.counts(0, 2);
+  b = s.counts(1, 2);
+  std::printf("  both steered to 0: executor 0 %s| executor 1 %s\n", counts_str(a).c_str(), counts_str(b).c_str());
+  EXPECT_GE(a[0], 50u) << counts_str(a);
+  EXPECT_EQ(a[1], 0u) << counts_str(a);
+  EXPECT_GE(b[0], 50u) << counts_str(b);
+  EXPECT_EQ(b[1], 0u) << counts_str(b);
+  syr_map_munmap(&ec);
 }
 
 // A strict-priority policy starves the unmarked threads; the root's starvation guard

@@ -34,3 +34,16 @@ for sleep in 200 0; do
 done
 kill $SYRUPD; wait $SYRUPD 2>/dev/null
 grep -E 'sched_ext|error' /tmp/bench/syrupd.log | tail -5 | sed 's/^/BENCH syrupd: /'
+# The same fifo ping-pong without the wakeup direct path (every wakeup queued in the
+# application's DSQ and taken by a dispatch round): what the direct path buys.
+SYRUP_SCX_DIRECT=0 $B/bin/syrupd --socket /tmp/bench/syrupd.sock --bpffs_root /sys/fs/bpf/syrup-bench \
+  --cache_dir /tmp/bench/cache --on_exit=remove 2> /tmp/bench/syrupd-nodirect.log &
+SYRUPD=$!
+for i in $(seq 1 200); do $B/bin/syrupctl --socket /tmp/bench/syrupd.sock ping >/dev/null 2>&1 && break; sleep 0.05; done
+for run in 1 2 3; do
+  for same in "" --same-core; do
+    $B/bin/syrup_thread_bench pingpong --policy $P/fifo.c --rounds $ROUNDS $same |
+      sed -e 's/^RESULT {/RESULT {"variant":"no direct path",/' -e "s/^/BENCH run$run /"
+  done
+done
+kill $SYRUPD; wait $SYRUPD 2>/dev/null

@@ -57,10 +57,15 @@ for where, sel in (("host (agent)", lambda r: "where" not in r), ("sched_ext gue
     for same in (False, True):
         g = [r for r in rows if sel(r) and r["bench"] == "pingpong" and r.get("same_core", False) == same]
         a = [r for r in g if r["policy"] == "none"]
-        b = [r for r in g if r["policy"] == "fifo.c"]
+        b = [r for r in g if r["policy"] == "fifo.c" and "variant" not in r]
+        c = [r for r in g if r["policy"] == "fifo.c" and r.get("variant") == "no direct path"]
         if a and b:
             ma, mb = med(a, "usec_per_roundtrip"), med(b, "usec_per_roundtrip")
+            extra = ""
+            if c:
+                mc = med(c, "usec_per_roundtrip")
+                extra = f"; fifo without the direct path {mc:.1f}: {mc / ma:.2f}"
             print(f"ping-pong, {where}{', both threads on one core' if same else ''}: kernel's scheduler {ma:.1f} us/roundtrip, "
-                  f"fifo {mb:.1f}: fifo/kernel {mb / ma:.2f} (medians of {len(a)} and {len(b)} runs)")
+                  f"fifo {mb:.1f}: fifo/kernel {mb / ma:.2f}{extra} (medians of {len(a)} and {len(b)} runs)")
 PY
 fi

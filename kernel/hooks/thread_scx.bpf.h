@@ -35,6 +35,7 @@
 
 const volatile __u32 syr_scx_slot = 0;
 const volatile __u64 syr_scx_starve_ns = 1000000000ULL;
+const volatile __u32 syr_scx_direct_on = 1; /* the direct path of wakeups (below); SYRUP_SCX_DIRECT=0 */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -152,6 +153,48 @@ static long syr_kick_one(__u32 c, __u64 *mask)
 	return 0;
 }
 
+/* Runs `p` (key `key`) soon on `core`, where it was just queued: preempts the thread of
+ * this application running there with a worse key, else wakes the core if idle. */
+static __always_inline void syr_scx_kick_for(__u32 core, __u64 key)
+{
+	if (syr_scx_running_key(core) > key)
+		scx_bpf_kick_cpu(core, SYR_SCX_KICK_PREEMPT);
+	else
+		scx_bpf_kick_cpu(core, SYR_SCX_KICK_IDLE);
+}
+
+/* The direct path of a wakeup on a busy core. select_cpu (syr_app_select below) already
+ * sent the thread to an idle core if it could; here it was queued on a core that is
+ * busy -- the waker's, which is about to sleep (a synchronous wakeup), or the only one it
+ * may use. With no sibling of the application queued there is nothing for the ordering
+ * key to decide, so the policy's answer is final: the thread goes straight into that
+ * core's local DSQ and runs as soon as the core is free, without a dispatch round (the
+ * root's pick of an application, the DSQ walk, a second policy call) -- which is what a
+ * wakeup costs in the fair class, against about 1.6x that without it
+ * (bench/thread/README.md, ping-pong on one core). Not when the policy wants another
+ * core, nor when a thread already waits in that local DSQ (queued behind it, the thread
+ * would skip the root's fairness between applications). Wakeups only: a re-queued
+ * thread may be inside a migrate-disabled section. Returns 1 if `p` was inserted. */
+static __always_inline int syr_scx_direct(struct task_struct *p, __u32 core, __u64 key, __u64 slice,
+					  __u64 enq_flags)
+{
+	__s32 c = scx_bpf_task_cpu(p);
+
+	if (!(enq_flags & SYR_SCX_ENQ_WAKEUP) || c < 0 || c >= SYR_SCX_MAX_CPUS ||
+	    (core != SYR_PASS && core != (__u32)c) || !bpf_cpumask_test_cpu((__u32)c, p->cpus_ptr))
+		return 0;
+	if (scx_bpf_dsq_nr_queued(SYR_SCX_APP_DSQ(syr_scx_slot)) > 0 ||
+	    scx_bpf_dsq_nr_queued(SYR_SCX_DSQ_LOCAL_ON | (__u32)c) > 0)
+		return 0;
+	scx_bpf_dsq_insert(p, SYR_SCX_DSQ_LOCAL, slice, enq_flags);
+	/* No kick of the core we run on unless to preempt: it reschedules anyway, and a kick
+	 * of one's own core (its rq locked here) is deferred to an irq_work, a self-interrupt
+	 * per wakeup. */
+	if (c != (__s32)bpf_get_smp_processor_id() || syr_scx_running_key((__u32)c) > key)
+		syr_scx_kick_for((__u32)c, key);
+	return 1;
+}
+
 SEC("struct_ops/syr_app_enqueue")
 void BPF_PROG(syr_app_enqueue, struct task_struct *p, __u64 enq_flags)
 {
@@ -161,12 +204,11 @@ void BPF_PROG(syr_app_enqueue, struct task_struct *p, __u64 enq_flags)
 	struct syr_victim v = {};
 	int idle;
 
+	if (syr_scx_direct_on && syr_scx_direct(p, core, key, slice, enq_flags))
+		return;
 	scx_bpf_dsq_insert_vtime(p, SYR_SCX_APP_DSQ(syr_scx_slot), slice, now, enq_flags);
 	if (core != SYR_PASS) {
-		if (syr_scx_running_key(core) > key)
-			scx_bpf_kick_cpu(core, SYR_SCX_KICK_PREEMPT);
-		else
-			scx_bpf_kick_cpu(core, SYR_SCX_KICK_IDLE);
+		syr_scx_kick_for(core, key);
 		return;
 	}
 	idle = scx_bpf_pick_idle_cpu(p->cpus_ptr, 0);
@@ -184,12 +226,13 @@ void BPF_PROG(syr_app_enqueue, struct task_struct *p, __u64 enq_flags)
 		scx_bpf_kick_cpu(v.cpu, SYR_SCX_KICK_PREEMPT);
 }
 
-/* The wakeup fast path (the root's select_cpu tail-calls it): the policy's answer for the
+/* The wakeup's core (the root's select_cpu tail-calls it): the policy's answer for the
  * waking thread, honoured at once when it can be -- the chosen core (or, for SYR_PASS,
- * the kernel's default pick) is idle and no sibling of the application is queued (with
- * one queued, the keys decide who runs first: that is enqueue's and dispatch's job). The
- * thread then goes straight into that core's local DSQ. Otherwise prev_cpu: the normal
- * path. */
+ * the kernel's default pick, which prefers the waker's core on a synchronous wakeup) is
+ * idle and no sibling of the application is queued (with one queued, the keys decide who
+ * runs first: that is enqueue's and dispatch's job). The thread then goes straight into
+ * that core's local DSQ. Otherwise the thread is queued on that core (enqueue, and its
+ * direct path above); prev_cpu when a sibling is queued or the direct path is off. */
 SEC("struct_ops/syr_app_select")
 __s32 BPF_PROG(syr_app_select, struct task_struct *p, __s32 prev_cpu, __u64 wake_flags)
 {
@@ -201,7 +244,7 @@ __s32 BPF_PROG(syr_app_select, struct task_struct *p, __s32 prev_cpu, __u64 wake
 	__u32 tid = p->pid;
 	struct syr_scx_task *tt;
 
-	if (scx_bpf_dsq_peek(SYR_SCX_APP_DSQ(syr_scx_slot)))
+	if (!syr_scx_direct_on || scx_bpf_dsq_peek(SYR_SCX_APP_DSQ(syr_scx_slot)))
 		return prev_cpu;
 	/* The policy sees this wakeup's times (runnable() sets the same moments later). */
 	tt = bpf_map_lookup_elem(&syr_scx_tasks, &tid);
@@ -211,13 +254,23 @@ __s32 BPF_PROG(syr_app_select, struct task_struct *p, __s32 prev_cpu, __u64 wake
 	}
 	core = syr_scx_decide(p, SYR_THREAD_WAKEUP, now, 0, &key, &slice);
 	if (core == SYR_PASS) {
+		/* A thread of the application waking a sibling synchronously (it sleeps next:
+		 * a pipe, a request handed to a worker) hands it its core, as long as nothing
+		 * waits there: the sibling runs the moment the waker sleeps, on a warm cache,
+		 * with no idle core to wake (the kernel's default pick would prefer the
+		 * wakee's previous core whenever it is idle; bench/thread/README.md). */
+		cpu = (__s32)bpf_get_smp_processor_id();
+		if ((wake_flags & SYR_SCX_WAKE_SYNC) && (__u32)(bpf_get_current_pid_tgid() >> 32) == (__u32)p->tgid &&
+		    cpu < SYR_SCX_MAX_CPUS && bpf_cpumask_test_cpu((__u32)cpu, p->cpus_ptr) &&
+		    scx_bpf_dsq_nr_queued(SYR_SCX_DSQ_LOCAL_ON | (__u32)cpu) == 0)
+			return cpu;
 		cpu = scx_bpf_select_cpu_dfl(p, prev_cpu, wake_flags, &idle);
 	} else {
 		cpu = (__s32)core;
 		idle = scx_bpf_test_and_clear_cpu_idle(cpu);
 	}
 	if (!idle)
-		return core == SYR_PASS ? prev_cpu : (__s32)core;
+		return cpu;
 	scx_bpf_dsq_insert(p, SYR_SCX_DSQ_LOCAL, slice, 0);
 	return cpu;
 }

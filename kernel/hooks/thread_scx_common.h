@@ -36,7 +36,9 @@
 
 /* Kernel constants (include/linux/sched/ext.h, kernel/sched/ext_internal.h). */
 #define SYR_SCX_DSQ_LOCAL 0x8000000000000002ULL
+#define SYR_SCX_DSQ_LOCAL_ON 0xc000000000000000ULL /* | cpu: that core's local DSQ */
 #define SYR_SCX_ENQ_WAKEUP 1ULL
+#define SYR_SCX_WAKE_SYNC 0x10ULL /* WF_SYNC: the waker is about to sleep */
 #define SYR_SCX_KICK_IDLE 1ULL
 #define SYR_SCX_KICK_PREEMPT 2ULL
 #define SYR_SCX_TASK_QUEUED 1U
@@ -69,6 +71,7 @@ extern __s32 scx_bpf_select_cpu_dfl(struct task_struct *p, __s32 prev_cpu, __u64
 extern void scx_bpf_dsq_insert_vtime(struct task_struct *p, __u64 dsq_id, __u64 slice, __u64 vtime,
 				     __u64 enq_flags) __weak __ksym;
 extern _Bool scx_bpf_dsq_move_to_local(__u64 dsq_id) __weak __ksym;
+extern __s32 scx_bpf_dsq_nr_queued(__u64 dsq_id) __weak __ksym;
 extern int scx_bpf_create_dsq(__u64 dsq_id, int node) __weak __ksym;
 extern int scx_bpf_task_cpu(const struct task_struct *p) __weak __ksym;
 extern __u32 scx_bpf_nr_cpu_ids(void) __weak __ksym;

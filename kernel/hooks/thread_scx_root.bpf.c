@@ -8,11 +8,14 @@
  *
  * Design:
  *  - Each scheduled process has a slot (syr_scx_procs: tgid -> slot) with its own DSQ,
- *    SYR_SCX_APP_DSQ(slot), ordered by enqueue time, and two programs compiled from its
- *    policy (thread_scx.bpf.h): enqueue and dispatch, in the prog arrays syr_scx_enq and
- *    syr_scx_disp at index slot. The root tail-calls them. Deploying, replacing or
+ *    SYR_SCX_APP_DSQ(slot), ordered by enqueue time, and three programs compiled from its
+ *    policy (thread_scx.bpf.h): select_cpu, enqueue and dispatch, in the prog arrays
+ *    syr_scx_sel, syr_scx_enq and syr_scx_disp at index slot. The root tail-calls them. Deploying, replacing or
  *    removing one application's policy is a prog-array update plus syr_scx_procs: the
  *    scheduler stays attached and the other applications are not touched.
+ *  - select_cpu(p) and enqueue(p) of a wakeup with no sibling queued: the direct path --
+ *    the policy's answer is final (no key to compare), the thread goes straight into its
+ *    core's local DSQ, no dispatch round (thread_scx.bpf.h).
  *  - enqueue(p): the application's enqueue (policy: core and key; queued in the app's
  *    DSQ; an idle core kicked, or a worse thread of the app preempted). Threads of no
  *    slot, or whose program is gone, wait FIFO in SYR_SCX_FALLBACK_DSQ.
@@ -48,7 +51,7 @@ struct {
 	__uint(max_entries, SYR_SCX_MAX_APPS);
 } syr_scx_enq SEC(".maps");
 
-/* slot -> the application's select_cpu program (the wakeup fast path, see below). A prog
+/* slot -> the application's select_cpu program (the wakeup's core, see below). A prog
  * array of its own: a tail call may only go to programs of the same struct_ops member. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
@@ -122,19 +125,21 @@ static __always_inline void syr_kick_for(struct task_struct *p)
 		scx_bpf_kick_cpu(c, SYR_SCX_KICK_IDLE);
 }
 
-/* The wakeup fast path: the application's select_cpu program asks its policy and, when
- * the answer can be honoured at once (an idle core it allows, and no sibling queued that
- * the ordering key would have to be compared with), inserts the thread straight into that
- * core's local DSQ: no enqueue, no dispatch round, no DSQ walk. Otherwise it returns
- * prev_cpu and the thread takes the normal path (enqueue, dispatch). */
+/* The wakeup's core: the application's select_cpu program (thread_scx.bpf.h) asks its
+ * policy and, when the answer can be honoured at once (the core, or for SYR_PASS the
+ * kernel's default pick, is idle, and no sibling is queued whose key would have to be
+ * compared), inserts the thread straight into that core's local DSQ: no enqueue, no
+ * dispatch round. Otherwise it returns the core the thread should be queued on. */
 SEC("struct_ops/syr_root_select_cpu")
 __s32 BPF_PROG(syr_root_select_cpu, struct task_struct *p, __s32 prev_cpu, __u64 wake_flags)
 {
-	/* Off: it bought little in the ping-pong (bench/thread/README.md). It was switched
-	 * off while ejection blame was racy (read from the exit core's last program at
-	 * exit() time); blame now comes from the exit's backtrace, so it could be tried
-	 * again. syr_scx_sel and syr_app_select stay installed per slot. */
-	return prev_cpu; /* cores are the policies' choice, made in enqueue and dispatch */
+	__u32 slot = syr_scx_slot_of(p);
+
+	if (slot < SYR_SCX_MAX_APPS) {
+		syr_note_slot(slot);
+		bpf_tail_call(ctx, &syr_scx_sel, slot);
+	}
+	return prev_cpu;
 }
 
 SEC("struct_ops/syr_root_enqueue")

@@ -13,6 +13,8 @@
 /bin/busybox mount -t tmpfs tmpfs /run
 /bin/busybox --install -s /usr/local/bin
 [ -e /bin/sh ] || /bin/busybox ln -s busybox /bin/sh  # popen(), system()
+# Loopback, for the cross-layer test's SO_REUSEPORT group on 127.0.0.1.
+/bin/busybox ip link set lo up || echo "SYRUP-VM: cannot bring up lo"
 S=${SYRUP_SRC:?set by init}
 B=${SYRUP_BUILD:?set by init}
 export PATH=$B/bin:/usr/local/bin:/usr/bin:/bin

@@ -4,7 +4,7 @@
  * source, it turns the policy's syr_schedule() into the two programs syrupd's root
  * scheduler (thread_scx_root.bpf.c) tail-calls for this application's threads:
  *
- *  - syr_app_select(p, prev_cpu): the wakeup fast path (below);
+ *  - syr_app_select(p, prev_cpu): the wakeup's core, and its direct path (below);
  *  - syr_app_enqueue(p): asks the policy for p's core and key, queues p in the
  *    application's DSQ (by enqueue time), kicks the chosen core if idle (SYR_PASS: any
  *    idle core p may use), or preempts a thread of the same application running with a

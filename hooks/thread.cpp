@@ -27,6 +27,7 @@
 
 #include "log.h"
 #include "pins.h"
+#include "proc.h"
 #include "thread_agent.h"
 #include "thread_scx.h"
 #include "thread_util.h"
@@ -43,20 +44,6 @@ constexpr int kStopTimeoutMs = 1000;
 // The agent keeps the heartbeat pipe's read end open as this fd (never reading it), so the
 // pipe outlives syrupd and a restarted syrupd takes the read end with pidfd_getfd.
 constexpr int kAgentHbReadFd = 5;
-
-// Field 22 of /proc/PID/stat (start time in clock ticks): with the pid, it names one
-// process, not a later one that reused the pid. 0 if there is no such process.
-uint64_t start_time(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  size_t close = s.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(s.substr(close + 2));
-  std::string field;
-  for (int i = 3; i <= 22 && rest >> field; i++)
-    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
-  return 0;
-}
 
 // Waits up to `ms` for the process behind `pidfd` to exit. True if it did.
 bool wait_pidfd(int pidfd, int ms) {
@@ -166,7 +153,7 @@ class AgentTarget : public Target {
                    std::unique_ptr<Target>& out, std::string& err) {
     pid_t tgid = saved.value("pid", 0);
     uint64_t tstart = saved.value("pid_start", uint64_t{0});
-    if (tgid <= 0 || start_time(tgid) != tstart || tstart == 0) {
+    if (tgid <= 0 || process_start_time(tgid) != tstart || tstart == 0) {
       err = "process " + std::to_string(tgid) + ", whose threads it scheduled, is gone";
       return -ESRCH;
     }
@@ -191,10 +178,10 @@ class AgentTarget : public Target {
     uint64_t astart = saved.value("agent_start", uint64_t{0});
     std::string old_status = saved.value("status", std::string());
     UniqueFd pidfd;
-    if (apid > 0 && astart != 0 && start_time(apid) == astart)
+    if (apid > 0 && astart != 0 && process_start_time(apid) == astart)
       pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, apid, 0)));
     // Between the check and pidfd_open the pid could be reused: check again, now pinned.
-    if (pidfd && start_time(apid) != astart) pidfd.reset();
+    if (pidfd && process_start_time(apid) != astart) pidfd.reset();
     UniqueFd hb;
     if (pidfd) hb.reset(static_cast<int>(syscall(SYS_pidfd_getfd, pidfd.get(), kAgentHbReadFd, 0)));
     if (!pidfd || !hb) {
@@ -268,8 +255,8 @@ class AgentTarget : public Target {
     {
       std::lock_guard lk(mu_);
       agent_pid_ = pid;
-      agent_start_ = start_time(pid);
-      tgid_start_ = start_time(tgid_);
+      agent_start_ = process_start_time(pid);
+      tgid_start_ = process_start_time(tgid_);
       status_ = "starting";
     }
     agent_pidfd_.reset(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));

@@ -1,4 +1,5 @@
 #include "daemon.h"
+#include "proc.h"
 
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
@@ -782,19 +783,6 @@ Daemon::Response Daemon::remove(const Caller& caller, const json& req) {
                                              std::to_string(it->second->uid))};
   remove_policy(id, true, ("removed by pid " + std::to_string(caller.pid)).c_str());
   return {ok({{"id", id}})};
-}
-
-uint64_t process_start_time(pid_t pid) {
-  // Field 22 of /proc/PID/stat, after the parenthesised command name.
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  size_t close = s.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(s.substr(close + 2));
-  std::string field;
-  for (int i = 3; i <= 22 && rest >> field; i++)
-    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
-  return 0;
 }
 
 void Daemon::changed() {

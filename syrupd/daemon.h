@@ -81,9 +81,6 @@ struct DaemonConfig {
   unsigned client_idle_timeout_s = 60;
 };
 
-// Field 22 of /proc/PID/stat (0 if unknown).
-uint64_t process_start_time(pid_t pid);
-
 class Daemon {
  public:
   // Mounts bpffs if needed, creates the pin root, binds the control socket. 0 or -errno.

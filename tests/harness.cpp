@@ -193,6 +193,40 @@ void UdpClient::send_request(uint32_t type, uint32_t key, size_t extra) {
   send(p.data(), p.size());
 }
 
+ChildProcess::ChildProcess(int n_threads, void (*body)()) {
+  int ready[2];
+  if (pipe(ready) != 0) return;
+  pid_ = fork();
+  if (pid_ == 0) {
+    for (int i = 0; i < n_threads; i++) std::thread(body).detach();
+    char c = 'x';
+    (void)!write(ready[1], &c, 1);
+    for (;;) pause();
+  }
+  char c;
+  if (pid_ > 0 && read(ready[0], &c, 1) != 1) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  close(ready[0]);
+  close(ready[1]);
+}
+
+ChildProcess::~ChildProcess() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+}
+
+std::vector<pid_t> ChildProcess::tids() const {
+  std::vector<pid_t> v;
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid_) + "/task", ec))
+    v.push_back(std::stoi(e.path().filename()));
+  return v;
+}
+
 int run_cmd(const std::string& cmd, std::string& out) {
   out.clear();
   FILE* f = popen((cmd + " 2>&1").c_str(), "r");

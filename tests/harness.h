@@ -100,4 +100,21 @@ class UdpClient {
 // Runs a command, returns its exit status; stdout+stderr in `out`.
 int run_cmd(const std::string& cmd, std::string& out);
 
+// An unmodified process (for `syrupctl deploy --pid`): a child of this one running
+// `n_threads` threads of `body` (which never returns) beside its main thread, until this
+// object dies (SIGKILL, reaped). Returns once those threads exist; pid() is -1 if the
+// child could not start.
+class ChildProcess {
+ public:
+  ChildProcess(int n_threads, void (*body)());
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  pid_t pid() const { return pid_; }
+  std::vector<pid_t> tids() const;  // its threads, from /proc/PID/task
+
+ private:
+  pid_t pid_ = -1;
+};
+
 }  // namespace syrup::test

@@ -8,7 +8,6 @@
 // window. A second application is a helper process: this binary run with --helper.
 // Timing bounds are generous: the guest is emulated (qemu TCG), several times slower
 // than the host.
-#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <pthread.h>
@@ -727,45 +726,15 @@ TEST_F(SchedExt, RuntimeErrorEjectsOnlyTheFaultyApplication) {
 
 // syrupctl deploy --pid: every thread of an unmodified process is scheduled.
 TEST_F(SchedExt, SyrupctlSchedulesAnUnmodifiedProcess) {
-  int pipefd[2];
-  ASSERT_EQ(pipe(pipefd), 0);
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    for (int i = 0; i < 3; i++) std::thread([] { for (;;) std::this_thread::sleep_for(std::chrono::milliseconds(5)); }).detach();
-    char c = 'x';
-    (void)!write(pipefd[1], &c, 1);
-    for (;;) pause();
-  }
-  char c;
-  ASSERT_EQ(read(pipefd[0], &c, 1), 1);
-  close(pipefd[0]);
-  close(pipefd[1]);
-  struct Reap {
-    pid_t p;
-    ~Reap() {
-      kill(p, SIGKILL);
-      waitpid(p, nullptr, 0);
-    }
-  } reap{child};
+  ChildProcess proc(3, [] { for (;;) std::this_thread::sleep_for(std::chrono::milliseconds(5)); });
+  pid_t child = proc.pid();
+  ASSERT_GT(child, 0);
   std::string out;
   int rc = run_cmd(build_bin("syrupctl") + " --socket " + daemon_->socket() + " deploy --hook thread --pid " +
                        std::to_string(child) + " --app scxpid " + source_path("policies/fifo.c"),
                    out);
   ASSERT_EQ(rc, 0) << out;
-  std::vector<pid_t> tids;
-  std::string dir = "/proc/" + std::to_string(child) + "/task";
-  for (int i = 0; i < 100 && tids.size() < 4; i++) {
-    tids.clear();
-    for (auto* d = opendir(dir.c_str()); d;) {
-      auto* e = readdir(d);
-      if (!e) {
-        closedir(d);
-        break;
-      }
-      if (e->d_name[0] != '.') tids.push_back(std::atoi(e->d_name));
-    }
-  }
+  std::vector<pid_t> tids = proc.tids();
   ASSERT_EQ(tids.size(), 4u);
   int ms = wait_for([&] { return all_policy(tids, kSchedExt); }, 3000);
   std::printf("  all 4 threads of process %d in SCHED_EXT after %d ms\n", child, ms);

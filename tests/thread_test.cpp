@@ -15,7 +15,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -383,36 +382,16 @@ TEST_F(ThreadHook, RemoveRestoresThreads) {
 
 // An unmodified process: syrupctl deploy --hook thread --pid PID schedules all its threads.
 TEST_F(ThreadHook, SyrupctlDeploysForAnUnmodifiedProcess) {
-  int pipefd[2];
-  ASSERT_EQ(pipe(pipefd), 0);
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    for (int i = 0; i < 3; i++) std::thread([] { for (;;) {} }).detach();
-    char c = 'x';
-    (void)!write(pipefd[1], &c, 1);
-    for (;;) pause();
-  }
-  char c;
-  ASSERT_EQ(read(pipefd[0], &c, 1), 1);
-  close(pipefd[0]);
-  close(pipefd[1]);
-  struct Reap {
-    pid_t p;
-    ~Reap() { kill(p, SIGKILL); waitpid(p, nullptr, 0); }
-  } reap{child};
+  ChildProcess proc(3, [] { for (;;) {} });
+  pid_t child = proc.pid();
+  ASSERT_GT(child, 0);
   std::string out;
   int rc = run_cmd(build_bin("syrupctl") + " --socket " + daemon_->socket() + " deploy --hook thread --pid " +
                        std::to_string(child) + " --app thrpid --params core=" + std::to_string(core_) + " " +
                        source_path("tests/policies/thread_prio.c"),
                    out);
   ASSERT_EQ(rc, 0) << out;
-  std::vector<pid_t> tids;
-  for (int i = 0; i < 200 && tids.size() < 4; i++) {
-    tids.clear();
-    std::string dir = "/proc/" + std::to_string(child) + "/task";
-    for (auto& e : std::filesystem::directory_iterator(dir)) tids.push_back(std::stoi(e.path().filename()));
-  }
+  std::vector<pid_t> tids = proc.tids();
   ASSERT_EQ(tids.size(), 4u);
   // The three spinners: all pinned to the core, exactly one chosen.
   int chosen = 0, idle = 0;

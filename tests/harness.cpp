@@ -193,6 +193,14 @@ void UdpClient::send_request(uint32_t type, uint32_t key, size_t extra) {
   send(p.data(), p.size());
 }
 
+std::string mmap_app_map(const char* name, syr_mapped_array* out) {
+  int fd = syr_map_open(name);
+  if (fd < 0) return std::string("syr_map_open(") + name + "): " + syr_last_error();
+  int r = syr_map_mmap(fd, out);
+  close(fd);
+  return r == 0 ? "" : std::string("syr_map_mmap(") + name + "): " + syr_last_error();
+}
+
 ChildProcess::ChildProcess(int n_threads, void (*body)()) {
   int ready[2];
   if (pipe(ready) != 0) return;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "syrup/syrup.h"
 #include "unique_fd.h"
 
 namespace syrup::test {
@@ -99,6 +100,10 @@ class UdpClient {
 
 // Runs a command, returns its exit status; stdout+stderr in `out`.
 int run_cmd(const std::string& cmd, std::string& out);
+
+// Opens the calling application's map `name` (syr_map_open) and mmaps it into `out`.
+// Returns "" or what failed, with libsyrup's error: ASSERT_EQ(mmap_app_map(...), "").
+std::string mmap_app_map(const char* name, syr_mapped_array* out);
 
 // An unmodified process (for `syrupctl deploy --pid`): a child of this one running
 // `n_threads` threads of `body` (which never returns) beside its main thread, until this

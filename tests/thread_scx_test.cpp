@@ -345,12 +345,7 @@ class ScxBase : public ::testing::Test {
   }
   syr_mapped_array mapped(const char* name) {
     syr_mapped_array a{};
-    int fd = syr_map_open(name);
-    EXPECT_GE(fd, 0) << syr_last_error();
-    if (fd >= 0) {
-      EXPECT_EQ(syr_map_mmap(fd, &a), 0) << syr_last_error();
-      close(fd);
-    }
+    EXPECT_EQ(mmap_app_map(name, &a), "");
     return a;
   }
   static bool all_policy(const std::vector<pid_t>& tids, int pol) {

@@ -237,11 +237,8 @@ TEST_F(ThreadHook, RegisterBeforeAnyPolicyExplainsWhatIsMissing) {
 TEST_F(ThreadHook, MarkedThreadGetsTheCoreAndTheMarkMoves) {
   syr_set_app("thrtest");
   ASSERT_GT(deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}), 0) << syr_last_error();
-  int hfd = syr_map_open("high");
-  ASSERT_GE(hfd, 0) << syr_last_error();
   syr_mapped_array high{};
-  ASSERT_EQ(syr_map_mmap(hfd, &high), 0) << syr_last_error();
-  close(hfd);
+  ASSERT_EQ(mmap_app_map("high", &high), "");
   for (uint32_t i = 0; i < 8; i++) syr_hint_set(&high, i, 0);
 
   Spinners reg(3, true);
@@ -431,11 +428,8 @@ int last_cpu(pid_t tid) {
 TEST_F(ThreadHook, LocalityKeepsThreadsOnTheirSteeredCore) {
   syr_set_app("thrloc");
   ASSERT_GT(deploy("policies/locality.c", {}, "thrloc"), 0) << syr_last_error();
-  int fd = syr_map_open("exec_core");
-  ASSERT_GE(fd, 0) << syr_last_error();
   syr_mapped_array ec{};
-  ASSERT_EQ(syr_map_mmap(fd, &ec), 0) << syr_last_error();
-  close(fd);
+  ASSERT_EQ(mmap_app_map("exec_core", &ec), "");
   syr_hint_set(&ec, 0, uint64_t(core_) + 1);  // executor 0's packets go to the last core
   syr_hint_set(&ec, 1, 0 + 1);                // executor 1's to core 0
   Spinners reg(2, true);
@@ -509,11 +503,8 @@ TEST_F(ThreadHook, CsAwareNeverMakesAThreadInACriticalSectionWait) {
   std::printf("  outside critical sections, samples waiting: %d %d %d (of ~500)\n", w[0], w[1], w[2]);
   EXPECT_GT(w[0] + w[1] + w[2], 0) << "three busy threads on two cores: one waits at a time";
 
-  int fd = syr_map_open("syrup_cs");
-  ASSERT_GE(fd, 0) << syr_last_error();
   syr_mapped_array cs{};
-  ASSERT_EQ(syr_map_mmap(fd, &cs), 0) << syr_last_error();
-  close(fd);
+  ASSERT_EQ(mmap_app_map("syrup_cs", &cs), "");
   syr_hint_set(&cs, 2, 1);  // thread 2 enters a critical section
   int ms = wait_for([&] { return sched_policy_of(reg.tid(2)) == SCHED_OTHER; }, 2000);
   ASSERT_GE(ms, 0);
@@ -561,11 +552,8 @@ TEST_F(ThreadHook, AgentOutlivesSyrupdCrashAndIsAdoptedAfterRestart) {
   syr_set_app("thrcrash");
   int id = deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}, "thrcrash");
   ASSERT_GT(id, 0) << syr_last_error();
-  int hfd = syr_map_open("high");
-  ASSERT_GE(hfd, 0) << syr_last_error();
   syr_mapped_array high{};
-  ASSERT_EQ(syr_map_mmap(hfd, &high), 0) << syr_last_error();
-  close(hfd);
+  ASSERT_EQ(mmap_app_map("high", &high), "");
   for (uint32_t i = 0; i < 8; i++) syr_hint_set(&high, i, 0);
   Spinners reg(3, true);
   for (int i = 0; i < 3; i++) ASSERT_EQ(reg.reg_result(i), 0) << syr_last_error();

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
  * The thread hook wrapper for the sched_ext backend: included by syrupd after the policy
- * source, it turns the policy's syr_schedule() into the two programs syrupd's root
+ * source, it turns the policy's syr_schedule() into the three programs syrupd's root
  * scheduler (thread_scx_root.bpf.c) tail-calls for this application's threads:
  *
  *  - syr_app_select(p, prev_cpu): the wakeup's core, and its direct path (below);
@@ -187,11 +187,12 @@ static __always_inline int syr_scx_direct(struct task_struct *p, __u32 core, __u
 	    scx_bpf_dsq_nr_queued(SYR_SCX_DSQ_LOCAL_ON | (__u32)c) > 0)
 		return 0;
 	scx_bpf_dsq_insert(p, SYR_SCX_DSQ_LOCAL, slice, enq_flags);
-	/* No kick of the core we run on unless to preempt: it reschedules anyway, and a kick
-	 * of one's own core (its rq locked here) is deferred to an irq_work, a self-interrupt
-	 * per wakeup. */
-	if (c != (__s32)bpf_get_smp_processor_id() || syr_scx_running_key((__u32)c) > key)
-		syr_scx_kick_for((__u32)c, key);
+	/* No idle kick of the core we run on: it reschedules anyway, and a kick of one's own
+	 * core (its rq locked here) is deferred to an irq_work, a self-interrupt per wakeup. */
+	if (syr_scx_running_key((__u32)c) > key)
+		scx_bpf_kick_cpu(c, SYR_SCX_KICK_PREEMPT);
+	else if (c != (__s32)bpf_get_smp_processor_id())
+		scx_bpf_kick_cpu(c, SYR_SCX_KICK_IDLE);
 	return 1;
 }
 
@@ -228,8 +229,7 @@ void BPF_PROG(syr_app_enqueue, struct task_struct *p, __u64 enq_flags)
 
 /* The wakeup's core (the root's select_cpu tail-calls it): the policy's answer for the
  * waking thread, honoured at once when it can be -- the chosen core (or, for SYR_PASS,
- * the kernel's default pick, which prefers the waker's core on a synchronous wakeup) is
- * idle and no sibling of the application is queued (with one queued, the keys decide who
+ * a synchronous waker's core, else the kernel's default pick) is idle and no sibling of the application is queued (with one queued, the keys decide who
  * runs first: that is enqueue's and dispatch's job). The thread then goes straight into
  * that core's local DSQ. Otherwise the thread is queued on that core (enqueue, and its
  * direct path above); prev_cpu when a sibling is queued or the direct path is off. */

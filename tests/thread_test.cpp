@@ -514,8 +514,16 @@ TEST_F(ThreadHook, CsAwareNeverMakesAThreadInACriticalSectionWait) {
   EXPECT_EQ(w[2], 0) << "a thread inside a critical section was made to wait";
   EXPECT_GT(w[0] + w[1], 0) << "the two others take turns";
 
-  syr_hint_set(&cs, 2, 0);  // the critical section moves to thread 0
+  // The critical section moves to thread 0: thread 0's mark first, then thread 2's
+  // cleared, so no decision made after the move sees neither protected. The measurement
+  // starts once the agent has acted on the move -- thread 2, which never waited while
+  // protected, is made to wait -- not when thread 0 is seen running: it usually already
+  // was, and a decision taken from the hints before the move could still be applied
+  // (a CI run caught thread 0 waiting in 2 samples that way).
   syr_hint_set(&cs, 0, 1);
+  syr_hint_set(&cs, 2, 0);
+  ASSERT_GE(wait_for([&] { return sched_policy_of(reg.tid(2)) == SCHED_IDLE; }, 2000), 0)
+      << "the two unprotected threads take turns: thread 2 must wait at some point";
   ASSERT_GE(wait_for([&] { return sched_policy_of(reg.tid(0)) == SCHED_OTHER; }, 2000), 0);
   w = waits(1000);
   std::printf("  thread 0 in a critical section instead, samples waiting: %d %d %d\n", w[0], w[1], w[2]);

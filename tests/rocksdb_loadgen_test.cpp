@@ -295,6 +295,49 @@ TEST(KvLoadgen, LossIsCountedExactly) {
   EXPECT_EQ(j["errors"].get<uint64_t>(), 0u);
 }
 
+TEST(KvLoadgen, FixedSourcePortsAndTheTraceAccountForEveryRequest) {
+  // --src_port_base: the 50 flows come from base .. base + 49 (the same 5-tuples in every
+  // run, so the kernel hash spreads them the same way). --trace: one line per request,
+  // answered ones with the worker that answered, unanswered ones (every 10th id here)
+  // with -1. (No timing involved.)
+  FixedServer srv(20000, 20000, 10);
+  const int base = 21000 + static_cast<int>(getpid() % 500) * 64;
+  char tmpl[] = "/tmp/syrup-kvtest-trace-XXXXXX";
+  int fd = mkstemp(tmpl);
+  close(fd);
+  json j = loadgen(srv.port(), "--rate=1000 --duration=0.5 --warmup=0 --tail=0 --get_pct=50 --drain_ms=300 "
+                               "--src_port_base=" + std::to_string(base) + " --trace=" + tmpl);
+  std::ifstream f(tmpl);
+  std::string line;
+  std::getline(f, line);
+  EXPECT_EQ(line, "id,type,sched_ns,sent_ns,answered_ns,worker,measured");
+  uint64_t rows = 0, unanswered = 0, bad = 0;
+  while (std::getline(f, line)) {
+    uint64_t id, sched, sent, answered;
+    int worker, measured;
+    char type[8];
+    if (sscanf(line.c_str(), "%lu,%7[a-z],%lu,%lu,%lu,%d,%d", &id, type, &sched, &sent, &answered, &worker,
+               &measured) != 7 || id != rows) {
+      ADD_FAILURE() << "trace line " << rows << ": " << line;
+      break;
+    }
+    rows++;
+    if (id % 10 == 0) {
+      unanswered += worker == -1;
+    } else if (worker != 0 || answered < sent || sent < sched) {
+      bad++;
+    }
+  }
+  unlink(tmpl);
+  ASSERT_TRUE(j.is_object());
+  EXPECT_EQ(rows, j["sent"].get<uint64_t>()) << "one trace line per request";
+  EXPECT_EQ(unanswered, (rows + 9) / 10) << "the unanswered requests are the dropped ones";
+  EXPECT_EQ(bad, 0u) << "answered requests with the wrong worker or times out of order";
+  std::set<uint16_t> want;
+  for (int i = 0; i < 50; i++) want.insert(static_cast<uint16_t>(base + i));
+  EXPECT_EQ(srv.flows(), want) << "the flows did not come from --src_port_base + 0..49";
+}
+
 TEST(KvLoadgen, OpenLoopKeepsTheOfferedRateWhenTheServerCannot) {
   // A server that can do 1000 req/s offered 2000 req/s: a closed-loop client would slow
   // down to 1000; an open-loop one keeps sending 2000/s, the queue (and latency) grows

@@ -305,6 +305,27 @@ TEST_F(KvServer, CoreShareGivesEachWorkerADeadlineReservationOfItsOwn) {
     ASSERT_TRUE(r) << "no answer to GET " << i;
     EXPECT_EQ(r->hdr.status, KV_OK);
   }
+  // A SCAN of every key costs milliseconds of CPU; on a core of 0.02 that is 50 times as
+  // long. The worker must not run ahead of its emulated core (and owe the kernel for it
+  // afterwards): it holds, and the SCAN's answer takes at least a hold's threshold.
+  auto stats = [&]() -> json {
+    auto r = c.call(KV_STATS, 0, 9999);
+    if (!r || r->hdr.status != KV_OK) return json();
+    return json::parse(r->body, nullptr, false)["total"];
+  };
+  json before = stats();
+  ASSERT_TRUE(before.is_object());
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(c.send_req(KV_SCAN, 0, 77, kKeys));
+  auto r = c.recv_reply(20000);
+  auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(r) << "no answer to the SCAN";
+  EXPECT_EQ(r->hdr.count, kKeys);
+  json after = stats();
+  ASSERT_TRUE(after.is_object());
+  EXPECT_GT(after["core_holds"].get<uint64_t>(), before["core_holds"].get<uint64_t>())
+      << "the worker ran the SCAN without ever holding for its emulated core";
+  EXPECT_GE(took, std::chrono::microseconds(200)) << "the SCAN took less than one hold";
   EXPECT_EQ(s->child->stop(10000), 0) << slurp(dir_->path() + "/share.err");
 }
 

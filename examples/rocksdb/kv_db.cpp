@@ -149,7 +149,8 @@ int Db::get(uint64_t key, char* out, size_t cap, uint32_t* len, uint64_t* digest
   return 0;
 }
 
-int Db::scan(uint64_t key, uint32_t n, uint32_t* visited, uint64_t* digest, uint32_t yield_every) const {
+int Db::scan(uint64_t key, uint32_t n, uint32_t* visited, uint64_t* digest,
+             const std::function<void()>& after_key) const {
   char k[KV_KEY_LEN + 1];
   kv_key(key, k);
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
@@ -161,7 +162,7 @@ int Db::scan(uint64_t key, uint32_t n, uint32_t* visited, uint64_t* digest, uint
     h = kv_digest(h, kk.data(), kk.size());
     h = kv_digest(h, vv.data(), vv.size());
     count++;
-    if (yield_every && count % yield_every == 0) sched_yield();
+    if (after_key) after_key();
   }
   if (!it->status().ok()) return -EIO;
   *visited = count;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -57,10 +58,11 @@ class Db {
   // 0, -ENOENT (no such key) or -EIO.
   int get(uint64_t key, char* out, size_t cap, uint32_t* len, uint64_t* digest) const;
   // SCAN: visits up to n keys from key on, in order; *visited and the digest of every
-  // key and value visited (kv_proto.h). With yield_every > 0 it calls sched_yield()
-  // after every yield_every keys, so on a core shared by several workers a SCAN holds
-  // the core for at most that long while other workers have requests. 0 or -EIO.
-  int scan(uint64_t key, uint32_t n, uint32_t* visited, uint64_t* digest, uint32_t yield_every = 0) const;
+  // key and value visited (kv_proto.h). after_key, if set, runs after every key visited:
+  // the server's way to give up the core in the middle of a long SCAN (yielding on a
+  // shared core, or pacing to an emulated slow core's budget). 0 or -EIO.
+  int scan(uint64_t key, uint32_t n, uint32_t* visited, uint64_t* digest,
+           const std::function<void()>& after_key = {}) const;
 
   // Measures the costs above and picks scan_len so that a SCAN request costs `ratio`
   // GET requests, socket work included on both sides.

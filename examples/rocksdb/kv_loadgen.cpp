@@ -9,7 +9,9 @@
 // - 50 client flows (by default): 50 UDP sockets, each bound to its own source port and
 //   connected to the server, i.e. 50 distinct 5-tuples; each request picks a flow at
 //   random (the sum of 50 Poisson flows of rate/50). Types follow the mix (--get_pct),
-//   keys are uniform.
+//   keys are uniform. The kernel's SO_REUSEPORT hash of the 5-tuples decides how evenly
+//   the flows spread over the server's sockets; with --src_port_base the ports (and so
+//   that spread) are the same in every run, as with a fixed set of clients.
 // - One thread, pinned (--cpu), busy-polling: send whatever is due, then take whatever
 //   responses are ready (epoll with a zero timeout), timestamping each on arrival. No
 //   sleeping means no wake-up latency in the measurement, and one thread means the
@@ -26,7 +28,10 @@
 //   (busy); both are in the JSON so a sweep can reject points where it could not keep up.
 //
 //   kv_loadgen --port P --rate R [--duration S] [--warmup S] [--get_pct 99.5] [--flows 50]
-//              [--keys N] [--cpu C] [--seed N] [--json FILE] [--verify]
+//              [--keys N] [--cpu C] [--seed N] [--json FILE] [--verify] [--trace FILE.csv]
+//              [--src_port_base P]
+// - --trace keeps every request's times and serving worker and writes them out at the
+//   end, for questions the histograms cannot answer (which GETs waited behind a SCAN).
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -57,12 +62,18 @@ DEFINE_double(tail, 0.2, "load kept on after the measurement, seconds");
 DEFINE_int32(drain_ms, 1000, "how long to wait for the last responses");
 DEFINE_double(get_pct, 99.5, "percentage of GETs; the rest are SCANs");
 DEFINE_int32(flows, 50, "client flows (sockets with distinct source ports)");
+DEFINE_int32(src_port_base, 0,
+             "flow i uses source port base + i, so runs with the same base have the same 5-tuples "
+             "(0: ephemeral ports, new ones every run)");
 DEFINE_uint64(keys, 200000, "keys in the server's database (GET/SCAN keys are uniform below it)");
 DEFINE_uint32(scan_len, 0, "keys per SCAN sent in the request (0: the server's default)");
 DEFINE_int32(cpu, -1, "CPU to pin the generator to (-1: none)");
 DEFINE_uint64(seed, 1, "random seed (same seed, same schedule)");
 DEFINE_string(json, "", "write the results as JSON to this file ('-': stdout)");
 DEFINE_bool(verify, false, "check every GET answer's digest against the expected value");
+DEFINE_string(trace, "",
+              "write every request as a CSV line to this file: id, type, scheduled, sent and answered "
+              "time (ns from the start), serving worker (-1: unanswered), measured");
 
 namespace {
 
@@ -82,6 +93,12 @@ struct Sent {
   uint8_t answered;
 };
 
+// With --trace, per request: times relative to the start, and who answered.
+struct Trace {
+  uint64_t sched, sent, answered;
+  int32_t worker;
+};
+
 json latency_json(const kv::Histogram& h) {
   auto us = [](double ns) { return ns / 1000.0; };
   return {{"n", h.count()},
@@ -94,7 +111,7 @@ json latency_json(const kv::Histogram& h) {
           {"max_us", us(static_cast<double>(h.max()))}};
 }
 
-int open_flow(uint16_t port) {
+int open_flow(uint16_t port, int src_port) {
   int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -errno;
   int buf = 1 << 20;
@@ -102,7 +119,8 @@ int open_flow(uint16_t port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  // Its own ephemeral source port: one 5-tuple per flow.
+  // Its own source port (ephemeral if src_port is 0): one 5-tuple per flow.
+  a.sin_port = htons(static_cast<uint16_t>(src_port));
   if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) {
     int e = -errno;
     close(fd);
@@ -124,8 +142,10 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   if (FLAGS_port <= 0 || FLAGS_port > 65535 || FLAGS_rate <= 0 || FLAGS_duration <= 0 ||
       FLAGS_warmup < 0 || FLAGS_tail < 0 || FLAGS_get_pct < 0 || FLAGS_get_pct > 100 ||
-      FLAGS_flows < 1 || FLAGS_keys < 1) {
-    fprintf(stderr, "kv_loadgen: need --port 1..65535, --rate > 0, --duration > 0, --get_pct 0..100, --flows >= 1\n");
+      FLAGS_flows < 1 || FLAGS_keys < 1 || FLAGS_src_port_base < 0 ||
+      (FLAGS_src_port_base && FLAGS_src_port_base + FLAGS_flows > 65536)) {
+    fprintf(stderr, "kv_loadgen: need --port 1..65535, --rate > 0, --duration > 0, --get_pct 0..100, --flows >= 1, "
+                    "--src_port_base + --flows <= 65536\n");
     return 2;
   }
   if (FLAGS_cpu >= 0) {
@@ -141,9 +161,10 @@ int main(int argc, char** argv) {
   int ep = epoll_create1(EPOLL_CLOEXEC);
   std::vector<int> flows;
   for (int i = 0; i < FLAGS_flows; i++) {
-    int fd = open_flow(static_cast<uint16_t>(FLAGS_port));
+    int src = FLAGS_src_port_base ? FLAGS_src_port_base + i : 0;
+    int fd = open_flow(static_cast<uint16_t>(FLAGS_port), src);
     if (fd < 0) {
-      fprintf(stderr, "kv_loadgen: flow socket: %s\n", strerror(-fd));
+      fprintf(stderr, "kv_loadgen: flow socket (source port %d): %s\n", src, strerror(-fd));
       return 1;
     }
     epoll_event ev{};
@@ -158,6 +179,8 @@ int main(int argc, char** argv) {
   sent.reserve(static_cast<size_t>(FLAGS_rate * total_s * 1.05 + 1024));
   kv::Histogram lat[4], lag;  // lat by type (KV_GET, KV_SCAN); lag of every send
   std::vector<uint64_t> by_worker;
+  std::vector<Trace> trace;
+  if (!FLAGS_trace.empty()) trace.reserve(sent.capacity());
   uint64_t rng = FLAGS_seed * 0x9e3779b97f4a7c15ULL + 7;
   auto uniform = [&rng] { return (static_cast<double>(kv_mix64(&rng) >> 11) + 0.5) * 0x1.0p-53; };
   const double gap_ns = 1e9 / FLAGS_rate;
@@ -199,6 +222,7 @@ int main(int argc, char** argv) {
       if (t0 - sched > 50000) late++;
       measured_sent += s.measured;
       sent.push_back(s);
+      if (!FLAGS_trace.empty()) trace.push_back({sched - start, t0 - start, 0, -1});
       next += -std::log(uniform()) * gap_ns;
       now = t1;
     }
@@ -230,6 +254,10 @@ int main(int argc, char** argv) {
         if (w < 4096) {
           if (by_worker.size() <= w) by_worker.resize(w + 1);
           by_worker[w]++;
+        }
+        if (!trace.empty()) {
+          trace[id].answered = t0 - start;
+          trace[id].worker = w < 4096 ? static_cast<int32_t>(w) : -1;
         }
         if (le32toh(r.status) != KV_OK) {
           errors++;
@@ -265,7 +293,8 @@ int main(int argc, char** argv) {
       {"config",
        {{"port", FLAGS_port}, {"rate", FLAGS_rate}, {"duration_s", FLAGS_duration},
         {"warmup_s", FLAGS_warmup}, {"get_pct", FLAGS_get_pct}, {"flows", FLAGS_flows},
-        {"keys", FLAGS_keys}, {"seed", FLAGS_seed}, {"cpu", FLAGS_cpu}}},
+        {"keys", FLAGS_keys}, {"seed", FLAGS_seed}, {"cpu", FLAGS_cpu},
+        {"src_port_base", FLAGS_src_port_base}}},
       {"offered_rps", measured_sent / window},
       {"throughput_rps", ok_in_window / window},
       {"sent", measured_sent},
@@ -308,6 +337,23 @@ int main(int argc, char** argv) {
         fprintf(stderr, "kv_loadgen: cannot write %s\n", FLAGS_json.c_str());
         return 1;
       }
+    }
+  }
+  if (!FLAGS_trace.empty()) {
+    FILE* f = fopen(FLAGS_trace.c_str(), "w");
+    if (!f) {
+      fprintf(stderr, "kv_loadgen: cannot write %s: %s\n", FLAGS_trace.c_str(), strerror(errno));
+      return 1;
+    }
+    fprintf(f, "id,type,sched_ns,sent_ns,answered_ns,worker,measured\n");
+    for (size_t i = 0; i < trace.size(); i++)
+      fprintf(f, "%zu,%s,%llu,%llu,%llu,%d,%d\n", i, sent[i].type == KV_GET ? "get" : "scan",
+              static_cast<unsigned long long>(trace[i].sched), static_cast<unsigned long long>(trace[i].sent),
+              static_cast<unsigned long long>(trace[i].answered), sent[i].answered ? trace[i].worker : -1,
+              sent[i].measured);
+    if (fclose(f)) {
+      fprintf(stderr, "kv_loadgen: cannot write %s\n", FLAGS_trace.c_str());
+      return 1;
     }
   }
   for (int fd : flows) close(fd);

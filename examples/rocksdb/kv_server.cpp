@@ -23,7 +23,8 @@
 //   other core). Workers share that core, so a SCAN can yield it every --yield_keys keys
 //   (the same for every policy) and workers may ask for a shorter slice (--slice_us).
 //   With --core_share F each worker instead has a SCHED_DEADLINE reservation of F of a CPU
-//   (a slow core of its own, emulated; see set_core_share).
+//   and paces itself to it (a slow core of its own, emulated; see set_core_share and
+//   CorePacer).
 //   With --thread_policy (e.g. get_first) the server deploys it at the thread hook before
 //   starting the workers, each worker registers itself as executor i, and long_req[i]
 //   is set while it serves a SCAN. Where the thread hook is not available the deploy
@@ -50,6 +51,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -79,6 +81,9 @@ DEFINE_double(core_share, 0,
               "emulate a core of its own per worker: each worker is a SCHED_DEADLINE reservation of "
               "this fraction of a CPU (0: off, workers share --cpus in the fair class)");
 DEFINE_int32(core_period_us, 100, "period of a --core_share reservation, us (>= 100)");
+DEFINE_int32(core_hold_us, 200,
+             "with --core_share: a worker more than this far ahead of its emulated core sleeps until "
+             "the core would catch up, us");
 DEFINE_uint32(yield_keys, 0, "a SCAN yields the core (sched_yield) every this many keys (0: never)");
 DEFINE_int32(rcvbuf, 1 << 20, "receive buffer of each socket, bytes");
 DEFINE_bool(calibrate_only, false, "load the DB, print the calibration as JSON and exit");
@@ -96,6 +101,84 @@ uint64_t now_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+uint64_t thread_cpu_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// The other half of the --core_share emulation: a worker never runs far ahead of its
+// emulated core, so it never owes the kernel much.
+//
+// Why: the kernel enforces a deadline task's budget only at scheduler events on its CPU
+// (no HRTICK here, HZ=250), so a reservation alone let a SCAN run at full speed on an
+// otherwise quiet CPU for a few hundred microseconds -- a SCAN took ~0.4 ms instead of
+// the emulated core's ~2.6 ms -- and afterwards the worker carried the overrun as a
+// deadline pushed milliseconds ahead: it lost every EDF race for about as long as the
+// SCAN should have lasted. A policy that had just seen the SCAN end (scan_avoid clears
+// its mark then) sent GETs to a worker that was in effect still busy. Not a slow core.
+//
+// How: from the moment a worker wakes up with work, it compares its CPU time with the
+// wall time: on a core of share F, c of CPU takes c / F. When it is ahead by more than
+// --core_hold_us, it sleeps until its emulated core would catch up (the deadline the
+// kernel pushed ahead has then passed, so it wakes with a fresh budget), in the middle
+// of a SCAN or between requests, with its hints unchanged: a SCAN holds its worker (and
+// its scan_map mark) for as long as it would on the slow core. Yielding every period
+// instead would cost a timer and two context switches per 11 us of work, which on these
+// virtual machines is most of the budget. The CPU clock is a system call, so the cheap
+// monotonic clock gates it: the worker cannot be ahead by the threshold before the wall
+// clock has moved by threshold x F / (1 - F).
+class CorePacer {
+ public:
+  void start(double share, int hold_us) {
+    share_ = share;
+    hold_ns_ = static_cast<uint64_t>(hold_us) * 1000;
+    gate_ns_ = share < 1 ? static_cast<uint64_t>(static_cast<double>(hold_ns_) * share / (1 - share)) : ~0ULL / 2;
+    on_wakeup();
+  }
+  bool on() const { return share_ > 0; }
+
+  // After a blocking receive returned: the emulated core was idle until now.
+  void on_wakeup() {
+    if (!on()) return;
+    rebase(now_ns());
+  }
+
+  // Between requests and after every key of a SCAN.
+  void step() {
+    if (!on()) return;
+    uint64_t now = now_ns();
+    if (now < next_check_) return;
+    double emulated = static_cast<double>(thread_cpu_ns() - cpu_base_) / share_;
+    double ahead = emulated - static_cast<double>(now - wall_base_);
+    if (ahead < static_cast<double>(hold_ns_)) {
+      next_check_ = now + static_cast<uint64_t>((static_cast<double>(hold_ns_) - ahead) * share_ / (1 - share_));
+      return;
+    }
+    holds_.fetch_add(1, std::memory_order_relaxed);
+    timespec until;
+    uint64_t t = now + static_cast<uint64_t>(ahead);
+    until.tv_sec = static_cast<time_t>(t / 1000000000ULL);
+    until.tv_nsec = static_cast<long>(t % 1000000000ULL);
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, nullptr) == EINTR) {
+    }
+    rebase(now_ns());
+  }
+  uint64_t holds() const { return holds_.load(std::memory_order_relaxed); }
+
+ private:
+  void rebase(uint64_t now) {
+    wall_base_ = now;
+    cpu_base_ = thread_cpu_ns();
+    next_check_ = now + gate_ns_;
+  }
+
+  double share_ = 0;
+  uint64_t hold_ns_ = 0, gate_ns_ = 0;
+  uint64_t wall_base_ = 0, cpu_base_ = 0, next_check_ = 0;
+  std::atomic<uint64_t> holds_{0};  // read by STATS from other workers
+};
+
 // A worker's counters: written by the worker only, read by STATS from any worker.
 struct Counters {
   std::atomic<uint64_t> served[4]{};   // by type: [0] unused, GET, SCAN, STATS
@@ -109,6 +192,7 @@ struct alignas(64) Worker {
   pid_t tid = 0;
   bool ready = false;  // started (and registered with the thread hook if asked)
   std::thread thread;
+  CorePacer pacer;     // on with --core_share
   Counters c;
 };
 
@@ -181,7 +265,7 @@ json stats_json() {
   json ws = json::array();
   json tot = {{"get", 0}, {"scan", 0}, {"stats", 0}, {"truncated", 0}, {"oversized", 0},
               {"bad_type", 0}, {"not_found", 0}, {"db_errors", 0}, {"send_errors", 0},
-              {"kernel_drops", 0}, {"get_ns", 0}, {"scan_ns", 0}};
+              {"kernel_drops", 0}, {"core_holds", 0}, {"get_ns", 0}, {"scan_ns", 0}};
   for (auto& w : g.workers) {
     auto& c = w->c;
     json j = {{"get", c.served[KV_GET].load()},
@@ -194,6 +278,7 @@ json stats_json() {
               {"db_errors", c.db_errors.load()},
               {"send_errors", c.send_errors.load()},
               {"kernel_drops", kernel_drops(w->fd)},
+              {"core_holds", w->pacer.holds()},
               {"get_ns", c.busy_ns[KV_GET].load()},
               {"scan_ns", c.busy_ns[KV_SCAN].load()}};
     for (auto& [k, v] : j.items()) tot[k] = tot[k].get<uint64_t>() + v.get<uint64_t>();
@@ -327,7 +412,17 @@ void handle(Worker& w, const Pending& p, size_t waiting) {
       // reading scan_map sees this worker busy for exactly the SCAN.
       if (g.have_scan_map) syr_hint_set(&g.scan_map, w.idx, 1);
       if (g.have_long_req) syr_hint_set(&g.long_req, w.idx, 1);
-      int e = g.db.scan(q.key, q.scan_len ? q.scan_len : g.scan_len, &r.count, &r.digest, FLAGS_yield_keys);
+      // Mid-SCAN the worker gives up its core: paced to its emulated core's budget, or
+      // every --yield_keys keys on a shared core.
+      uint32_t keys = 0;
+      std::function<void()> after_key;
+      if (w.pacer.on())
+        after_key = [&w] { w.pacer.step(); };
+      else if (FLAGS_yield_keys)
+        after_key = [&keys] {
+          if (++keys % FLAGS_yield_keys == 0) sched_yield();
+        };
+      int e = g.db.scan(q.key, q.scan_len ? q.scan_len : g.scan_len, &r.count, &r.digest, after_key);
       if (g.have_scan_map) syr_hint_set(&g.scan_map, w.idx, 0);
       if (g.have_long_req) syr_hint_set(&g.long_req, w.idx, 0);
       if (e) {
@@ -374,6 +469,7 @@ void worker_main(Worker* w) {
                           : "");
       _exit(2);
     }
+    w->pacer.start(FLAGS_core_share, FLAGS_core_hold_us);
   }
   if (g.thread_policy_id > 0) {
     int e = register_for_thread_hook(w->idx);
@@ -429,9 +525,11 @@ void worker_main(Worker* w) {
         break;
       }
       if (n == 0) continue;
+      w->pacer.on_wakeup();
     } else if (g.have_queue_len) {
       pull(false);
     }
+    w->pacer.step();
     Pending p = fifo[head];
     head = (head + 1) % kFifo;
     count--;
@@ -481,9 +579,9 @@ int main(int argc, char** argv) {
             SYR_MAX_EXECUTORS);
     return 2;
   }
-  if (FLAGS_core_share < 0 || FLAGS_core_share > 1 || FLAGS_core_period_us < 100 || (FLAGS_core_share > 0 && (FLAGS_yield_keys || FLAGS_slice_us))) {
+  if (FLAGS_core_share < 0 || FLAGS_core_share > 1 || FLAGS_core_period_us < 100 || FLAGS_core_hold_us < 0 || (FLAGS_core_share > 0 && (FLAGS_yield_keys || FLAGS_slice_us))) {
     // sched_yield() ends a deadline task's budget for the period: no yielding with shares.
-    fprintf(stderr, "kv_server: --core_share is 0..1, --core_period_us >= 100; --core_share excludes --yield_keys and --slice_us\n");
+    fprintf(stderr, "kv_server: --core_share is 0..1, --core_period_us >= 100, --core_hold_us >= 0; --core_share excludes --yield_keys and --slice_us\n");
     return 2;
   }
 

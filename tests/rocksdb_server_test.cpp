@@ -57,6 +57,13 @@ std::unique_ptr<ServerProc> start_server(const std::string& db, const std::strin
   return s;
 }
 
+// The server's summed counters (its STATS answer's "total"), or null if it did not answer.
+json server_totals(KvClient& c) {
+  auto r = c.call(KV_STATS, 0, 9999);
+  if (!r || r->hdr.status != KV_OK) return json();
+  return json::parse(r->body, nullptr, false)["total"];
+}
+
 std::string slurp(const std::string& path) {
   std::string out;
   run_cmd("cat " + path, out);
@@ -175,11 +182,7 @@ TEST_F(KvServer, ScanVisitsTheRangeRocksDbHolds) {
 
 TEST_F(KvServer, MalformedAndTruncatedDatagramsAreCountedAnsweredAndSurvived) {
   KvClient c(server_->port);
-  auto stats = [&]() -> json {
-    auto r = c.call(KV_STATS, 0, 9999);
-    if (!r || r->hdr.status != KV_OK) return json();
-    return json::parse(r->body, nullptr, false)["total"];
-  };
+  auto stats = [&] { return server_totals(c); };
   json before = stats();
   ASSERT_TRUE(before.is_object());
 
@@ -308,11 +311,7 @@ TEST_F(KvServer, CoreShareGivesEachWorkerADeadlineReservationOfItsOwn) {
   // A SCAN of every key costs milliseconds of CPU; on a core of 0.02 that is 50 times as
   // long. The worker must not run ahead of its emulated core (and owe the kernel for it
   // afterwards): it holds, and the SCAN's answer takes at least a hold's threshold.
-  auto stats = [&]() -> json {
-    auto r = c.call(KV_STATS, 0, 9999);
-    if (!r || r->hdr.status != KV_OK) return json();
-    return json::parse(r->body, nullptr, false)["total"];
-  };
+  auto stats = [&] { return server_totals(c); };
   json before = stats();
   ASSERT_TRUE(before.is_object());
   auto t0 = std::chrono::steady_clock::now();

@@ -36,7 +36,8 @@
 //
 //   kv_server --db DIR [--keys N] [--workers N] [--port P] [--policy FILE.c] [--params k=v,..]
 //             [--app NAME] [--scan_len N | --scan_ratio R] [--cpus LIST] [--slice_us U]
-//             [--core_share F] [--calibrate_only] [--thread_policy FILE.c]
+//             [--core_share F [--core_period_us U] [--core_hold_us U]] [--calibrate_only]
+//             [--thread_policy FILE.c]
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>

@@ -436,7 +436,7 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
                 log(f"  {label}: {PENDING} ({e})")
         ref = "round_robin" if "round_robin" in servers else next(iter(servers))
         capacity, estimate = use(ref, lambda srv: measure_capacity(args, srv, daemon, get_pct, cal))
-        log(f"  saturation throughput ({ref}): {capacity:.0f} req/s (calibration estimate {estimate:.0f})")
+        log(f"  100% load ({ref} sustains): {capacity:.0f} req/s (calibration estimate {estimate:.0f})")
         runs = []
         rng = random.Random(args.seed + int(get_pct * 10))
         for rnd in range(args.rounds):
@@ -668,7 +668,7 @@ def markdown(results):
     for mix in results["mixes"]:
         target_us = mix["target_us"]
         lines.append(f"**{mix['mix']} GET/SCAN** — 100% load = {mix['capacity_rps']:,.0f} req/s "
-                     f"(saturation of {mix['capacity_ref']}), {mix['workers']} workers, "
+                     f"(what {mix['capacity_ref']} sustains), {mix['workers']} workers, "
                      f"SCAN = {mix['scan_len']} keys, "
                      + (f"each worker a core of {mix['core_share']:g} CPU (emulated), " if mix["core_share"] else
                         "workers share one core, ")
@@ -699,7 +699,7 @@ def small_table(results):
         loads = mix["loads"]
         load = 0.8 if 0.8 in loads else loads[-1]
         lines.append(f"{mix['mix']} GET/SCAN mix at {load:.0%} load "
-                     f"({load * mix['capacity_rps']:,.0f} req/s offered; 100% = measured saturation):")
+                     f"({load * mix['capacity_rps']:,.0f} req/s offered; 100% = what {mix['capacity_ref']} sustains):")
         lines.append(f"  {'policy':22s} {'throughput':>12s} {'GET p99':>12s} {'SCAN p99':>12s}"
                      f" {'thr. at target':>15s}")
         for label in mix["configs"]:

@@ -182,8 +182,7 @@ TEST_F(KvServer, ScanVisitsTheRangeRocksDbHolds) {
 
 TEST_F(KvServer, MalformedAndTruncatedDatagramsAreCountedAnsweredAndSurvived) {
   KvClient c(server_->port);
-  auto stats = [&] { return server_totals(c); };
-  json before = stats();
+  json before = server_totals(c);
   ASSERT_TRUE(before.is_object());
 
   // Truncated: nothing, 3 bytes (not even a type), 31 bytes (one short of a request).
@@ -210,7 +209,7 @@ TEST_F(KvServer, MalformedAndTruncatedDatagramsAreCountedAnsweredAndSurvived) {
   EXPECT_EQ(r->hdr.type, 99u);
   EXPECT_EQ(r->hdr.id, 77u) << "an error echoes what it could read";
 
-  json after = stats();
+  json after = server_totals(c);
   ASSERT_TRUE(after.is_object());
   EXPECT_EQ(after["truncated"].get<uint64_t>() - before["truncated"].get<uint64_t>(), 3u);
   EXPECT_EQ(after["oversized"].get<uint64_t>() - before["oversized"].get<uint64_t>(), 1u);
@@ -311,8 +310,7 @@ TEST_F(KvServer, CoreShareGivesEachWorkerADeadlineReservationOfItsOwn) {
   // A SCAN of every key costs milliseconds of CPU; on a core of 0.02 that is 50 times as
   // long. The worker must not run ahead of its emulated core (and owe the kernel for it
   // afterwards): it holds, and the SCAN's answer takes at least a hold's threshold.
-  auto stats = [&] { return server_totals(c); };
-  json before = stats();
+  json before = server_totals(c);
   ASSERT_TRUE(before.is_object());
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(c.send_req(KV_SCAN, 0, 77, kKeys));
@@ -320,7 +318,7 @@ TEST_F(KvServer, CoreShareGivesEachWorkerADeadlineReservationOfItsOwn) {
   auto took = std::chrono::steady_clock::now() - t0;
   ASSERT_TRUE(r) << "no answer to the SCAN";
   EXPECT_EQ(r->hdr.count, kKeys);
-  json after = stats();
+  json after = server_totals(c);
   ASSERT_TRUE(after.is_object());
   EXPECT_GT(after["core_holds"].get<uint64_t>(), before["core_holds"].get<uint64_t>())
       << "the worker ran the SCAN without ever holding for its emulated core";

@@ -93,7 +93,7 @@ struct Sent {
   uint8_t answered;
 };
 
-// With --trace, per request: times relative to the start, and who answered.
+// With --trace, per request: times relative to the start, and who answered (-1: nobody).
 struct Trace {
   uint64_t sched, sent, answered;
   int32_t worker;
@@ -179,8 +179,9 @@ int main(int argc, char** argv) {
   sent.reserve(static_cast<size_t>(FLAGS_rate * total_s * 1.05 + 1024));
   kv::Histogram lat[4], lag;  // lat by type (KV_GET, KV_SCAN); lag of every send
   std::vector<uint64_t> by_worker;
+  const bool tracing = !FLAGS_trace.empty();
   std::vector<Trace> trace;
-  if (!FLAGS_trace.empty()) trace.reserve(sent.capacity());
+  if (tracing) trace.reserve(sent.capacity());
   uint64_t rng = FLAGS_seed * 0x9e3779b97f4a7c15ULL + 7;
   auto uniform = [&rng] { return (static_cast<double>(kv_mix64(&rng) >> 11) + 0.5) * 0x1.0p-53; };
   const double gap_ns = 1e9 / FLAGS_rate;
@@ -222,7 +223,7 @@ int main(int argc, char** argv) {
       if (t0 - sched > 50000) late++;
       measured_sent += s.measured;
       sent.push_back(s);
-      if (!FLAGS_trace.empty()) trace.push_back({sched - start, t0 - start, 0, -1});
+      if (tracing) trace.push_back({sched - start, t0 - start, 0, -1});
       next += -std::log(uniform()) * gap_ns;
       now = t1;
     }
@@ -255,7 +256,7 @@ int main(int argc, char** argv) {
           if (by_worker.size() <= w) by_worker.resize(w + 1);
           by_worker[w]++;
         }
-        if (!trace.empty()) {
+        if (tracing) {
           trace[id].answered = t0 - start;
           trace[id].worker = w < 4096 ? static_cast<int32_t>(w) : -1;
         }
@@ -339,7 +340,7 @@ int main(int argc, char** argv) {
       }
     }
   }
-  if (!FLAGS_trace.empty()) {
+  if (tracing) {
     FILE* f = fopen(FLAGS_trace.c_str(), "w");
     if (!f) {
       fprintf(stderr, "kv_loadgen: cannot write %s: %s\n", FLAGS_trace.c_str(), strerror(errno));
@@ -349,7 +350,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < trace.size(); i++)
       fprintf(f, "%zu,%s,%llu,%llu,%llu,%d,%d\n", i, sent[i].type == KV_GET ? "get" : "scan",
               static_cast<unsigned long long>(trace[i].sched), static_cast<unsigned long long>(trace[i].sent),
-              static_cast<unsigned long long>(trace[i].answered), sent[i].answered ? trace[i].worker : -1,
+              static_cast<unsigned long long>(trace[i].answered), trace[i].worker,
               sent[i].measured);
     if (fclose(f)) {
       fprintf(stderr, "kv_loadgen: cannot write %s\n", FLAGS_trace.c_str());

@@ -96,17 +96,13 @@ using nlohmann::json;
 
 std::atomic<bool> g_stop{false};
 
-uint64_t now_ns() {
+uint64_t clock_ns(clockid_t clock) {
   timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(clock, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
 }
-
-uint64_t thread_cpu_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
-}
+uint64_t now_ns() { return clock_ns(CLOCK_MONOTONIC); }
+uint64_t thread_cpu_ns() { return clock_ns(CLOCK_THREAD_CPUTIME_ID); }
 
 // The other half of the --core_share emulation: a worker never runs far ahead of its
 // emulated core, so it never owes the kernel much.
@@ -133,8 +129,10 @@ class CorePacer {
  public:
   void start(double share, int hold_us) {
     share_ = share;
-    hold_ns_ = static_cast<uint64_t>(hold_us) * 1000;
-    gate_ns_ = share < 1 ? static_cast<uint64_t>(static_cast<double>(hold_ns_) * share / (1 - share)) : ~0ULL / 2;
+    hold_ns_ = static_cast<double>(hold_us) * 1000;
+    // How fast the lead over the emulated core can grow per ns of wall time, inverted:
+    // the wall time it takes to gain 1 ns of lead. A whole core (share 1) never leads.
+    wall_per_lead_ = share < 1 ? share / (1 - share) : 1e12;
     on_wakeup();
   }
   bool on() const { return share_ > 0; }
@@ -152,8 +150,8 @@ class CorePacer {
     if (now < next_check_) return;
     double emulated = static_cast<double>(thread_cpu_ns() - cpu_base_) / share_;
     double ahead = emulated - static_cast<double>(now - wall_base_);
-    if (ahead < static_cast<double>(hold_ns_)) {
-      next_check_ = now + static_cast<uint64_t>((static_cast<double>(hold_ns_) - ahead) * share_ / (1 - share_));
+    if (ahead < hold_ns_) {
+      next_check_ = now + wall_for_lead(hold_ns_ - ahead);
       return;
     }
     holds_.fetch_add(1, std::memory_order_relaxed);
@@ -171,11 +169,12 @@ class CorePacer {
   void rebase(uint64_t now) {
     wall_base_ = now;
     cpu_base_ = thread_cpu_ns();
-    next_check_ = now + gate_ns_;
+    next_check_ = now + wall_for_lead(hold_ns_);
   }
+  // The least wall time in which the worker can get `lead` ns ahead of its core.
+  uint64_t wall_for_lead(double lead) const { return static_cast<uint64_t>(std::min(lead * wall_per_lead_, 1e15)); }
 
-  double share_ = 0;
-  uint64_t hold_ns_ = 0, gate_ns_ = 0;
+  double share_ = 0, hold_ns_ = 0, wall_per_lead_ = 0;
   uint64_t wall_base_ = 0, cpu_base_ = 0, next_check_ = 0;
   std::atomic<uint64_t> holds_{0};  // read by STATS from other workers
 };

@@ -61,11 +61,19 @@ uint64_t mono_ns() {
   return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
+// The policy's slice as the EEVDF slice of a SCHED_OTHER thread: the preset (untouched)
+// means the kernel's default; anything else is clamped to what the kernel accepts.
+uint64_t eevdf_slice(uint64_t policy_slice_ns) {
+  if (policy_slice_ns == kDefaultSliceNs || policy_slice_ns == 0) return 0;
+  return std::clamp<uint64_t>(policy_slice_ns, 100'000, 100'000'000);
+}
+
 enum class St { kBlocked, kRunnable, kRunning };
 
 struct Applied {
   int policy = -1;  // -1: never set by the agent
   int nice = 0;
+  uint64_t slice_ns = 0;  // EEVDF slice (sched_attr.sched_runtime); 0: the kernel's default
   std::vector<int> cpus;
   bool operator==(const Applied&) const = default;
 };
@@ -77,8 +85,9 @@ struct Thr {
   uint32_t cpu = 0;
   uint64_t runnable_ns = 0, run_start_ns = 0, run_ns = 0;
   uint32_t pending_reason = 0;
-  uint64_t key = 0;
+  uint64_t key = 0;  // blocked: the key it would get if it woke now (wake-ahead)
   uint32_t core = SYR_PASS;
+  uint64_t slice_ns = 0;  // the policy's slice, as applied (0: the kernel's default)
   uint64_t wake_ts = 0;  // for the wakeup-to-running latency histogram
   Applied applied;
 };
@@ -101,11 +110,12 @@ bool read_task_stat(pid_t tgid, pid_t tid, bool& runnable, uint32_t& cpu) {
 
 }  // namespace
 
-int set_policy(pid_t tid, int policy, int nice) {
+int set_policy(pid_t tid, int policy, int nice, uint64_t slice_ns) {
   sched_attr_k a{};
   a.size = sizeof a;
   a.sched_policy = static_cast<uint32_t>(policy);
   a.sched_nice = policy == SCHED_IDLE ? 0 : nice;
+  a.sched_runtime = policy == SCHED_IDLE ? 0 : slice_ns;
   if (syscall(SYS_sched_setattr, tid, &a, 0) < 0) return -errno;
   return 0;
 }
@@ -353,17 +363,23 @@ void Agent::refresh_registrations() {
 }
 
 void Agent::decide(uint64_t now) {
-  std::vector<Thr*> run;
-  for (auto& [tid, t] : thr_)
-    if (t.st != St::kBlocked) run.push_back(&t);
-  for (size_t base = 0; base < run.size(); base += kBatch) {
-    uint32_t n = static_cast<uint32_t>(std::min<size_t>(kBatch, run.size() - base));
+  // Every thread, blocked ones too: a blocked thread is asked as if it woke now, so that
+  // reconcile() can ready it to preempt before it wakes (wake-ahead).
+  std::vector<Thr*> all;
+  for (auto& [tid, t] : thr_) all.push_back(&t);
+  for (size_t base = 0; base < all.size(); base += kBatch) {
+    uint32_t n = static_cast<uint32_t>(std::min<size_t>(kBatch, all.size() - base));
     for (uint32_t i = 0; i < n; i++) {
-      Thr& t = *run[base + i];
-      uint64_t ran = t.run_ns + (t.st == St::kRunning && t.run_start_ns ? now - std::min(now, t.run_start_ns) : 0);
-      batch_[i].t = SyrThread{static_cast<uint32_t>(t.tid), static_cast<uint32_t>(o_.tgid), t.exec, t.cpu,
-                              nr_cpus_, t.pending_reason ? t.pending_reason : kTick, now, t.runnable_ns, ran,
-                              t.runnable_ns, kDefaultSliceNs};
+      Thr& t = *all[base + i];
+      if (t.st == St::kBlocked) {
+        batch_[i].t = SyrThread{static_cast<uint32_t>(t.tid), static_cast<uint32_t>(o_.tgid), t.exec, t.cpu,
+                                nr_cpus_, kWakeup, now, now, 0, now, kDefaultSliceNs};
+      } else {
+        uint64_t ran = t.run_ns + (t.st == St::kRunning && t.run_start_ns ? now - std::min(now, t.run_start_ns) : 0);
+        batch_[i].t = SyrThread{static_cast<uint32_t>(t.tid), static_cast<uint32_t>(o_.tgid), t.exec, t.cpu,
+                                nr_cpus_, t.pending_reason ? t.pending_reason : kTick, now, t.runnable_ns, ran,
+                                t.runnable_ns, kDefaultSliceNs};
+      }
       batch_[i].core = SYR_PASS;
     }
     struct {
@@ -379,20 +395,23 @@ void Agent::decide(uint64_t now) {
       continue;
     }
     for (uint32_t i = 0; i < n; i++) {
-      Thr& t = *run[base + i];
+      Thr& t = *all[base + i];
       t.key = batch_[i].t.key;
       t.core = batch_[i].core;
-      t.pending_reason = 0;
-      n_decisions_++;
+      t.slice_ns = eevdf_slice(batch_[i].t.slice_ns);
+      if (t.st != St::kBlocked) {
+        t.pending_reason = 0;
+        n_decisions_++;
+      }
     }
   }
 }
 
 void Agent::apply(Thr& t, const Applied& want) {
   if (t.applied == want) return;
-  if (t.applied.policy != want.policy || t.applied.nice != want.nice) {
+  if (t.applied.policy != want.policy || t.applied.nice != want.nice || t.applied.slice_ns != want.slice_ns) {
     n_syscalls_++;
-    if (set_policy(t.tid, want.policy, want.nice) < 0) return;
+    if (set_policy(t.tid, want.policy, want.nice, want.slice_ns) < 0) return;
   }
   if (t.applied.cpus != want.cpus) {
     n_syscalls_++;
@@ -432,7 +451,7 @@ void Agent::reconcile() {
     if (t.st == St::kBlocked) continue;
     uint32_t c = t.core;
     if (c != SYR_PASS && c < nr_cpus_ && chosen[c]) {
-      apply(t, Applied{chosen[c] == &t ? SCHED_OTHER : SCHED_IDLE, chosen[c] == &t ? nice : 0, {int(c)}});
+      apply(t, chosen[c] == &t ? Applied{SCHED_OTHER, nice, t.slice_ns, {int(c)}} : Applied{SCHED_IDLE, 0, 0, {int(c)}});
     }
   }
   // SYR_PASS: the best ones run, one per free core, each pinned to its own core (left to
@@ -456,7 +475,27 @@ void Agent::reconcile() {
         taken[f] = true;
       }
   for (size_t i = 0; i < pass.size(); i++)
-    apply(*pass[i], i < n ? Applied{SCHED_OTHER, nice, {core_of[i]}} : Applied{SCHED_IDLE, 0, allowed});
+    apply(*pass[i], i < n ? Applied{SCHED_OTHER, nice, pass[i]->slice_ns, {core_of[i]}}
+                          : Applied{SCHED_IDLE, 0, 0, allowed});
+
+  // Wake-ahead. A thread that wakes runs under the attributes it blocked with, long before
+  // this agent hears of the wakeup; the sched_ext backend preempts a worse thread at once
+  // (a kick), so this one readies a blocked thread that would win its core if it woke now:
+  // SCHED_OTHER, its policy's slice (EEVDF lets a waking thread with a shorter slice than
+  // the running one's preempt it), pinned where it would run. A blocked thread that would
+  // lose is left as it is (demoting it would cost system calls on every change of the
+  // chosen thread; the agent demotes it on its wakeup if it still loses then).
+  const uint64_t kNone = ~0ULL;
+  uint64_t pass_bar = pass.size() < free.size() ? kNone : (n > 0 ? pass[n - 1]->key : 0);
+  for (auto& [tid, t] : thr_) {
+    if (t.st != St::kBlocked) continue;
+    uint32_t c = t.core;
+    bool bound = c != SYR_PASS && c < nr_cpus_ && std::find(allowed.begin(), allowed.end(), int(c)) != allowed.end();
+    uint64_t bar = bound ? (chosen[c] ? chosen[c]->key : kNone) : pass_bar;
+    if (bar != kNone && t.key >= bar) continue;
+    std::vector<int> cpus = bound ? std::vector<int>{int(c)} : (t.applied.cpus.empty() ? allowed : t.applied.cpus);
+    apply(t, Applied{SCHED_OTHER, nice, t.slice_ns, cpus});
+  }
 }
 
 void Agent::restore_all() {

@@ -15,7 +15,15 @@
 //    SCHED_IDLE peers) while the rest of the system keeps its fair share -- the
 //    application can only reorder its own threads ("below CFS" isolation, as ghOSt);
 //  - the policy is asked again every period while a thread stays runnable, so a hint
-//    written through a mapped map takes effect within one period without any event.
+//    written through a mapped map takes effect within one period without any event;
+//  - wake-ahead: a blocked thread is asked too, as if it woke now; if it would beat the
+//    thread its core runs (or the core is free), it is readied while blocked --
+//    SCHED_OTHER, pinned there, its policy's slice as its EEVDF slice -- so that its
+//    wakeup preempts at once without waiting for this agent (EEVDF runs a waking thread
+//    with a shorter slice first), as the sched_ext backend kicks a worse thread off;
+//  - the policy's slice (syr_thread.slice_ns) becomes the thread's EEVDF slice
+//    (sched_attr.sched_runtime, Linux 6.12+) while it is SCHED_OTHER; the preset
+//    means the kernel's default.
 // Invariants: the agent only touches threads of its process that are in the
 // application's syrup_threads map; on SIGTERM it restores them (SCHED_OTHER, baseline
 // nice and affinity) before exiting; on SIGUSR1 (hand-over to a replacement agent) it
@@ -45,8 +53,10 @@ int capture_baseline(pid_t tgid, Baseline& out);
 int restore_thread(pid_t tid, const Baseline& b);
 // Threads of a process, ascending.
 std::vector<pid_t> list_tids(pid_t tgid);
-// SCHED_OTHER/SCHED_IDLE/SCHED_BATCH with a nice value. 0 or -errno.
-int set_policy(pid_t tid, int policy, int nice);
+// SCHED_OTHER/SCHED_IDLE/SCHED_BATCH with a nice value and, for SCHED_OTHER, an EEVDF
+// slice (sched_attr.sched_runtime, Linux 6.12+; older kernels ignore it; 0: the default).
+// 0 or -errno.
+int set_policy(pid_t tid, int policy, int nice, uint64_t slice_ns = 0);
 int set_cpus(pid_t tid, const std::vector<int>& cpus);
 // "0,1,3" <-> {0,1,3}
 std::string cpus_to_string(const std::vector<int>& cpus);

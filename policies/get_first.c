@@ -2,10 +2,15 @@
  * (SCANs). The application, or a network policy of the same application (socket select,
  * XDP), marks an executor in the shared `long_req` map when it hands it a long request
  * and clears it when done: a plain store through the mapped array. Among threads of one
- * class, first come first served. Cores: `core` if set (< nr_cpus), else any core. */
+ * class, first come first served. Cores: `core` if set (< nr_cpus), else any core.
+ * Short threads get a short slice (`short_slice_us`, 0: the backend's default): on the
+ * user-space agent that is what lets a thread woken for a GET preempt one on a SCAN at
+ * once (EEVDF runs a waking thread with a shorter slice first), as the sched_ext
+ * backend's preemption kick does; on sched_ext a short thread is re-decided that often. */
 #include <syrup/policy.h>
 
 SYR_PARAM(__u32, core, 0xffffffff); /* one core for all, or any */
+SYR_PARAM(__u64, short_slice_us, 100); /* slice of threads on short requests */
 
 SYR_ARRAY(long_req, __u64, SYR_MAX_EXECUTORS);
 
@@ -15,5 +20,7 @@ SYR_POLICY(struct syr_thread *t)
 
 	/* Short before long; FIFO within a class (runnable_ns < 2^62 for centuries). */
 	t->key = (is_long ? (1ULL << 62) : 0) + t->runnable_ns;
+	if (!is_long && short_slice_us)
+		t->slice_ns = short_slice_us * 1000;
 	return core < t->nr_cpus ? core : SYR_PASS;
 }

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -59,6 +60,80 @@ void restore_normal(pid_t tid) {
   for (int c = 0; c < ncpus(); c++) CPU_SET(c, &s);
   sched_setaffinity(tid, sizeof s, &s);
 }
+
+// A SCHED_OTHER thread's EEVDF slice as sched_getattr reports it (sched_runtime: the
+// custom slice, or the kernel's base slice), or -1.
+struct SchedAttr {
+  uint32_t size, policy;
+  uint64_t flags;
+  int32_t nice;
+  uint32_t prio;
+  uint64_t runtime, deadline, period;
+  uint32_t util_min, util_max;
+};
+int64_t slice_of(pid_t tid) {
+  SchedAttr a{};
+  if (syscall(SYS_sched_getattr, tid, &a, sizeof a, 0) < 0) return -1;
+  return static_cast<int64_t>(a.runtime);
+}
+
+// Whether this kernel keeps a custom slice for a SCHED_OTHER thread (Linux 6.12+).
+bool kernel_has_custom_slices() {
+  bool ok = false;
+  std::thread t([&] {
+    SchedAttr a{};
+    a.size = sizeof a;
+    a.policy = SCHED_OTHER;
+    a.runtime = 200000;
+    ok = syscall(SYS_sched_setattr, 0, &a, 0) == 0 && slice_of(static_cast<pid_t>(syscall(SYS_gettid))) == 200000;
+  });
+  t.join();
+  return ok;
+}
+
+// A registered thread that blocks on an eventfd and counts its wakeups.
+class Sleeper {
+ public:
+  explicit Sleeper(uint32_t exec) : efd_(eventfd(0, EFD_CLOEXEC)) {
+    thread_ = std::thread([this, exec] {
+      tid_ = static_cast<pid_t>(syscall(SYS_gettid));
+      reg_ = syr_thread_register(exec);
+      ready_ = true;
+      uint64_t v;
+      while (read(efd_, &v, sizeof v) == sizeof v && !stop_) wakeups_++;
+    });
+    while (!ready_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~Sleeper() {
+    stop_ = true;
+    uint64_t one = 1;
+    if (write(efd_, &one, sizeof one) < 0) std::perror("eventfd");
+    thread_.join();
+    close(efd_);
+    restore_normal(tid_);
+  }
+  pid_t tid() const { return tid_; }
+  int reg_result() const { return reg_; }
+  int wakeups() const { return wakeups_; }
+  void wake() {
+    uint64_t one = 1;
+    if (write(efd_, &one, sizeof one) < 0) std::perror("eventfd");
+  }
+  bool blocked() const {
+    std::ifstream in("/proc/self/task/" + std::to_string(tid_) + "/stat");
+    std::string s;
+    std::getline(in, s);
+    auto rp = s.rfind(')');
+    return rp != std::string::npos && rp + 2 < s.size() && s[rp + 2] == 'S';
+  }
+
+ private:
+  int efd_;
+  std::thread thread_;
+  std::atomic<pid_t> tid_{0};
+  std::atomic<int> reg_{-1}, wakeups_{0};
+  std::atomic<bool> ready_{false}, stop_{false};
+};
 
 // Busy threads, optionally registered as executors 0..n-1. Joined (and put back to
 // normal scheduling) by the destructor.
@@ -313,6 +388,51 @@ TEST_F(ThreadHook, CrossLayerLongRequestRunsLast) {
   sum = sh[0] + sh[1] + sh[2];
   std::printf("  [long on 1] %s\n", fmt(sh).c_str());
   EXPECT_LE(sh[1] / sum, 0.05) << fmt(sh);
+}
+
+// Wake-ahead (agent backend): a blocked thread that would win its core if it woke now is
+// readied before it wakes -- SCHED_OTHER, pinned to that core, with the slice its policy
+// gave it as its EEVDF slice -- so its wakeup preempts the running thread without waiting
+// for the agent, as the sched_ext backend's preemption kick does. get_first gives threads
+// on short requests a 100 us slice; a thread on a long one keeps the kernel's default.
+TEST_F(ThreadHook, BlockedShortThreadIsReadiedToPreemptBeforeItWakes) {
+  if (!kernel_has_custom_slices())
+    GTEST_SKIP() << "this kernel keeps no custom slice for SCHED_OTHER threads (sched_attr.sched_runtime, Linux 6.12+)";
+  syr_set_app("thrwake");
+  ASSERT_GT(deploy("policies/get_first.c", {{"core", uint64_t(core_)}}, "thrwake"), 0) << syr_last_error();
+  syr_mapped_array long_req{};
+  ASSERT_EQ(mmap_app_map("long_req", &long_req), "");
+  syr_hint_set(&long_req, 0, 1);  // the spinner is on a long request
+  syr_hint_set(&long_req, 1, 1);  // and so, at first, is the sleeper
+  Spinners spin(1, true, 0);
+  Sleeper sleeper(1);
+  ASSERT_EQ(spin.reg_result(0), 0) << syr_last_error();
+  ASSERT_EQ(sleeper.reg_result(), 0) << syr_last_error();
+  ASSERT_GE(wait_for([&] { return sched_policy_of(spin.tid(0)) == SCHED_OTHER &&
+                                  cpus_of(spin.tid(0)) == std::vector<int>{core_}; }, 2000), 0)
+      << "the agent did not give the core to the only runnable thread";
+  const int64_t base = slice_of(spin.tid(0));
+  EXPECT_GT(base, 100000) << "a thread on a long request keeps the kernel's (longer) slice";
+  // Long, blocked: it would lose to the spinner (FIFO within the class), so it is not
+  // readied.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_NE(slice_of(sleeper.tid()), 100000);
+
+  // Its long request is done: it would now win, and is readied while still blocked.
+  syr_hint_set(&long_req, 1, 0);
+  int ms = wait_for([&] { return slice_of(sleeper.tid()) == 100000 && sched_policy_of(sleeper.tid()) == SCHED_OTHER &&
+                                 cpus_of(sleeper.tid()) == std::vector<int>{core_}; }, 2000);
+  ASSERT_GE(ms, 0) << "the blocked short thread was not readied: policy " << sched_policy_of(sleeper.tid())
+                   << ", slice " << slice_of(sleeper.tid()) << " ns, cores " << cpus_to(sleeper.tid());
+  EXPECT_TRUE(sleeper.blocked());
+  EXPECT_EQ(sleeper.wakeups(), 0) << "it must have been readied while blocked";
+  std::printf("  readied after %d ms, still blocked\n", ms);
+
+  // It wakes (and goes back to sleep): it ran, and the spinner kept its core as it was.
+  sleeper.wake();
+  ASSERT_GE(wait_for([&] { return sleeper.wakeups() == 1; }, 2000), 0) << "the readied thread did not run";
+  EXPECT_EQ(slice_of(spin.tid(0)), base);
+  syr_map_munmap(&long_req);
 }
 
 // An agent killed with SIGKILL: the threads are back to normal scheduling within a

@@ -144,7 +144,9 @@ struct syr_thread {
 	__u64 runnable_ns; /* when it last became runnable (same clock) */
 	__u64 run_ns;      /* how long it has run since it last became runnable */
 	__u64 key;         /* in/out: ordering key, lower first; preset to runnable_ns (FIFO) */
-	__u64 slice_ns;    /* in/out: time slice hint (sched_ext); preset to the backend's default */
+	__u64 slice_ns;    /* in/out: time slice; preset to the backend's default. sched_ext: the
+			    * dispatch slice; agent: the thread's EEVDF slice (a shorter slice
+			    * than the running thread's lets a waking thread preempt it) */
 };
 
 /* Maps every thread policy of an application shares with libsyrup:

@@ -87,7 +87,7 @@ struct Thr {
   uint32_t pending_reason = 0;
   uint64_t key = 0;  // blocked: the key it would get if it woke now (wake-ahead)
   uint32_t core = SYR_PASS;
-  uint64_t slice_ns = 0;  // the policy's slice, as applied (0: the kernel's default)
+  uint64_t slice_ns = 0;  // the policy's last slice, as an EEVDF slice (0: the kernel's default)
   uint64_t wake_ts = 0;  // for the wakeup-to-running latency histogram
   Applied applied;
 };
@@ -371,15 +371,12 @@ void Agent::decide(uint64_t now) {
     uint32_t n = static_cast<uint32_t>(std::min<size_t>(kBatch, all.size() - base));
     for (uint32_t i = 0; i < n; i++) {
       Thr& t = *all[base + i];
-      if (t.st == St::kBlocked) {
-        batch_[i].t = SyrThread{static_cast<uint32_t>(t.tid), static_cast<uint32_t>(o_.tgid), t.exec, t.cpu,
-                                nr_cpus_, kWakeup, now, now, 0, now, kDefaultSliceNs};
-      } else {
-        uint64_t ran = t.run_ns + (t.st == St::kRunning && t.run_start_ns ? now - std::min(now, t.run_start_ns) : 0);
-        batch_[i].t = SyrThread{static_cast<uint32_t>(t.tid), static_cast<uint32_t>(o_.tgid), t.exec, t.cpu,
-                                nr_cpus_, t.pending_reason ? t.pending_reason : kTick, now, t.runnable_ns, ran,
-                                t.runnable_ns, kDefaultSliceNs};
-      }
+      bool blocked = t.st == St::kBlocked;
+      uint32_t reason = blocked ? kWakeup : (t.pending_reason ? t.pending_reason : kTick);
+      uint64_t since = blocked ? now : t.runnable_ns;
+      uint64_t ran = blocked ? 0 : t.run_ns + (t.st == St::kRunning && t.run_start_ns ? now - std::min(now, t.run_start_ns) : 0);
+      batch_[i].t = SyrThread{static_cast<uint32_t>(t.tid), static_cast<uint32_t>(o_.tgid), t.exec, t.cpu,
+                              nr_cpus_, reason, now, since, ran, since, kDefaultSliceNs};
       batch_[i].core = SYR_PASS;
     }
     struct {
@@ -432,11 +429,15 @@ void Agent::reconcile() {
     if (ar != br) return ar;
     return a->tid < b->tid;
   };
+  // The policy's answer names a core this process may run on (else: as SYR_PASS).
+  auto own_core = [&](uint32_t c) {
+    return c != SYR_PASS && c < nr_cpus_ && std::find(allowed.begin(), allowed.end(), int(c)) != allowed.end();
+  };
   std::vector<Thr*> chosen(nr_cpus_, nullptr), pass;
   for (auto& [tid, t] : thr_) {
     if (t.st == St::kBlocked) continue;
     uint32_t c = t.core;
-    if (c != SYR_PASS && c < nr_cpus_ && std::find(allowed.begin(), allowed.end(), int(c)) != allowed.end()) {
+    if (own_core(c)) {
       if (!chosen[c] || better(&t, chosen[c], c)) chosen[c] = &t;
     } else {
       pass.push_back(&t);
@@ -490,7 +491,7 @@ void Agent::reconcile() {
   for (auto& [tid, t] : thr_) {
     if (t.st != St::kBlocked) continue;
     uint32_t c = t.core;
-    bool bound = c != SYR_PASS && c < nr_cpus_ && std::find(allowed.begin(), allowed.end(), int(c)) != allowed.end();
+    bool bound = own_core(c);
     uint64_t bar = bound ? (chosen[c] ? chosen[c]->key : kNone) : pass_bar;
     if (bar != kNone && t.key >= bar) continue;
     std::vector<int> cpus = bound ? std::vector<int>{int(c)} : (t.applied.cpus.empty() ? allowed : t.applied.cpus);

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -191,6 +192,16 @@ void UdpClient::send_request(uint32_t type, uint32_t key, size_t extra) {
   memcpy(p.data(), &type, 4);
   memcpy(p.data() + 4, &key, 4);
   send(p.data(), p.size());
+}
+
+int sched_attr_of(pid_t tid, SchedAttr* out) {
+  *out = {};
+  return syscall(SYS_sched_getattr, tid, out, sizeof *out, 0) < 0 ? -errno : 0;
+}
+
+int set_own_sched_attr(SchedAttr a) {
+  a.size = sizeof a;
+  return syscall(SYS_sched_setattr, 0, &a, 0) < 0 ? -errno : 0;
 }
 
 std::string mmap_app_map(const char* name, syr_mapped_array* out) {

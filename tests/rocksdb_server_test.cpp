@@ -287,18 +287,13 @@ TEST_F(KvServer, CoreShareGivesEachWorkerADeadlineReservationOfItsOwn) {
   for (auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(s->child->pid()) + "/task")) {
     if (slurp(t.path().string() + "/comm").rfind("kv-w", 0) != 0) continue;
     workers++;
-    struct {
-      uint32_t size, sched_policy;
-      uint64_t sched_flags;
-      int32_t sched_nice;
-      uint32_t sched_priority;
-      uint64_t sched_runtime, sched_deadline, sched_period;
-    } a = {};
+    SchedAttr a;
     pid_t tid = std::stoi(t.path().filename().string());
-    ASSERT_EQ(syscall(SYS_sched_getattr, tid, &a, sizeof a, 0), 0) << strerror(errno);
-    EXPECT_EQ(a.sched_policy, 6u) << t.path() << " is not SCHED_DEADLINE";
-    EXPECT_EQ(a.sched_runtime, 20'000u) << t.path();
-    EXPECT_EQ(a.sched_period, 1'000'000u) << t.path();
+    int e = sched_attr_of(tid, &a);
+    ASSERT_EQ(e, 0) << strerror(-e);
+    EXPECT_EQ(a.policy, 6u) << t.path() << " is not SCHED_DEADLINE";
+    EXPECT_EQ(a.runtime, 20'000u) << t.path();
+    EXPECT_EQ(a.period, 1'000'000u) << t.path();
   }
   EXPECT_EQ(workers, kWorkers);
   KvClient c(s->port);

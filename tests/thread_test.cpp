@@ -61,20 +61,11 @@ void restore_normal(pid_t tid) {
   sched_setaffinity(tid, sizeof s, &s);
 }
 
-// A SCHED_OTHER thread's EEVDF slice as sched_getattr reports it (sched_runtime: the
-// custom slice, or the kernel's base slice), or -1.
-struct SchedAttr {
-  uint32_t size, policy;
-  uint64_t flags;
-  int32_t nice;
-  uint32_t prio;
-  uint64_t runtime, deadline, period;
-  uint32_t util_min, util_max;
-};
+// A SCHED_OTHER thread's EEVDF slice as sched_getattr reports it (the custom slice, or
+// the kernel's base slice), or -1.
 int64_t slice_of(pid_t tid) {
-  SchedAttr a{};
-  if (syscall(SYS_sched_getattr, tid, &a, sizeof a, 0) < 0) return -1;
-  return static_cast<int64_t>(a.runtime);
+  SchedAttr a;
+  return sched_attr_of(tid, &a) == 0 ? static_cast<int64_t>(a.runtime) : -1;
 }
 
 // Whether this kernel keeps a custom slice for a SCHED_OTHER thread (Linux 6.12+).
@@ -82,10 +73,9 @@ bool kernel_has_custom_slices() {
   bool ok = false;
   std::thread t([&] {
     SchedAttr a{};
-    a.size = sizeof a;
     a.policy = SCHED_OTHER;
     a.runtime = 200000;
-    ok = syscall(SYS_sched_setattr, 0, &a, 0) == 0 && slice_of(static_cast<pid_t>(syscall(SYS_gettid))) == 200000;
+    ok = set_own_sched_attr(a) == 0 && slice_of(static_cast<pid_t>(syscall(SYS_gettid))) == 200000;
   });
   t.join();
   return ok;

@@ -378,18 +378,17 @@ def measure_capacity(args, server, daemon, get_pct, cal):
     p = get_pct / 100.0
     per_req_ns = p * (cal["get_ns"] + cal["io_ns"]) + (1 - p) * (cal["scan_ns"] + cal["io_ns"])
     est = 1e9 / per_req_ns
-    best = []
+    best, ports = [], round_ports(args, 0)
     for attempt in range(args.retries + 2):
         wait_quiet(args, daemon)
-        res = run_load(args, server, daemon, 1.4 * est, get_pct, max(2.0, args.duration), 999 + attempt,
-                       round_ports(args, 0))
+        res = run_load(args, server, daemon, 1.4 * est, get_pct, max(2.0, args.duration), 999 + attempt, ports)
         if healthy(args, res) or attempt == args.retries + 1:
             best.append(res["throughput_rps"])
         if len(best) >= 2:
             break
     sat = max(best)
     wait_quiet(args, daemon)
-    res = run_load(args, server, daemon, sat, get_pct, max(2.0, args.duration), 997, round_ports(args, 0))
+    res = run_load(args, server, daemon, sat, get_pct, max(2.0, args.duration), 997, ports)
     return min(sat, res["throughput_rps"]), est
 
 
@@ -492,7 +491,7 @@ def round_ports(args, rnd):
 
 
 def mix_target_us(mixres, cal):
-    """The GET p99 target of a mix: two SCANs' time on one worker's core. A GET that waited
+    """The GET p99 target of a mix and where it came from: two SCANs' time on one worker's core. A GET that waited
     behind one SCAN (queueing included) meets it, one stuck behind a queue of them does
     not. Measured, not computed: the median over the policies of the SCAN p50 at the
     lowest load point (where SCANs hardly queue), because a worker's core -- emulated or
@@ -502,10 +501,9 @@ def mix_target_us(mixres, cal):
     p50s = [r["result"]["types"]["scan"]["p50_us"] for r in mixres["runs"]
             if r["load"] == lowest and r["result"]["types"]["scan"]["n"] > 0]
     if p50s:
-        mixres["target_from"] = "two SCANs on a worker, as measured at the lowest load"
-        return 2 * statistics.median(p50s)
-    mixres["target_from"] = "two SCANs on a worker, as calibrated: no SCAN answered at the lowest load"
-    return 2 * (cal["scan_ns"] + cal["io_ns"]) / 1000 / (mixres["core_share"] or 1.0)
+        return 2 * statistics.median(p50s), "two SCANs on a worker, as measured at the lowest load"
+    return (2 * (cal["scan_ns"] + cal["io_ns"]) / 1000 / (mixres["core_share"] or 1.0),
+            "two SCANs on a worker, as calibrated: no SCAN answered at the lowest load")
 
 
 def sita_long_executors(cal, get_pct, workers, core_share):
@@ -849,7 +847,10 @@ def main():
                 labels = [c for c in args.configs.split(",") if c in CONFIGS]
             log(f"mix {mix_name(get_pct)}: {', '.join(labels)}")
             mixres = sweep_mix(args, daemon, cal, get_pct, labels, loads, tag)
-            mixres["target_us"] = args.target_us or mix_target_us(mixres, cal)
+            if args.target_us:
+                mixres["target_us"] = args.target_us
+            else:
+                mixres["target_us"], mixres["target_from"] = mix_target_us(mixres, cal)
             mixres["points"], mixres["summary"] = summarize(mixres, mixres["target_us"], args.max_loss)
             results["mixes"].append(mixres)
         results["checks"] = [{"what": w, "value": v, "target": t, "met": m}

@@ -20,7 +20,9 @@ SYR_PARAM(__u32, long_type, 2);
 
 SYR_ARRAY(scan_map, __u64, SYR_MAX_EXECUTORS);
 
-static __u32 next;
+/* The executor picked last; the next request starts looking after it. Concurrent runs
+ * on other cores may read the same value and pick the same executor: harmless. */
+static __u32 last;
 
 static __always_inline int busy(__u32 idx)
 {
@@ -42,22 +44,24 @@ static __always_inline __u32 mark_if_long(struct syr_input *in, __u32 idx)
 	return idx;
 }
 
+/* The first unmarked executor after the one picked last (a round robin that skips marked
+ * executors), or the next one if all are marked. One pass that stops at the first free
+ * executor: the verifier sees a path per executor, not one per pattern of marks (counting
+ * the free ones first and then picking the k-th made it explore ~n^3 states and reject
+ * the policy above ~24 executors). */
 SYR_POLICY(struct syr_input *in)
 {
-	__u32 n = syr_num_executors, free = 0, turn = __sync_fetch_and_add(&next, 1);
+	__u32 n = syr_num_executors, start = last + 1;
 
-	for (__u32 i = 0; i < SYR_MAX_EXECUTORS && i < n; i++)
-		free += !busy(i);
-	if (free == 0)
-		return mark_if_long(in, turn % n);
-	/* The (turn % free)-th unmarked executor. */
-	__u32 want = turn % free;
-	for (__u32 i = 0; i < SYR_MAX_EXECUTORS && i < n; i++) {
-		if (busy(i))
-			continue;
-		if (want == 0)
+	for (__u32 k = 0; k < SYR_MAX_EXECUTORS && k < n; k++) {
+		__u32 i = (start + k) % n;
+
+		if (!busy(i)) {
+			last = i;
 			return mark_if_long(in, i);
-		want--;
+		}
 	}
-	return SYR_PASS; /* marks changed under us: let the kernel choose */
+	start %= n;
+	last = start;
+	return mark_if_long(in, start);
 }

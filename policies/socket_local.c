@@ -21,12 +21,14 @@ SYR_POLICY(struct syr_input *in)
 	if (!lw || *lw <= max_local_work)
 		return local;
 	__u64 best_work = *lw;
-	for (__u32 i = 0; i < SYR_MAX_EXECUTORS && i < n; i++) {
-		__u32 k = i;
+	/* The others, from the local core on (so the search starts at an unknown index and
+	 * the verifier sees one path per core, not one per candidate it could keep). */
+	for (__u32 i = 1; i < SYR_MAX_EXECUTORS && i < n; i++) {
+		__u32 k = (local + i) % n;
 		__u64 *w = syr_map_lookup(&core_work, &k);
 		if (w && *w < best_work) {
 			best_work = *w;
-			best = i;
+			best = k;
 		}
 	}
 	return best;

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <numeric>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -136,6 +137,25 @@ TEST_F(SocketSelect, SitaSpreadsLongRequestsOverItsLongExecutors) {
     for (auto& p : got[i]) EXPECT_EQ(p[0], 7) << "a short request reached long executor " << i;
   for (int i = 2; i < 5; i++)
     for (auto& p : got[i]) EXPECT_EQ(p[0], 1) << "a long request reached short executor " << i;
+}
+
+// A policy must pass the verifier for every group size the hook accepts, not just the
+// handful of sockets the other tests use: scan_avoid used to count the free executors and
+// then pick the k-th, which the verifier explored in ~n^3 states and rejected ("program
+// too large") from about 24 sockets on.
+TEST_F(SocketSelect, ShippedPoliciesLoadAndDeliverWithTheLargestGroup) {
+  UdpGroup g(253);  // the most sockets one deploy can pass (SCM_MAX_FD)
+  UdpClient c(g.port());
+  for (const char* p : {"pass.c", "round_robin.c", "scan_avoid.c", "sita.c", "least_loaded.c", "socket_local.c"}) {
+    SCOPED_TRACE(p);
+    int id = deploy(std::string("policies/") + p, g);
+    ASSERT_GT(id, 0) << syr_last_error();
+    for (int i = 0; i < 20; i++) c.send_request(1, i);
+    auto counts = g.drain();
+    EXPECT_EQ(std::accumulate(counts.begin(), counts.end(), 0), 20) << "every request delivered";
+    EXPECT_EQ(syr_remove_policy(id), 0) << syr_last_error();
+    ids_.pop_back();
+  }
 }
 
 TEST_F(SocketSelect, ScanAvoidMarksTheExecutorItHandsALongRequest) {
@@ -584,7 +604,8 @@ TEST_F(SocketSelect, AnUnprivilegedApplicationDeploysAndWritesHintsWithoutCapabi
       fprintf(stderr, "deploy as nobody: %s\n", syr_last_error());
       _exit(11);
     }
-    int fd = syr_map_open("scan_map");
+    // By name of its application: a forked child inherits the parent's syr_set_app().
+    int fd = syr_map_open_app("nobody-app", "scan_map");
     syr_mapped_array m{};
     if (fd < 0 || syr_map_mmap(fd, &m)) {
       fprintf(stderr, "map as nobody: %s\n", syr_last_error());

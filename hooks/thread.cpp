@@ -127,12 +127,16 @@ class AgentTarget : public Target {
   }
 
   void uninstall(LoadedPolicy&) override { stop(true); }
+  // Where the agent this target starts runs (syrupd --agent_cpus; empty: where syrupd may).
+  void set_agent_cpus(std::vector<int> cpus) { agent_cpus_ = std::move(cpus); }
 
   nlohmann::json describe() const override {
     std::lock_guard lk(mu_);
-    return {{"backend", "agent"}, {"pid", tgid_}, {"agent_pid", agent_pid_},
-            {"all_threads", all_}, {"status", status_}, {"adopted", adopted_},
-            {"baseline", {{"nice", baseline_.nice}, {"cpus", cpus_to_string(baseline_.cpus)}}}};
+    nlohmann::json d = {{"backend", "agent"}, {"pid", tgid_}, {"agent_pid", agent_pid_},
+                        {"all_threads", all_}, {"status", status_}, {"adopted", adopted_},
+                        {"baseline", {{"nice", baseline_.nice}, {"cpus", cpus_to_string(baseline_.cpus)}}}};
+    if (!agent_cpus_.empty()) d["agent_cpus"] = cpus_to_string(agent_cpus_);
+    return d;
   }
 
   // What a restarted syrupd needs to take the agent over: the scheduled process and the
@@ -161,8 +165,7 @@ class AgentTarget : public Target {
     const auto& bj = saved.value("baseline", nlohmann::json::object());
     b.policy = bj.value("policy", SCHED_OTHER);
     b.nice = bj.value("nice", 0);
-    b.cpus = cpus_from_string(bj.value("cpus", std::string()));
-    if (b.cpus.empty()) {
+    if (cpus_from_string(bj.value("cpus", std::string()), b.cpus)) {
       err = "the saved baseline has no cores";
       return -EINVAL;
     }
@@ -226,6 +229,10 @@ class AgentTarget : public Target {
                                      "--nice", std::to_string(baseline_.nice),
                                      "--cpus", cpus_to_string(baseline_.cpus)};
     if (all_) args.push_back("--all");
+    if (!agent_cpus_.empty()) {
+      args.push_back("--agent-cpus");
+      args.push_back(cpus_to_string(agent_cpus_));
+    }
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -379,6 +386,7 @@ class AgentTarget : public Target {
   bool handed_over_ = false;
   mutable std::mutex mu_;
   pid_t agent_pid_ = 0;
+  std::vector<int> agent_cpus_;  // --agent-cpus for the agent this target starts
   std::string status_ = "new";
 };
 
@@ -400,7 +408,8 @@ Backend detect_backend(std::string& why) {
   return Backend::kSchedExt;
 }
 
-ThreadHook::ThreadHook(Compiler& compiler) : compiler_(compiler) {
+ThreadHook::ThreadHook(Compiler& compiler, std::vector<int> agent_cpus)
+    : compiler_(compiler), agent_cpus_(std::move(agent_cpus)) {
   backend_ = detect_backend(why_);
   if (backend_ == Backend::kSchedExt) {
     scx_ = make_scx_backend(compiler_);
@@ -453,7 +462,9 @@ int ThreadHook::make_target(const Caller& caller, proto::Message& req, std::uniq
   }
   owner = pid;
   if (backend_ == Backend::kSchedExt) return scx_make_target(scx_, pid, all, std::move(base), out, err);
-  out = std::make_unique<AgentTarget>(pid, all, std::move(base), leaving_);
+  auto t = std::make_unique<AgentTarget>(pid, all, std::move(base), leaving_);
+  t->set_agent_cpus(agent_cpus_);
+  out = std::move(t);
   return 0;
 }
 

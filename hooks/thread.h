@@ -50,7 +50,9 @@ class ScxBackend;
 
 class ThreadHook : public Hook {
  public:
-  explicit ThreadHook(Compiler& compiler);
+  // agent_cpus: where the agent backend's agents run (syrupd --agent_cpus; empty: where
+  // syrupd may run). The sched_ext backend has no agent and ignores it.
+  explicit ThreadHook(Compiler& compiler, std::vector<int> agent_cpus = {});
   ~ThreadHook() override;
   const char* name() const override { return "thread"; }
   const char* compile_define() const override { return "SYR_HOOK_THREAD"; }
@@ -74,6 +76,7 @@ class ThreadHook : public Hook {
   Compiler& compiler_;
   Backend backend_;
   std::string why_;
+  std::vector<int> agent_cpus_;
   std::shared_ptr<ScxBackend> scx_;  // shared with its targets
   // Set by shutdown(): targets destroyed after it leave their threads scheduled.
   std::shared_ptr<std::atomic<bool>> leaving_ = std::make_shared<std::atomic<bool>>(false);

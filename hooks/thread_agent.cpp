@@ -133,12 +133,27 @@ std::string cpus_to_string(const std::vector<int>& cpus) {
   return s;
 }
 
-std::vector<int> cpus_from_string(const std::string& s) {
+int cpus_from_string(const std::string& s, std::vector<int>& out) {
   std::vector<int> v;
   std::stringstream ss(s);
-  for (std::string w; std::getline(ss, w, ',');)
-    if (!w.empty()) v.push_back(std::stoi(w));
-  return v;
+  auto number = [](const std::string& w, int& n) {
+    if (w.empty() || w.size() > 5 || w.find_first_not_of("0123456789") != std::string::npos) return false;
+    n = std::stoi(w);
+    return n < CPU_SETSIZE;
+  };
+  for (std::string w; std::getline(ss, w, ',');) {
+    size_t dash = w.find('-');
+    int lo, hi;
+    if (!number(w.substr(0, dash), lo)) return -EINVAL;
+    if (dash == std::string::npos) hi = lo;
+    else if (!number(w.substr(dash + 1), hi) || hi < lo) return -EINVAL;
+    for (int c = lo; c <= hi; c++) v.push_back(c);
+  }
+  if (v.empty() || s.back() == ',') return -EINVAL;
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  out = std::move(v);
+  return 0;
 }
 
 int capture_baseline(pid_t tgid, Baseline& out) {
@@ -538,6 +553,15 @@ int Agent::run() {
   sigaddset(&mask, SIGUSR1);
   sigprocmask(SIG_BLOCK, &mask, nullptr);
   int sfd = signalfd(-1, &mask, SFD_CLOEXEC);
+  // Off the application's cores if syrupd was told so (--agent_cpus): the agent's work
+  // for every wakeup then does not take their time.
+  if (!o_.agent_cpus.empty()) {
+    if (int r = set_cpus(0, o_.agent_cpus)) {
+      std::fprintf(stderr, "syrup-agent: cannot run on CPUs %s: %s\n", cpus_to_string(o_.agent_cpus).c_str(),
+                   std::strerror(-r));
+      return 1;
+    }
+  }
   if (setup()) return 1;
   int pidfd = static_cast<int>(syscall(SYS_pidfd_open, o_.tgid, 0));
   int ep = epoll_create1(EPOLL_CLOEXEC);

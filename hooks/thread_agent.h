@@ -58,9 +58,11 @@ std::vector<pid_t> list_tids(pid_t tgid);
 // 0 or -errno.
 int set_policy(pid_t tid, int policy, int nice, uint64_t slice_ns = 0);
 int set_cpus(pid_t tid, const std::vector<int>& cpus);
-// "0,1,3" <-> {0,1,3}
+// {0,1,3} -> "0,1,3"
 std::string cpus_to_string(const std::vector<int>& cpus);
-std::vector<int> cpus_from_string(const std::string& s);
+// A CPU list as the kernel writes them ("0,1,3", "0-3,8"; cpuset(7) "List format") ->
+// ascending, without repeats. 0, or -EINVAL for anything else (an empty string too).
+int cpus_from_string(const std::string& s, std::vector<int>& out);
 
 struct AgentOptions {
   pid_t tgid = 0;
@@ -70,6 +72,7 @@ struct AgentOptions {
   int period_us = 5000;      // re-decision period
   int heartbeat_fd = -1;
   int ready_fd = -1;         // written once when the agent is attached (then closed)
+  std::vector<int> agent_cpus;  // where the agent itself runs (empty: where syrupd may)
   Baseline baseline;
 };
 

@@ -1,7 +1,7 @@
 // syrup-agent: the thread hook's per-process user-space agent (hooks/thread_agent.h).
 // Started by syrupd; not meant to be run by hand:
 //   syrup-agent --tgid PID --policy-dir DIR --maps-dir DIR [--all] [--period-us N]
-//               [--heartbeat-fd FD] [--ready-fd FD] --nice N --cpus 0,1,...
+//               [--heartbeat-fd FD] [--ready-fd FD] --nice N --cpus 0,1,... [--agent-cpus LIST]
 #include <signal.h>
 #include <unistd.h>
 
@@ -38,7 +38,14 @@ int main(int argc, char** argv) {
     else if (a == "--heartbeat-fd") o.heartbeat_fd = std::atoi(val().c_str());
     else if (a == "--ready-fd") o.ready_fd = std::atoi(val().c_str());
     else if (a == "--nice") o.baseline.nice = std::atoi(val().c_str());
-    else if (a == "--cpus") o.baseline.cpus = syrup::thread::cpus_from_string(val()), have_cpus = true;
+    else if (a == "--cpus" || a == "--agent-cpus") {
+      std::string v = val();
+      if (syrup::thread::cpus_from_string(v, a == "--cpus" ? o.baseline.cpus : o.agent_cpus)) {
+        std::fprintf(stderr, "syrup-agent: %s: '%s' is not a CPU list\n", a.c_str(), v.c_str());
+        return 2;
+      }
+      have_cpus |= a == "--cpus";
+    }
     else {
       std::fprintf(stderr, "syrup-agent: unknown argument %s\n", a.c_str());
       return 2;

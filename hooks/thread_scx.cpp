@@ -851,7 +851,8 @@ int scx_adopt(const std::shared_ptr<ScxBackend>& b, const json& saved, LoadedPol
   const auto& bj = saved.value("baseline", json::object());
   base.policy = bj.value("policy", SCHED_OTHER);
   base.nice = bj.value("nice", 0);
-  base.cpus = cpus_from_string(bj.value("cpus", std::string()));
+  // No saved cores (or an unreadable list): restored threads keep their affinity.
+  (void)cpus_from_string(bj.value("cpus", std::string()), base.cpus);
   auto t = std::make_unique<ScxTarget>(b, tgid, saved.value("all_threads", false), std::move(base));
   std::lock_guard lk(b->mu());
   if (int r = t->adopt_locked(saved, p, err)) {

@@ -1,7 +1,10 @@
 /* get_first.c: threads handling short requests (GETs) run before threads on long ones
- * (SCANs). The application, or a network policy of the same application (socket select,
- * XDP), marks an executor in the shared `long_req` map when it hands it a long request
- * and clears it when done: a plain store through the mapped array. Among threads of one
+ * (SCANs). An executor is on a long request while it is marked in `scan_map`: the map
+ * scan_avoid.c, a socket-select policy, marks when it steers a SCAN to an executor, so
+ * deployed together by one application (maps are shared by name) the thread policy knows
+ * the request type of a thread before the thread wakes, as in the Syrup talk's
+ * cross-layer pair. The application sets the mark when it starts a long request and
+ * clears it when done (a plain store through the mapped array). Among threads of one
  * class, first come first served. Cores: `core` if set (< nr_cpus), else any core.
  * Short threads get a short slice (`short_slice_us`, 0: the backend's default): on the
  * user-space agent that is what lets a thread woken for a GET preempt one on a SCAN at
@@ -12,11 +15,11 @@
 SYR_PARAM(__u32, core, 0xffffffff); /* one core for all, or any */
 SYR_PARAM(__u64, short_slice_us, 100); /* slice of threads on short requests */
 
-SYR_ARRAY(long_req, __u64, SYR_MAX_EXECUTORS);
+SYR_ARRAY(scan_map, __u64, SYR_MAX_EXECUTORS);
 
 SYR_POLICY(struct syr_thread *t)
 {
-	__u64 is_long = syr_thread_hint(long_req, t);
+	__u64 is_long = syr_thread_hint(scan_map, t);
 
 	/* Short before long; FIFO within a class (runnable_ns < 2^62 for centuries). */
 	t->key = (is_long ? (1ULL << 62) : 0) + t->runnable_ns;

@@ -108,7 +108,7 @@ int Daemon::init(const DaemonConfig& cfg) {
   pins::set_root(cfg_.bpffs_root);
   hooks_.push_back(std::make_unique<socket_select::SocketSelectHook>());
   hooks_.push_back(std::make_unique<xdp::XdpHook>(compiler_));
-  hooks_.push_back(std::make_unique<thread::ThreadHook>(compiler_));
+  hooks_.push_back(std::make_unique<thread::ThreadHook>(compiler_, cfg_.agent_cpus));
 
   // One daemon per control socket: the lock is held for the daemon's lifetime.
   fs::path sock(cfg_.socket_path);

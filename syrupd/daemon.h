@@ -79,6 +79,8 @@ struct DaemonConfig {
   // A connection with no request for this long is closed (--client_idle_timeout_s):
   // libsyrup and syrupctl make one call per connection, so only a squatter idles.
   unsigned client_idle_timeout_s = 60;
+  // --agent_cpus: where the thread hook's user-space agents run (empty: where syrupd may).
+  std::vector<int> agent_cpus;
 };
 
 class Daemon {

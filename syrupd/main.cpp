@@ -4,11 +4,14 @@
 #include <grp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <filesystem>
 #include <string>
 
 #include "daemon.h"
+#include "thread_agent.h"
 #include "log.h"
 #include "protocol.h"
 
@@ -38,6 +41,10 @@ DEFINE_string(config, "", "YAML file of tenants and their policies, applied at s
               "(docs/operations.md; check one with syrupctl validate)");
 DEFINE_uint32(metrics_port, 0, "serve Prometheus metrics on 127.0.0.1/[::1]:PORT/metrics (0: off)");
 DEFINE_string(admin_group, "", "members of this group may act for any process, as root does");
+DEFINE_string(agent_cpus, "",
+              "CPUs the thread hook's user-space agents run on, as a CPU list (0 or 0-1,4); keep them "
+              "off the scheduled applications' cores so the agents' work does not take their time "
+              "(default: wherever syrupd may run)");
 DEFINE_string(on_exit, "keep",
               "on SIGINT/SIGTERM: 'keep' every policy running (thread agents and the sched_ext "
               "scheduler too) for the next syrupd to adopt, or 'remove' them all");
@@ -92,6 +99,22 @@ int main(int argc, char** argv) {
     return 2;
   }
   cfg.remove_on_exit = FLAGS_on_exit == "remove";
+  if (!FLAGS_agent_cpus.empty()) {
+    std::vector<int> online;
+    std::ifstream f("/sys/devices/system/cpu/online");
+    std::string line;
+    std::getline(f, line);
+    if (syrup::thread::cpus_from_string(FLAGS_agent_cpus, cfg.agent_cpus)) {
+      std::fprintf(stderr, "syrupd: --agent_cpus: '%s' is not a CPU list (e.g. 0 or 0-1,4)\n", FLAGS_agent_cpus.c_str());
+      return 2;
+    }
+    if (syrup::thread::cpus_from_string(line, online) == 0)
+      for (int c : cfg.agent_cpus)
+        if (!std::binary_search(online.begin(), online.end(), c)) {
+          std::fprintf(stderr, "syrupd: --agent_cpus: CPU %d is not online (online: %s)\n", c, line.c_str());
+          return 2;
+        }
+  }
   cfg.config_path = FLAGS_config;
   if (FLAGS_max_clients == 0) {
     std::fprintf(stderr, "syrupd: --max_clients must be at least 1\n");

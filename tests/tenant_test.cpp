@@ -430,7 +430,7 @@ TEST_F(Tenants, LeftoverMapPinsOfACrashedDaemonAreRemovedAtStart) {
   int id = deploy_on(g, "tests/policies/mark_long.c", "stray");
   ASSERT_GT(id, 0) << syr_last_error();
   std::string maps = d_.bpffs_root() + "/apps/stray/maps";
-  ASSERT_TRUE(fs::exists(maps + "/long_req"));
+  ASSERT_TRUE(fs::exists(maps + "/scan_map"));
   d_.crash();
 
   auto pin_map = [](const std::string& dir, const std::string& name) {
@@ -445,7 +445,7 @@ TEST_F(Tenants, LeftoverMapPinsOfACrashedDaemonAreRemovedAtStart) {
   d_.start(d_.bpffs_root(), {"--quota_policies=2", "--quota_map_bytes=65536", "--max_source_bytes=4096",
                              "--quota_rps=40"});
   EXPECT_FALSE(fs::exists(maps + "/orphan")) << d_.log();
-  EXPECT_TRUE(fs::exists(maps + "/long_req")) << "the adopted policy's map must stay";
+  EXPECT_TRUE(fs::exists(maps + "/scan_map")) << "the adopted policy's map must stay";
   EXPECT_FALSE(fs::exists(d_.bpffs_root() + "/apps/ghost")) << d_.log();
   EXPECT_NE(d_.log().find("removed 1 map pins of application 'stray' that no adopted policy declares"),
             std::string::npos)

@@ -438,7 +438,7 @@ TEST_F(SchedExt, MarkedThreadGetsTheCoreAndTheMarkMoves) {
 
 // The same cross-layer assertion as the agent backend's (thread_test.cpp): a socket-select
 // policy of the application writes which executor was just handed a long request
-// (long_req, a map shared by name); get_first, the thread policy, reads it and runs the
+// (scan_map, a map shared by name); get_first, the thread policy, reads it and runs the
 // other threads first. Here the waiting is done by the sched_ext scheduler itself.
 TEST_F(SchedExt, CrossLayerLongRequestRunsLast) {
   int id = deploy("policies/get_first.c", "scxxl", {{"core", 1}});

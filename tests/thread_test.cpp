@@ -349,7 +349,7 @@ TEST_F(ThreadHook, MarkedThreadGetsTheCoreAndTheMarkMoves) {
 }
 
 // Cross-layer: the socket-select policy records which executor just got a long request in
-// long_req; the thread policy (get_first) reads the same map and runs the others first.
+// scan_map; the thread policy (get_first) reads the same map and runs the others first.
 TEST_F(ThreadHook, CrossLayerLongRequestRunsLast) {
   syr_set_app("thrxl");
   ASSERT_GT(deploy("policies/get_first.c", {{"core", uint64_t(core_)}}, "thrxl"), 0) << syr_last_error();
@@ -390,10 +390,10 @@ TEST_F(ThreadHook, BlockedShortThreadIsReadiedToPreemptBeforeItWakes) {
     GTEST_SKIP() << "this kernel keeps no custom slice for SCHED_OTHER threads (sched_attr.sched_runtime, Linux 6.12+)";
   syr_set_app("thrwake");
   ASSERT_GT(deploy("policies/get_first.c", {{"core", uint64_t(core_)}}, "thrwake"), 0) << syr_last_error();
-  syr_mapped_array long_req{};
-  ASSERT_EQ(mmap_app_map("long_req", &long_req), "");
-  syr_hint_set(&long_req, 0, 1);  // the spinner is on a long request
-  syr_hint_set(&long_req, 1, 1);  // and so, at first, is the sleeper
+  syr_mapped_array scan_map{};
+  ASSERT_EQ(mmap_app_map("scan_map", &scan_map), "");
+  syr_hint_set(&scan_map, 0, 1);  // the spinner is on a long request
+  syr_hint_set(&scan_map, 1, 1);  // and so, at first, is the sleeper
   Spinners spin(1, true, 0);
   Sleeper sleeper(1);
   ASSERT_EQ(spin.reg_result(0), 0) << syr_last_error();
@@ -409,7 +409,7 @@ TEST_F(ThreadHook, BlockedShortThreadIsReadiedToPreemptBeforeItWakes) {
   EXPECT_NE(slice_of(sleeper.tid()), 100000);
 
   // Its long request is done: it would now win, and is readied while still blocked.
-  syr_hint_set(&long_req, 1, 0);
+  syr_hint_set(&scan_map, 1, 0);
   int ms = wait_for([&] { return slice_of(sleeper.tid()) == 100000 && sched_policy_of(sleeper.tid()) == SCHED_OTHER &&
                                  cpus_of(sleeper.tid()) == std::vector<int>{core_}; }, 2000);
   ASSERT_GE(ms, 0) << "the blocked short thread was not readied: policy " << sched_policy_of(sleeper.tid())
@@ -422,7 +422,7 @@ TEST_F(ThreadHook, BlockedShortThreadIsReadiedToPreemptBeforeItWakes) {
   sleeper.wake();
   ASSERT_GE(wait_for([&] { return sleeper.wakeups() == 1; }, 2000), 0) << "the readied thread did not run";
   EXPECT_EQ(slice_of(spin.tid(0)), base);
-  syr_map_munmap(&long_req);
+  syr_map_munmap(&scan_map);
 }
 
 // An agent killed with SIGKILL: the threads are back to normal scheduling within a
@@ -485,6 +485,44 @@ TEST_F(ThreadHook, RemoveRestoresThreads) {
     EXPECT_EQ(sched_policy_of(reg.tid(i)), SCHED_OTHER);
     EXPECT_EQ(int(cpus_of(reg.tid(i)).size()), ncpus());
   }
+}
+
+// syrupd --agent_cpus: the agent runs on those CPUs only (off the scheduled threads'
+// core), `list` says so, and a list that is not one, or names a CPU that is not online,
+// stops syrupd at start with a message naming the flag.
+TEST_F(ThreadHook, AgentRunsOnTheCpusSyrupdIsGiven) {
+  std::string out;
+  EXPECT_EQ(run_cmd(build_bin("syrupd") + " --agent_cpus=0-x", out), 2);
+  EXPECT_NE(out.find("--agent_cpus: '0-x' is not a CPU list"), std::string::npos) << out;
+  EXPECT_EQ(run_cmd(build_bin("syrupd") + " --agent_cpus=" + std::to_string(ncpus()), out), 2);
+  EXPECT_NE(out.find("is not online"), std::string::npos) << out;
+
+  const int agent_cpu = core_ == 0 ? 1 : 0;
+  Daemon d;
+  d.start("", {"--agent_cpus=" + std::to_string(agent_cpu)});
+  struct Back {  // libsyrup back to the suite's daemon, however this test ends
+    ~Back() { setenv("SYRUP_SOCKET", daemon_->socket().c_str(), 1); }
+  } back;
+  syr_set_app("thrcpus");
+  syr_deploy_opts o{};
+  o.sz = sizeof o;
+  o.app = "thrcpus";
+  int id = syr_deploy_policy(source_path("policies/fifo.c").c_str(), SYR_HOOK_THREAD, &o);
+  ASSERT_GT(id, 0) << syr_last_error();
+  run_cmd(build_bin("syrupctl") + " --socket " + d.socket() + " list --json", out);
+  nlohmann::json p;
+  for (auto& e : nlohmann::json::parse(out))
+    if (e["id"] == id) p = e;
+  if (p.value("backend", "") != "agent") {
+    syr_remove_policy(id);
+    GTEST_SKIP() << "the thread hook runs in sched_ext here: no agent to place";
+  }
+  EXPECT_EQ(p.value("agent_cpus", ""), std::to_string(agent_cpu)) << p.dump();
+  pid_t agent = p.value("agent_pid", 0);
+  ASSERT_GT(agent, 0) << p.dump();
+  EXPECT_EQ(cpus_of(agent), std::vector<int>{agent_cpu});
+  EXPECT_EQ(syr_remove_policy(id), 0) << syr_last_error();
+  EXPECT_EQ(d.stop(), 0) << d.log();
 }
 
 // An unmodified process: syrupctl deploy --hook thread --pid PID schedules all its threads.

@@ -11,6 +11,7 @@
 #include "loader.h"
 #include "pins.h"
 #include "protocol.h"
+#include "thread_agent.h"
 
 namespace syrup {
 namespace {
@@ -121,6 +122,21 @@ TEST(Loader, TailLines) {
 
 TEST(Compiler, Sha256KnownVector) {
   EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+// The CPU lists of syrupd --agent_cpus and the agent's baseline (cpuset(7) list format).
+TEST(CpuList, ParsesSinglesRangesAndRejectsTheRest) {
+  std::vector<int> v;
+  ASSERT_EQ(thread::cpus_from_string("0", v), 0);
+  EXPECT_EQ(v, (std::vector<int>{0}));
+  ASSERT_EQ(thread::cpus_from_string("3,0-1,1", v), 0);
+  EXPECT_EQ(v, (std::vector<int>{0, 1, 3})) << "sorted, without repeats";
+  EXPECT_EQ(thread::cpus_to_string(v), "0,1,3");
+  for (const char* bad : {"", ",", "1,", "a", "1-", "-1", "2-1", "1-x", "0 ", "99999", "1024"}) {
+    std::vector<int> keep{7};
+    EXPECT_EQ(thread::cpus_from_string(bad, keep), -EINVAL) << "'" << bad << "'";
+    EXPECT_EQ(keep, (std::vector<int>{7})) << "left untouched on error: '" << bad << "'";
+  }
 }
 
 }  // namespace

@@ -145,7 +145,7 @@ def descendants(pid):
 class Daemon:
     """A private syrupd (own socket, bpffs root and cache), or the one at --socket."""
 
-    def __init__(self, bindir, socket_path=None, nice=0):
+    def __init__(self, bindir, socket_path=None, nice=0, agent_cpus=""):
         self.bindir = bindir
         self.proc = None
         self.dir = None
@@ -160,7 +160,8 @@ class Daemon:
         self.logf = open(os.path.join(self.dir, "syrupd.log"), "w")
         self.proc = subprocess.Popen(
             [os.path.join(bindir, "syrupd"), f"--socket={self.socket}",
-             f"--bpffs_root={self.bpffs}", f"--cache_dir={self.dir}/cache"],
+             f"--bpffs_root={self.bpffs}", f"--cache_dir={self.dir}/cache"]
+            + ([f"--agent_cpus={agent_cpus}"] if agent_cpus else []),
             stdout=self.logf, stderr=self.logf, preexec_fn=lambda: renice(nice))
         for _ in range(200):
             if subprocess.run([os.path.join(bindir, "syrupctl"), "--socket", self.socket, "ping"],
@@ -310,7 +311,8 @@ def run_load(args, server, daemon, rate, get_pct, duration, seed, src_port_base=
     cmd = [os.path.join(args.bindir, "kv_loadgen"), f"--port={server.port}", f"--rate={rate:.1f}",
            f"--duration={duration}", f"--warmup={args.warmup}", f"--get_pct={get_pct}",
            f"--flows={args.flows}", f"--keys={args.keys}", f"--cpu={args.client_cpu}",
-           f"--seed={seed}", f"--json={path}", f"--src_port_base={src_port_base}"]
+           f"--seed={seed}", f"--json={path}", f"--src_port_base={src_port_base}",
+           f"--idle_sleep_us={args.client_idle_sleep_us}"]
     if args.trace_dir:
         os.makedirs(args.trace_dir, exist_ok=True)
         cmd.append(f"--trace={os.path.join(args.trace_dir, f'{server.label}_{rate:.0f}rps_seed{seed}.csv')}")
@@ -794,6 +796,12 @@ def main():
                     help="nice of the servers and the load generator (protects them from other work)")
     ap.add_argument("--server-cpus", dest="server_cpus", default="1")
     ap.add_argument("--client-cpu", dest="client_cpu", type=int, default=0)
+    ap.add_argument("--client-idle-sleep-us", dest="client_idle_sleep_us", type=int, default=0,
+                    help="kv_loadgen --idle_sleep_us: sleep between sends when the next is this far away "
+                         "(0: busy-poll)")
+    ap.add_argument("--agent-cpus", dest="agent_cpus", default="",
+                    help="syrupd --agent_cpus for the private syrupd: where thread-hook agents run "
+                         "(default: anywhere)")
     ap.add_argument("--target-us", dest="target_us", type=float,
                     help="GET p99 target, us (default: twice the SCAN p50 measured at the lowest load)")
     ap.add_argument("--max-loss", dest="max_loss", type=float, default=1.0)
@@ -832,7 +840,7 @@ def main():
         signal.signal(s, on_signal)
     t_start = time.time()
     try:
-        daemon = Daemon(args.bindir, args.socket, args.nice)
+        daemon = Daemon(args.bindir, args.socket, args.nice, args.agent_cpus)
         log(f"rocksdb_bench: syrupd at {daemon.socket}; database {args.db} ({args.keys} keys)")
         cal = calibrate(args)
         log(f"  calibration: GET {cal['get_ns'] / 1000:.1f} us + socket work {cal['io_ns'] / 1000:.1f} us; "

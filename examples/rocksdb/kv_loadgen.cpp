@@ -15,7 +15,11 @@
 // - One thread, pinned (--cpu), busy-polling: send whatever is due, then take whatever
 //   responses are ready (epoll with a zero timeout), timestamping each on arrival. No
 //   sleeping means no wake-up latency in the measurement, and one thread means the
-//   sender and the receiver never wait for each other.
+//   sender and the receiver never wait for each other. With --idle_sleep_us W it blocks
+//   in epoll instead while the next send is more than 2W away, waking W before it is due
+//   (or at the first response): the generator's core is then free between requests for
+//   whatever else must run there (a thread hook's agent), at the price of a wake-up in
+//   the measured latency of responses that arrive while it sleeps.
 // - Phases: warm-up (not recorded), measurement (every request scheduled in it is
 //   recorded), a tail that keeps the load on while the last measured requests finish,
 //   then a drain: measured requests still unanswered after --drain_ms count as lost.
@@ -29,7 +33,7 @@
 //
 //   kv_loadgen --port P --rate R [--duration S] [--warmup S] [--get_pct 99.5] [--flows 50]
 //              [--keys N] [--cpu C] [--seed N] [--json FILE] [--verify] [--trace FILE.csv]
-//              [--src_port_base P]
+//              [--src_port_base P] [--idle_sleep_us W]
 // - --trace keeps every request's times and serving worker and writes them out at the
 //   end, for questions the histograms cannot answer (which GETs waited behind a SCAN).
 #include <arpa/inet.h>
@@ -37,6 +41,7 @@
 #include <netinet/in.h>
 #include <sched.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -68,6 +73,9 @@ DEFINE_int32(src_port_base, 0,
 DEFINE_uint64(keys, 200000, "keys in the server's database (GET/SCAN keys are uniform below it)");
 DEFINE_uint32(scan_len, 0, "keys per SCAN sent in the request (0: the server's default)");
 DEFINE_int32(cpu, -1, "CPU to pin the generator to (-1: none)");
+DEFINE_uint32(idle_sleep_us, 0,
+              "block in epoll while the next send is more than twice this far away, waking this long "
+              "before it is due (0: busy-poll, never sleep)");
 DEFINE_uint64(seed, 1, "random seed (same seed, same schedule)");
 DEFINE_string(json, "", "write the results as JSON to this file ('-': stdout)");
 DEFINE_bool(verify, false, "check every GET answer's digest against the expected value");
@@ -158,6 +166,9 @@ int main(int argc, char** argv) {
     }
   }
 
+  const uint64_t idle_ns = static_cast<uint64_t>(FLAGS_idle_sleep_us) * 1000ULL;
+  // Sleeps end when asked, not up to 50 us later (the default timer slack).
+  if (idle_ns) prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
   int ep = epoll_create1(EPOLL_CLOEXEC);
   std::vector<int> flows;
   for (int i = 0; i < FLAGS_flows; i++) {
@@ -227,8 +238,20 @@ int main(int argc, char** argv) {
       next += -std::log(uniform()) * gap_ns;
       now = t1;
     }
-    // Take every response that is ready.
+    // Take every response that is ready (with --idle_sleep_us: wait for one, or until
+    // shortly before the next send is due).
     int n = epoll_wait(ep, evs, 64, 0);
+    if (n == 0 && idle_ns && static_cast<uint64_t>(next) < send_until) {
+      uint64_t due = static_cast<uint64_t>(next), t = now_ns();
+      if (due > t + 2 * idle_ns) {
+        timespec to{0, static_cast<long>(due - t - idle_ns)};
+        if (to.tv_nsec >= 1000000000L) {
+          to.tv_sec = to.tv_nsec / 1000000000L;
+          to.tv_nsec %= 1000000000L;
+        }
+        n = epoll_pwait2(ep, evs, 64, &to, nullptr);
+      }
+    }
     for (int i = 0; i < n; i++) {
       int fd = flows[evs[i].data.u32];
       for (;;) {
@@ -294,7 +317,7 @@ int main(int argc, char** argv) {
       {"config",
        {{"port", FLAGS_port}, {"rate", FLAGS_rate}, {"duration_s", FLAGS_duration},
         {"warmup_s", FLAGS_warmup}, {"get_pct", FLAGS_get_pct}, {"flows", FLAGS_flows},
-        {"keys", FLAGS_keys}, {"seed", FLAGS_seed}, {"cpu", FLAGS_cpu},
+        {"keys", FLAGS_keys}, {"seed", FLAGS_seed}, {"cpu", FLAGS_cpu}, {"idle_sleep_us", FLAGS_idle_sleep_us},
         {"src_port_base", FLAGS_src_port_base}}},
       {"offered_rps", measured_sent / window},
       {"throughput_rps", ok_in_window / window},

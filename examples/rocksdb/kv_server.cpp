@@ -7,9 +7,9 @@
 //   deployed, so the group is complete when the policy sees it.
 // - The policy comes from the server's own code (syr_deploy_policy, --policy), and the
 //   server writes the hints the shipped policies read through mmap'ed maps, if the policy
-//   declares them: scan_map[i] = 1 while worker i serves a SCAN (scan_avoid), long_req[i]
-//   the same for thread policies (get_first), and queue_len[i] = work waiting at worker i
-//   in GET units (least_loaded). A hint is one
+//   declares them: scan_map[i] = 1 while worker i serves a SCAN (scan_avoid, and the
+//   thread policy get_first; deployed together they share it), and queue_len[i] = work
+//   waiting at worker i in GET units (least_loaded). A hint is one
 //   store; a policy without the map costs the server nothing.
 // - Requests (kv_proto.h): GET = RocksDB point lookup; SCAN = iterate scan_len keys,
 //   where scan_len is calibrated at start so a SCAN costs --scan_ratio GETs (the talk:
@@ -26,7 +26,7 @@
 //   and paces itself to it (a slow core of its own, emulated; see set_core_share and
 //   CorePacer).
 //   With --thread_policy (e.g. get_first) the server deploys it at the thread hook before
-//   starting the workers, each worker registers itself as executor i, and long_req[i]
+//   starting the workers, each worker registers itself as executor i, and scan_map[i]
 //   is set while it serves a SCAN. Where the thread hook is not available the deploy
 //   fails with syrupd's message and the server exits with status 3.
 // - Lifecycle: prints one JSON line {"event":"ready",...} on stdout when serving. SIGINT or
@@ -209,8 +209,8 @@ struct Server {
   uint32_t scan_len = 0;
   uint32_t scan_weight = 70;  // a SCAN in GET units, for queue_len
   std::vector<std::unique_ptr<Worker>> workers;
-  syr_mapped_array scan_map{}, queue_len{}, long_req{};
-  bool have_scan_map = false, have_queue_len = false, have_long_req = false;
+  syr_mapped_array scan_map{}, queue_len{};
+  bool have_scan_map = false, have_queue_len = false;
   int thread_policy_id = 0;
 };
 // Never destroyed: at exit RocksDB's own statics may already be gone, so the DB is
@@ -288,8 +288,7 @@ json stats_json() {
 }
 
 // The thread hook: a worker registers itself as executor i of the application's thread
-// policy, so the policy can tell the workers apart and read their hints (long_req[i],
-// written below next to scan_map[i]). syr_thread_register() is being added to libsyrup
+// policy, so the policy can tell the workers apart and read their hints (scan_map[i]). syr_thread_register() is being added to libsyrup
 // by the thread hook's work; it is referenced weakly so this server builds and runs
 // against a libsyrup with or without it (without: -EOPNOTSUPP, and --thread_policy has
 // already failed at deploy time with the daemon's message).
@@ -411,7 +410,6 @@ void handle(Worker& w, const Pending& p, size_t waiting) {
       // The hint goes up before the work starts and down when it is done: a policy
       // reading scan_map sees this worker busy for exactly the SCAN.
       if (g.have_scan_map) syr_hint_set(&g.scan_map, w.idx, 1);
-      if (g.have_long_req) syr_hint_set(&g.long_req, w.idx, 1);
       // Mid-SCAN the worker gives up its core: paced to its emulated core's budget, or
       // every --yield_keys keys on a shared core.
       uint32_t keys = 0;
@@ -424,7 +422,6 @@ void handle(Worker& w, const Pending& p, size_t waiting) {
         };
       int e = g.db.scan(q.key, q.scan_len ? q.scan_len : g.scan_len, &r.count, &r.digest, after_key);
       if (g.have_scan_map) syr_hint_set(&g.scan_map, w.idx, 0);
-      if (g.have_long_req) syr_hint_set(&g.long_req, w.idx, 0);
       if (e) {
         c.db_errors.fetch_add(1, std::memory_order_relaxed);
         r.status = KV_ERROR;
@@ -675,7 +672,6 @@ int main(int argc, char** argv) {
     }
     g.have_scan_map = map_hint("scan_map", &g.scan_map) == 0;
     g.have_queue_len = map_hint("queue_len", &g.queue_len) == 0;
-    g.have_long_req = map_hint("long_req", &g.long_req) == 0;
   }
 
   // The thread policy (GET-first, ...) is deployed before the workers start, so each
@@ -691,7 +687,7 @@ int main(int argc, char** argv) {
       if (policy_id > 0) syr_remove_policy(policy_id);
       return 3;
     }
-    if (!g.have_long_req) g.have_long_req = map_hint("long_req", &g.long_req) == 0;
+    if (!g.have_scan_map) g.have_scan_map = map_hint("scan_map", &g.scan_map) == 0;
   }
 
   for (auto& w : g.workers) w->thread = std::thread(worker_main, w.get());
@@ -708,8 +704,7 @@ int main(int argc, char** argv) {
                 {"scan_len", g.scan_len},
                 {"thread_policy", FLAGS_thread_policy},
                 {"thread_policy_id", g.thread_policy_id},
-                {"hints", {{"scan_map", g.have_scan_map}, {"queue_len", g.have_queue_len},
-                           {"long_req", g.have_long_req}}},
+                {"hints", {{"scan_map", g.have_scan_map}, {"queue_len", g.have_queue_len}}},
                 {"pid", getpid()}};
   if (!cal_json.is_null()) ready["calibration"] = cal_json;
   printf("%s\n", ready.dump().c_str());
@@ -733,7 +728,6 @@ int main(int argc, char** argv) {
   }
   if (g.have_scan_map) syr_map_munmap(&g.scan_map);
   if (g.have_queue_len) syr_map_munmap(&g.queue_len);
-  if (g.have_long_req) syr_map_munmap(&g.long_req);
   json fin = {{"event", "exit"}, {"stats", stats_json()}, {"policy_removed", rc == 0}};
   for (auto& w : g.workers) close(w->fd);
   g.db.close();

@@ -1,22 +1,30 @@
 /*
  * scan_avoid: avoid executors busy with a long request (a SCAN).
  *
- * The application sets scan_map[i] to non-zero while executor i handles a long request
- * and back to 0 when it is done (a plain store through syr_map_mmap()). The policy goes
+ * scan_map[i] counts the long requests executor i holds (non-zero: busy with one). The
+ * policy adds one when it steers a long request there; the application takes one off
+ * when it finishes one (an atomic decrement through syr_map_mmap()), and, for a long
+ * request no policy counted, marks the executor while it serves it. The policy goes
  * round robin over the executors that are not marked, so it never picks a marked
  * executor while an unmarked one exists and the free ones share the load evenly; if all
  * are marked it goes round robin over all of them.
  *
- * It also marks the executor it hands a long request (request type == long_type, a
- * little-endian __u32 at byte type_offset, as in sita): requests steered after it then
- * avoid the executor at once, instead of queueing behind the long request until the
- * application starts it and sets the mark itself. The application's clear at the end
- * of the request ends both marks.
+ * Counting when it steers (request type == long_type, a little-endian __u32 at byte
+ * type_offset, as in sita) makes requests steered after a long one avoid its executor at
+ * once, not only once the application starts it; counting, not setting a flag, keeps an
+ * executor marked until the last long request queued there is done.
+ *
+ * A long request never takes the last keep_free unmarked executors: while no more are
+ * free it queues behind another long one (round robin over the marked executors), so
+ * short requests always find an executor that is not busy with a long one, however many
+ * long ones are outstanding (sita's guarantee, without fixing which executors serve
+ * long requests). keep_free = 0: long requests avoid marked executors like any other.
  */
 #include <syrup/policy.h>
 
 SYR_PARAM(__u32, type_offset, 8);
 SYR_PARAM(__u32, long_type, 2);
+SYR_PARAM(__u32, keep_free, 0); /* unmarked executors kept for short requests */
 
 SYR_ARRAY(scan_map, __u64, SYR_MAX_EXECUTORS);
 
@@ -31,37 +39,66 @@ static __always_inline int busy(__u32 idx)
 	return mark && *mark;
 }
 
-static __always_inline __u32 mark_if_long(struct syr_input *in, __u32 idx)
+static __always_inline int is_long(struct syr_input *in)
 {
 	__u32 type;
-	__u64 *mark;
 
-	if (syr_read_u32(in, type_offset, &type) == 0 && type == long_type) {
-		mark = syr_map_lookup(&scan_map, &idx);
-		if (mark)
-			*mark = 1;
-	}
+	return syr_read_u32(in, type_offset, &type) == 0 && type == long_type;
+}
+
+static __always_inline __u32 mark_long(__u32 idx)
+{
+	__u64 *m = syr_map_lookup(&scan_map, &idx);
+
+	if (m)
+		__sync_fetch_and_add(m, 1);
 	return idx;
 }
 
-/* The first unmarked executor after the one picked last (a round robin that skips marked
- * executors), or the next one if all are marked. One pass that stops at the first free
- * executor: the verifier sees a path per executor, not one per pattern of marks (counting
- * the free ones first and then picking the k-th made it explore ~n^3 states and reject
- * the policy above ~24 executors). */
-SYR_POLICY(struct syr_input *in)
+/* More than keep_free executors unmarked? Stops counting there, so the verifier sees
+ * n x (keep_free + 1) states, not one per pattern of marks. */
+static __always_inline int more_free_than_kept(__u32 n)
 {
-	__u32 n = syr_num_executors, start = last + 1;
+	__u32 free = 0;
 
+	for (__u32 k = 0; k < SYR_MAX_EXECUTORS && k < n; k++)
+		if (!busy(k) && ++free > keep_free)
+			return 1;
+	return 0;
+}
+
+/* The first executor after the one picked last that is unmarked (want_marked = 0) or
+ * marked (1): a round robin that skips the others, in one pass that stops at the first
+ * fit, so the verifier sees a path per executor (counting the free ones first and then
+ * picking the k-th made it explore ~n^3 states and reject the policy above ~24
+ * executors). n if none fits. */
+static __always_inline __u32 next_fit(__u32 n, __u32 start, int want_marked)
+{
 	for (__u32 k = 0; k < SYR_MAX_EXECUTORS && k < n; k++) {
 		__u32 i = (start + k) % n;
 
-		if (!busy(i)) {
+		if (busy(i) == want_marked)
+			return i;
+	}
+	return n;
+}
+
+SYR_POLICY(struct syr_input *in)
+{
+	__u32 n = syr_num_executors, start = last + 1, i;
+	int long_req = is_long(in);
+
+	if (long_req && keep_free && !more_free_than_kept(n)) {
+		/* Behind another long request, if there is one. */
+		i = next_fit(n, start, 1);
+		if (i < n) {
 			last = i;
-			return mark_if_long(in, i);
+			return mark_long(i);
 		}
 	}
-	start %= n;
-	last = start;
-	return mark_if_long(in, start);
+	i = next_fit(n, start, 0);
+	if (i >= n)
+		i = start % n; /* all marked: round robin over all */
+	last = i;
+	return long_req ? mark_long(i) : i;
 }

@@ -267,6 +267,13 @@ TEST_F(KvServer, ScanMarksItsWorkerInScanMapWhileItRuns) {
     EXPECT_EQ(r->hdr.count, kKeys);
   }
   EXPECT_TRUE(seen) << "no worker was ever marked busy during a SCAN";
+  // More SCANs at once than workers: scan_avoid stacks them (all marked: round robin over
+  // all), so a worker's count goes above 1 and must come back to 0 SCAN by SCAN.
+  for (uint32_t i = 0; i < 2 * kWorkers; i++) ASSERT_TRUE(c.send_req(KV_SCAN, 100 + i, 1, kKeys));
+  uint64_t most = 0;
+  for (uint32_t i = 0; i < kWorkers; i++) most = std::max(most, syr_hint_get(&m, i));
+  for (uint32_t i = 0; i < 2 * kWorkers; i++) ASSERT_TRUE(c.recv_reply(10000)) << "SCAN " << i << " unanswered";
+  EXPECT_GE(most, 2u) << "no worker held two SCANs at once";
   for (uint32_t i = 0; i < kWorkers; i++) EXPECT_EQ(syr_hint_get(&m, i), 0u) << "mark left on worker " << i;
   syr_map_munmap(&m);
   EXPECT_EQ(s->child->stop(10000), 0);

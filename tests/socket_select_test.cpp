@@ -188,6 +188,59 @@ TEST_F(SocketSelect, ScanAvoidMarksTheExecutorItHandsALongRequest) {
   syr_map_munmap(&m);
 }
 
+// keep_free = 1: a long request does not take the last unmarked executor; it queues
+// behind another long one, so short requests always find a free executor.
+TEST_F(SocketSelect, ScanAvoidKeepsAnExecutorFreeForShortRequests) {
+  UdpGroup g(4);
+  ASSERT_GT(deploy("policies/scan_avoid.c", g, {{"long_type", 2}, {"keep_free", 1}}), 0) << syr_last_error();
+  int fd = syr_map_open_app("socktest", "scan_map");
+  ASSERT_GE(fd, 0) << syr_last_error();
+  syr_mapped_array m{};
+  ASSERT_EQ(syr_map_mmap(fd, &m), 0) << syr_last_error();
+  close(fd);
+  UdpClient c(g.port());
+  for (uint32_t i = 0; i < 3; i++) syr_hint_set(&m, i, 1);  // only executor 3 is free
+  for (int i = 0; i < 30; i++) c.send_request(2, i);
+  EXPECT_EQ(g.drain(), (std::vector<int>{10, 10, 10, 0})) << "long requests queue behind the long ones";
+  EXPECT_EQ(syr_hint_get(&m, 3), 0u) << "the free executor was marked";
+  for (int i = 0; i < 10; i++) c.send_request(1, i);
+  EXPECT_EQ(g.drain(), (std::vector<int>{0, 0, 0, 10})) << "short requests take the free one";
+
+  // Two free: the first long request takes one of them, the next ones queue behind long
+  // ones (that one included); the other free executor gets none and stays unmarked.
+  syr_hint_set(&m, 2, 0);
+  for (int i = 0; i < 4; i++) c.send_request(2, i);
+  auto got = g.drain();
+  int unmarked = -1, n_unmarked = 0;
+  for (int i = 0; i < 4; i++)
+    if (syr_hint_get(&m, static_cast<uint32_t>(i)) == 0) unmarked = i, n_unmarked++;
+  ASSERT_EQ(n_unmarked, 1) << "one of the two free executors took a long request";
+  EXPECT_TRUE(unmarked == 2 || unmarked == 3) << unmarked;
+  EXPECT_EQ(got[unmarked], 0) << "a long request took the last free executor";
+  EXPECT_EQ(got[0] + got[1] + got[2] + got[3], 4);
+  for (uint32_t i = 0; i < 4; i++) syr_hint_set(&m, i, 0);
+  syr_map_munmap(&m);
+}
+
+// The default (keep_free = 0, the talk's policy): long requests avoid marked executors
+// like any other request.
+TEST_F(SocketSelect, ScanAvoidWithoutAReserveLetsLongRequestsTakeTheLastFreeExecutor) {
+  UdpGroup g(4);
+  ASSERT_GT(deploy("policies/scan_avoid.c", g, {{"long_type", 2}}), 0) << syr_last_error();
+  int fd = syr_map_open_app("socktest", "scan_map");
+  ASSERT_GE(fd, 0) << syr_last_error();
+  syr_mapped_array m{};
+  ASSERT_EQ(syr_map_mmap(fd, &m), 0) << syr_last_error();
+  close(fd);
+  UdpClient c(g.port());
+  for (uint32_t i = 0; i < 3; i++) syr_hint_set(&m, i, 1);
+  c.send_request(2, 0);
+  EXPECT_EQ(g.drain(), (std::vector<int>{0, 0, 0, 1}));
+  EXPECT_EQ(syr_hint_get(&m, 3), 1u);
+  for (uint32_t i = 0; i < 4; i++) syr_hint_set(&m, i, 0);
+  syr_map_munmap(&m);
+}
+
 TEST_F(SocketSelect, LeastLoadedFollowsTheQueueLengthsInTheMap) {
   UdpGroup g(4);
   ASSERT_GT(deploy("policies/least_loaded.c", g), 0) << syr_last_error();

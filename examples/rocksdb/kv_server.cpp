@@ -7,8 +7,9 @@
 //   deployed, so the group is complete when the policy sees it.
 // - The policy comes from the server's own code (syr_deploy_policy, --policy), and the
 //   server writes the hints the shipped policies read through mmap'ed maps, if the policy
-//   declares them: scan_map[i] = 1 while worker i serves a SCAN (scan_avoid, and the
-//   thread policy get_first; deployed together they share it), and queue_len[i] = work
+//   declares them: scan_map[i] non-zero while worker i holds a SCAN (a count: scan_avoid
+//   adds one as it steers a SCAN, the worker takes one off when done; read by scan_avoid
+//   and by the thread policy get_first, which share it), and queue_len[i] = work
 //   waiting at worker i in GET units (least_loaded). A hint is one
 //   store; a policy without the map costs the server nothing.
 // - Requests (kv_proto.h): GET = RocksDB point lookup; SCAN = iterate scan_len keys,
@@ -287,6 +288,20 @@ json stats_json() {
   return {{"total", tot}, {"workers", ws}};
 }
 
+// scan_map[i] as a count of the SCANs worker i holds (see policies/scan_avoid.c); atomic,
+// as the policy adds to it from the kernel at the same time.
+void scan_begin(const syr_mapped_array* m, uint32_t i) {
+  uint64_t zero = 0;  // uncounted (no policy counts at steering): count it while it runs
+  __atomic_compare_exchange_n(static_cast<uint64_t*>(syr_array_elem(m, i)), &zero, 1, false, __ATOMIC_RELAXED,
+                              __ATOMIC_RELAXED);
+}
+void scan_end(const syr_mapped_array* m, uint32_t i) {
+  auto* p = static_cast<uint64_t*>(syr_array_elem(m, i));
+  uint64_t v = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (v > 0 && !__atomic_compare_exchange_n(p, &v, v - 1, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}
+
 // The thread hook: a worker registers itself as executor i of the application's thread
 // policy, so the policy can tell the workers apart and read their hints (scan_map[i]). syr_thread_register() is being added to libsyrup
 // by the thread hook's work; it is referenced weakly so this server builds and runs
@@ -407,9 +422,11 @@ void handle(Worker& w, const Pending& p, size_t waiting) {
       break;
     }
     case KV_SCAN: {
-      // The hint goes up before the work starts and down when it is done: a policy
-      // reading scan_map sees this worker busy for exactly the SCAN.
-      if (g.have_scan_map) syr_hint_set(&g.scan_map, w.idx, 1);
+      // scan_map[i] counts the SCANs worker i holds: scan_avoid adds one when it steers a
+      // SCAN here, this worker takes one off when it has served one. A SCAN no policy
+      // counted (round robin, ...) is counted here while it runs, so a policy reading
+      // scan_map always sees this worker busy during a SCAN.
+      if (g.have_scan_map) scan_begin(&g.scan_map, w.idx);
       // Mid-SCAN the worker gives up its core: paced to its emulated core's budget, or
       // every --yield_keys keys on a shared core.
       uint32_t keys = 0;
@@ -421,7 +438,7 @@ void handle(Worker& w, const Pending& p, size_t waiting) {
           if (++keys % FLAGS_yield_keys == 0) sched_yield();
         };
       int e = g.db.scan(q.key, q.scan_len ? q.scan_len : g.scan_len, &r.count, &r.digest, after_key);
-      if (g.have_scan_map) syr_hint_set(&g.scan_map, w.idx, 0);
+      if (g.have_scan_map) scan_end(&g.scan_map, w.idx);
       if (e) {
         c.db_errors.fetch_add(1, std::memory_order_relaxed);
         r.status = KV_ERROR;

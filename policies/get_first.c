@@ -3,9 +3,9 @@
  * scan_avoid.c, a socket-select policy, marks when it steers a SCAN to an executor, so
  * deployed together by one application (maps are shared by name) the thread policy knows
  * the request type of a thread before the thread wakes, as in the Syrup talk's
- * cross-layer pair. The application sets the mark when it starts a long request and
- * clears it when done (a plain store through the mapped array). Among threads of one
- * class, first come first served. Cores: `core` if set (< nr_cpus), else any core.
+ * cross-layer pair (there scan_map counts the long requests an executor holds; an
+ * application on its own may just set and clear it through the mapped array). Among
+ * threads of one class, first come first served. Cores: `core` if set (< nr_cpus), else any core.
  * Short threads get a short slice (`short_slice_us`, 0: the backend's default): on the
  * user-space agent that is what lets a thread woken for a GET preempt one on a SCAN at
  * once (EEVDF runs a waking thread with a shorter slice first), as the sched_ext

@@ -100,14 +100,14 @@ int main(int argc, char** argv) {
   }
   cfg.remove_on_exit = FLAGS_on_exit == "remove";
   if (!FLAGS_agent_cpus.empty()) {
-    std::vector<int> online;
-    std::ifstream f("/sys/devices/system/cpu/online");
-    std::string line;
-    std::getline(f, line);
     if (syrup::thread::cpus_from_string(FLAGS_agent_cpus, cfg.agent_cpus)) {
       std::fprintf(stderr, "syrupd: --agent_cpus: '%s' is not a CPU list (e.g. 0 or 0-1,4)\n", FLAGS_agent_cpus.c_str());
       return 2;
     }
+    std::vector<int> online;
+    std::ifstream f("/sys/devices/system/cpu/online");
+    std::string line;
+    std::getline(f, line);
     if (syrup::thread::cpus_from_string(line, online) == 0)
       for (int c : cfg.agent_cpus)
         if (!std::binary_search(online.begin(), online.end(), c)) {

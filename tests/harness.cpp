@@ -204,8 +204,8 @@ int set_own_sched_attr(SchedAttr a) {
   return syscall(SYS_sched_setattr, 0, &a, 0) < 0 ? -errno : 0;
 }
 
-std::string mmap_app_map(const char* name, syr_mapped_array* out) {
-  int fd = syr_map_open(name);
+std::string mmap_app_map(const char* name, syr_mapped_array* out, const char* app) {
+  int fd = app ? syr_map_open_app(app, name) : syr_map_open(name);
   if (fd < 0) return std::string("syr_map_open(") + name + "): " + syr_last_error();
   int r = syr_map_mmap(fd, out);
   close(fd);

@@ -117,9 +117,10 @@ int sched_attr_of(pid_t tid, SchedAttr* out);
 // Sets the calling thread's: 0 or -errno.
 int set_own_sched_attr(SchedAttr a);
 
-// Opens the calling application's map `name` (syr_map_open) and mmaps it into `out`.
-// Returns "" or what failed, with libsyrup's error: ASSERT_EQ(mmap_app_map(...), "").
-std::string mmap_app_map(const char* name, syr_mapped_array* out);
+// Opens map `name` of application `app` (syr_map_open_app; nullptr: the calling
+// application's, syr_map_open) and mmaps it into `out`. Returns "" or what failed, with
+// libsyrup's error: ASSERT_EQ(mmap_app_map(...), "").
+std::string mmap_app_map(const char* name, syr_mapped_array* out, const char* app = nullptr);
 
 // An unmodified process (for `syrupctl deploy --pid`): a child of this one running
 // `n_threads` threads of `body` (which never returns) beside its main thread, until this

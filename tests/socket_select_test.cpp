@@ -97,11 +97,8 @@ TEST_F(SocketSelect, SitaSendsEveryLongRequestToExecutorZeroAndNoShortOne) {
 TEST_F(SocketSelect, ScanAvoidNeverPicksAMarkedExecutorWhileAnUnmarkedOneExists) {
   UdpGroup g(4);
   ASSERT_GT(deploy("policies/scan_avoid.c", g), 0) << syr_last_error();
-  syr_set_app("socktest");
-  int fd = syr_map_open("scan_map");
-  ASSERT_GE(fd, 0) << syr_last_error();
   syr_mapped_array m{};
-  ASSERT_EQ(syr_map_mmap(fd, &m), 0) << syr_last_error();
+  ASSERT_EQ(mmap_app_map("scan_map", &m, "socktest"), "");
   UdpClient c(g.port());
 
   syr_hint_set(&m, 0, 1);
@@ -122,7 +119,6 @@ TEST_F(SocketSelect, ScanAvoidNeverPicksAMarkedExecutorWhileAnUnmarkedOneExists)
   for (int i = 0; i < 100; i++) c.send_request(1, i);
   EXPECT_EQ(g.drain(), (std::vector<int>{25, 25, 25, 25}));
   syr_map_munmap(&m);
-  close(fd);
 }
 
 TEST_F(SocketSelect, SitaSpreadsLongRequestsOverItsLongExecutors) {
@@ -164,11 +160,8 @@ TEST_F(SocketSelect, ScanAvoidMarksTheExecutorItHandsALongRequest) {
   // one there, and the application's clear at the end releases it.
   UdpGroup g(4);
   ASSERT_GT(deploy("policies/scan_avoid.c", g, {{"long_type", 2}}), 0) << syr_last_error();
-  int fd = syr_map_open_app("socktest", "scan_map");
-  ASSERT_GE(fd, 0) << syr_last_error();
   syr_mapped_array m{};
-  ASSERT_EQ(syr_map_mmap(fd, &m), 0) << syr_last_error();
-  close(fd);
+  ASSERT_EQ(mmap_app_map("scan_map", &m, "socktest"), "");
   UdpClient c(g.port());
   c.send_request(2, 0);
   auto first = g.drain();
@@ -193,11 +186,8 @@ TEST_F(SocketSelect, ScanAvoidMarksTheExecutorItHandsALongRequest) {
 TEST_F(SocketSelect, ScanAvoidKeepsAnExecutorFreeForShortRequests) {
   UdpGroup g(4);
   ASSERT_GT(deploy("policies/scan_avoid.c", g, {{"long_type", 2}, {"keep_free", 1}}), 0) << syr_last_error();
-  int fd = syr_map_open_app("socktest", "scan_map");
-  ASSERT_GE(fd, 0) << syr_last_error();
   syr_mapped_array m{};
-  ASSERT_EQ(syr_map_mmap(fd, &m), 0) << syr_last_error();
-  close(fd);
+  ASSERT_EQ(mmap_app_map("scan_map", &m, "socktest"), "");
   UdpClient c(g.port());
   for (uint32_t i = 0; i < 3; i++) syr_hint_set(&m, i, 1);  // only executor 3 is free
   for (int i = 0; i < 30; i++) c.send_request(2, i);
@@ -227,11 +217,8 @@ TEST_F(SocketSelect, ScanAvoidKeepsAnExecutorFreeForShortRequests) {
 TEST_F(SocketSelect, ScanAvoidWithoutAReserveLetsLongRequestsTakeTheLastFreeExecutor) {
   UdpGroup g(4);
   ASSERT_GT(deploy("policies/scan_avoid.c", g, {{"long_type", 2}}), 0) << syr_last_error();
-  int fd = syr_map_open_app("socktest", "scan_map");
-  ASSERT_GE(fd, 0) << syr_last_error();
   syr_mapped_array m{};
-  ASSERT_EQ(syr_map_mmap(fd, &m), 0) << syr_last_error();
-  close(fd);
+  ASSERT_EQ(mmap_app_map("scan_map", &m, "socktest"), "");
   UdpClient c(g.port());
   for (uint32_t i = 0; i < 3; i++) syr_hint_set(&m, i, 1);
   c.send_request(2, 0);
@@ -657,7 +644,7 @@ TEST_F(SocketSelect, AnUnprivilegedApplicationDeploysAndWritesHintsWithoutCapabi
       fprintf(stderr, "deploy as nobody: %s\n", syr_last_error());
       _exit(11);
     }
-    // By name of its application: a forked child inherits the parent's syr_set_app().
+    // By name of its application: a forked child would inherit the parent's syr_set_app().
     int fd = syr_map_open_app("nobody-app", "scan_map");
     syr_mapped_array m{};
     if (fd < 0 || syr_map_mmap(fd, &m)) {

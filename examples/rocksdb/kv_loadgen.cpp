@@ -244,11 +244,8 @@ int main(int argc, char** argv) {
     if (n == 0 && idle_ns && static_cast<uint64_t>(next) < send_until) {
       uint64_t due = static_cast<uint64_t>(next), t = now_ns();
       if (due > t + 2 * idle_ns) {
-        timespec to{0, static_cast<long>(due - t - idle_ns)};
-        if (to.tv_nsec >= 1000000000L) {
-          to.tv_sec = to.tv_nsec / 1000000000L;
-          to.tv_nsec %= 1000000000L;
-        }
+        uint64_t wait = due - t - idle_ns;
+        timespec to{static_cast<time_t>(wait / 1000000000ULL), static_cast<long>(wait % 1000000000ULL)};
         n = epoll_pwait2(ep, evs, 64, &to, nullptr);
       }
     }

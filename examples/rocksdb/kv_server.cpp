@@ -303,8 +303,9 @@ void scan_end(const syr_mapped_array* m, uint32_t i) {
 }
 
 // The thread hook: a worker registers itself as executor i of the application's thread
-// policy, so the policy can tell the workers apart and read their hints (scan_map[i]). syr_thread_register() is being added to libsyrup
-// by the thread hook's work; it is referenced weakly so this server builds and runs
+// policy, so the policy can tell the workers apart and read their hints (scan_map[i]).
+// syr_thread_register() is being added to libsyrup by the thread hook's work; it is
+// referenced weakly so this server builds and runs
 // against a libsyrup with or without it (without: -EOPNOTSUPP, and --thread_policy has
 // already failed at deploy time with the daemon's message).
 extern "C" int syr_thread_register(uint32_t executor_index) __attribute__((weak));

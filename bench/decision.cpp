@@ -119,11 +119,8 @@ int run_policy(const Env& env, const std::string& policy, Run& out) {
   UdpGroup group;
   if (int r = open_group(group)) return r;
   std::vector<int> fds = group.member_fds();
-  syr_deploy_opts opts{};
-  opts.sz = sizeof opts;
-  opts.app = env.app.c_str();
-  opts.fds = fds.data();
-  opts.n_fds = fds.size();
+  syr_deploy_opts opts{.sz = sizeof opts, .app = env.app.c_str(), .fds = fds.data(),
+                       .n_fds = fds.size()};
   std::string path = env.policy_dir + "/" + policy + ".c";
   int id = syr_deploy_policy(path.c_str(), SYR_HOOK_SOCKET_SELECT, &opts);
   if (id < 0) {

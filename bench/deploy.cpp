@@ -42,11 +42,8 @@ int deploy_once(const Env& env, const std::string& source, std::vector<double>& 
     return r;
   }
   std::vector<int> fds = group.member_fds();
-  syr_deploy_opts opts{};
-  opts.sz = sizeof opts;
-  opts.app = env.app.c_str();
-  opts.fds = fds.data();
-  opts.n_fds = fds.size();
+  syr_deploy_opts opts{.sz = sizeof opts, .app = env.app.c_str(), .fds = fds.data(),
+                       .n_fds = fds.size()};
   auto start = std::chrono::steady_clock::now();
   int id = syr_deploy_policy_source(source.data(), source.size(), kPolicy,
                                     SYR_HOOK_SOCKET_SELECT, &opts);

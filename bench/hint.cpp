@@ -125,11 +125,8 @@ int run_hint(const Env& env, json& out) {
     return r;
   }
   std::vector<int> fds = group.member_fds();
-  syr_deploy_opts opts{};
-  opts.sz = sizeof opts;
-  opts.app = env.app.c_str();
-  opts.fds = fds.data();
-  opts.n_fds = fds.size();
+  syr_deploy_opts opts{.sz = sizeof opts, .app = env.app.c_str(), .fds = fds.data(),
+                       .n_fds = fds.size()};
   std::string path = env.policy_dir + "/scan_avoid.c";
   int id = syr_deploy_policy(path.c_str(), SYR_HOOK_SOCKET_SELECT, &opts);
   if (id < 0) {

@@ -164,14 +164,8 @@ int test_run(int prog_fd, const std::vector<uint8_t>& frame, uint32_t repeat, bo
 
 int Deployed::deploy(const std::string& policy_path, const std::string& app, const std::string& ifname,
                      uint16_t port, const std::vector<int>& cpus) {
-  syr_deploy_opts o{};
-  o.sz = sizeof o;
-  o.app = app.c_str();
-  o.ifname = ifname.c_str();
-  o.ports = &port;
-  o.n_ports = 1;
-  o.cpus = cpus.data();
-  o.n_cpus = cpus.size();
+  syr_deploy_opts o{.sz = sizeof o, .app = app.c_str(), .ifname = ifname.c_str(), .ports = &port,
+                    .n_ports = 1, .cpus = cpus.data(), .n_cpus = cpus.size()};
   int id = syr_deploy_policy(policy_path.c_str(), SYR_HOOK_XDP, &o);
   if (id < 0) {
     if (terminating()) return id;

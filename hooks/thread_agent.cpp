@@ -21,6 +21,7 @@
 #include <map>
 #include <sstream>
 
+#include "sched_attr.h"
 #include "syrup/abi.h"
 #include "thread_events.h"
 #include "thread_tracer.skel.h"
@@ -44,16 +45,6 @@ constexpr uint64_t kDefaultSliceNs = 3'000'000;
 
 // Reason codes (SYR_THREAD_*).
 constexpr uint32_t kWakeup = 1, kNew = 2, kPreempted = 3, kTick = 4;
-
-struct sched_attr_k {
-  uint32_t size;
-  uint32_t sched_policy;
-  uint64_t sched_flags;
-  int32_t sched_nice;
-  uint32_t sched_priority;
-  uint64_t sched_runtime, sched_deadline, sched_period;
-  uint32_t sched_util_min, sched_util_max;
-};
 
 uint64_t mono_ns() {
   timespec ts;
@@ -111,13 +102,11 @@ bool read_task_stat(pid_t tgid, pid_t tid, bool& runnable, uint32_t& cpu) {
 }  // namespace
 
 int set_policy(pid_t tid, int policy, int nice, uint64_t slice_ns) {
-  sched_attr_k a{};
-  a.size = sizeof a;
+  SchedAttr a;
   a.sched_policy = static_cast<uint32_t>(policy);
   a.sched_nice = policy == SCHED_IDLE ? 0 : nice;
   a.sched_runtime = policy == SCHED_IDLE ? 0 : slice_ns;
-  if (syscall(SYS_sched_setattr, tid, &a, 0) < 0) return -errno;
-  return 0;
+  return sched_attr_set(tid, a);
 }
 
 int set_cpus(pid_t tid, const std::vector<int>& cpus) {
@@ -157,13 +146,13 @@ int cpus_from_string(const std::string& s, std::vector<int>& out) {
 }
 
 int capture_baseline(pid_t tgid, Baseline& out) {
-  sched_attr_k a{};
-  if (syscall(SYS_sched_getattr, tgid, &a, sizeof a, 0) < 0) return -errno;
+  SchedAttr a;
+  if (int r = sched_attr_get(tgid, a)) return r;
   out.policy = static_cast<int>(a.sched_policy);
   out.nice = a.sched_nice;
   // A process already demoted by a previous agent of ours: its baseline is normal.
   if (out.policy == SCHED_IDLE) out.policy = SCHED_OTHER, out.nice = 0;
-  if (out.policy == 7 /* SCHED_EXT: a previous syrupd's sched_ext backend */) out.policy = SCHED_OTHER;
+  if (out.policy == int(kSchedExt) /* a previous syrupd's sched_ext backend */) out.policy = SCHED_OTHER;
   cpu_set_t s;
   if (sched_getaffinity(tgid, sizeof s, &s) < 0) return -errno;
   out.cpus.clear();

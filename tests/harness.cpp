@@ -194,16 +194,6 @@ void UdpClient::send_request(uint32_t type, uint32_t key, size_t extra) {
   send(p.data(), p.size());
 }
 
-int sched_attr_of(pid_t tid, SchedAttr* out) {
-  *out = {};
-  return syscall(SYS_sched_getattr, tid, out, sizeof *out, 0) < 0 ? -errno : 0;
-}
-
-int set_own_sched_attr(SchedAttr a) {
-  a.size = sizeof a;
-  return syscall(SYS_sched_setattr, 0, &a, 0) < 0 ? -errno : 0;
-}
-
 std::string mmap_app_map(const char* name, syr_mapped_array* out, const char* app) {
   int fd = app ? syr_map_open_app(app, name) : syr_map_open(name);
   if (fd < 0) return std::string("syr_map_open(") + name + "): " + syr_last_error();

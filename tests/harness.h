@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "sched_attr.h"
 #include "syrup/syrup.h"
 #include "unique_fd.h"
 
@@ -101,21 +102,10 @@ class UdpClient {
 // Runs a command, returns its exit status; stdout+stderr in `out`.
 int run_cmd(const std::string& cmd, std::string& out);
 
-// struct sched_attr as sched_getattr(2)/sched_setattr(2) take it (linux/sched/types.h
-// clashes with glibc's <sched.h>). For SCHED_OTHER, runtime is the EEVDF slice (the
-// custom one, or the kernel's base slice); for SCHED_DEADLINE, the reservation.
-struct SchedAttr {
-  uint32_t size, policy;
-  uint64_t flags;
-  int32_t nice;
-  uint32_t prio;
-  uint64_t runtime, deadline, period;
-  uint32_t util_min, util_max;
-};
-// A thread's scheduling attributes into `out`: 0 or -errno.
-int sched_attr_of(pid_t tid, SchedAttr* out);
-// Sets the calling thread's: 0 or -errno.
-int set_own_sched_attr(SchedAttr a);
+// struct sched_attr and sched_getattr/sched_setattr (hooks/sched_attr.h).
+using syrup::SchedAttr;
+using syrup::sched_attr_get;
+using syrup::sched_attr_set;
 
 // Opens map `name` of application `app` (syr_map_open_app; nullptr: the calling
 // application's, syr_map_open) and mmaps it into `out`. Returns "" or what failed, with

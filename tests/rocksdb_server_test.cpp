@@ -296,11 +296,11 @@ TEST_F(KvServer, CoreShareGivesEachWorkerADeadlineReservationOfItsOwn) {
     workers++;
     SchedAttr a;
     pid_t tid = std::stoi(t.path().filename().string());
-    int e = sched_attr_of(tid, &a);
+    int e = sched_attr_get(tid, a);
     ASSERT_EQ(e, 0) << strerror(-e);
-    EXPECT_EQ(a.policy, 6u) << t.path() << " is not SCHED_DEADLINE";
-    EXPECT_EQ(a.runtime, 20'000u) << t.path();
-    EXPECT_EQ(a.period, 1'000'000u) << t.path();
+    EXPECT_EQ(a.sched_policy, syrup::kSchedDeadline) << t.path() << " is not SCHED_DEADLINE";
+    EXPECT_EQ(a.sched_runtime, 20'000u) << t.path();
+    EXPECT_EQ(a.sched_period, 1'000'000u) << t.path();
   }
   EXPECT_EQ(workers, kWorkers);
   KvClient c(s->port);

@@ -44,13 +44,8 @@ class SocketSelect : public ::testing::Test {
   int deploy(const std::string& rel, const UdpGroup& g, std::vector<syr_param> params = {},
              const char* app = "socktest") {
     auto fds = g.fds();
-    syr_deploy_opts o{};
-    o.sz = sizeof o;
-    o.app = app;
-    o.fds = fds.data();
-    o.n_fds = fds.size();
-    o.params = params.data();
-    o.n_params = params.size();
+    syr_deploy_opts o{.sz = sizeof o, .app = app, .fds = fds.data(), .n_fds = fds.size(),
+                      .params = params.data(), .n_params = params.size()};
     int id = syr_deploy_policy(source_path(rel).c_str(), SYR_HOOK_SOCKET_SELECT, &o);
     if (id > 0) ids_.push_back(id);
     return id;
@@ -312,11 +307,7 @@ TEST_F(SocketSelect, TcpRoundRobinSpreadsConnectionsExactlyEvenly) {
   }
   std::vector<int> fds;
   for (auto& s : ls) fds.push_back(s.get());
-  syr_deploy_opts o{};
-  o.sz = sizeof o;
-  o.app = "socktest";
-  o.fds = fds.data();
-  o.n_fds = fds.size();
+  syr_deploy_opts o{.sz = sizeof o, .app = "socktest", .fds = fds.data(), .n_fds = fds.size()};
   int id = syr_deploy_policy(source_path("policies/round_robin.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
   ASSERT_GT(id, 0) << syr_last_error();
   ids_.push_back(id);
@@ -422,11 +413,7 @@ TEST_F(SocketSelectBadInput, UncheckedPacketReadReturnsTheVerifiersReason) {
 
 TEST_F(SocketSelectBadInput, UnknownHookMissingFileUnknownParamAndUnreachableDaemon) {
   auto fds = group_->fds();
-  syr_deploy_opts o{};
-  o.sz = sizeof o;
-  o.app = "socktest";
-  o.fds = fds.data();
-  o.n_fds = fds.size();
+  syr_deploy_opts o{.sz = sizeof o, .app = "socktest", .fds = fds.data(), .n_fds = fds.size()};
   EXPECT_EQ(syr_deploy_policy(source_path("policies/pass.c").c_str(), static_cast<syr_hook>(42), &o), -EINVAL);
   EXPECT_STREQ(syr_last_error(), "unknown hook 42");
 
@@ -599,11 +586,7 @@ TEST_F(SocketSelect, PolicyIsRemovedWhenTheDeployingProcessExits) {
   ASSERT_GE(child, 0);
   if (child == 0) {
     auto fds = g.fds();
-    syr_deploy_opts o{};
-    o.sz = sizeof o;
-    o.app = "shortlived";
-    o.fds = fds.data();
-    o.n_fds = fds.size();
+    syr_deploy_opts o{.sz = sizeof o, .app = "shortlived", .fds = fds.data(), .n_fds = fds.size()};
     int id = syr_deploy_policy(source_path("policies/round_robin.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
     (void)!write(pipefd[1], &id, sizeof id);
     _exit(0);
@@ -634,11 +617,7 @@ TEST_F(SocketSelect, AnUnprivilegedApplicationDeploysAndWritesHintsWithoutCapabi
     // Drop to nobody: no capabilities at all.
     if (setgid(65534) || setuid(65534)) _exit(10);
     auto fds = g.fds();
-    syr_deploy_opts o{};
-    o.sz = sizeof o;
-    o.app = "nobody-app";
-    o.fds = fds.data();
-    o.n_fds = fds.size();
+    syr_deploy_opts o{.sz = sizeof o, .app = "nobody-app", .fds = fds.data(), .n_fds = fds.size()};
     int id = syr_deploy_policy(source_path("policies/scan_avoid.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
     if (id <= 0) {
       fprintf(stderr, "deploy as nobody: %s\n", syr_last_error());
@@ -673,11 +652,7 @@ TEST(SocketSelectRestart, SigkillUnderTrafficLosesNothingAndTheRestartAdopts) {
   constexpr int kSockets = 3, kDatagrams = 15000;
   UdpGroup g(kSockets);
   auto fds = g.fds();
-  syr_deploy_opts o{};
-  o.sz = sizeof o;
-  o.app = "restart";
-  o.fds = fds.data();
-  o.n_fds = fds.size();
+  syr_deploy_opts o{.sz = sizeof o, .app = "restart", .fds = fds.data(), .n_fds = fds.size()};
   int id = syr_deploy_policy(source_path("tests/policies/by_key.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
   ASSERT_GT(id, 0) << syr_last_error();
   std::string before;

@@ -53,11 +53,7 @@ json result(int r) { return {{"r", r}, {"err", syr_last_error()}}; }
 
 int deploy_on(const UdpGroup& g, const char* rel, const char* app) {
   auto fds = g.fds();
-  syr_deploy_opts o{};
-  o.sz = sizeof o;
-  o.app = app;
-  o.fds = fds.data();
-  o.n_fds = fds.size();
+  syr_deploy_opts o{.sz = sizeof o, .app = app, .fds = fds.data(), .n_fds = fds.size()};
   return syr_deploy_policy(source_path(rel).c_str(), SYR_HOOK_SOCKET_SELECT, &o);
 }
 
@@ -69,7 +65,9 @@ class Tenants : public ::testing::Test {
                   "--quota_rps=40"});
   }
   void TearDown() override {
-    if (d_.pid() > 0) EXPECT_EQ(d_.stop(), 0);
+    if (d_.pid() > 0) {
+      EXPECT_EQ(d_.stop(), 0);
+    }
   }
   Daemon d_;
 };
@@ -175,11 +173,7 @@ TEST_F(Tenants, QuotasAndTheRequestRateGiveClearErrorsNamingTheLimit) {
     std::string big = "#include <syrup/policy.h>\n/*" + std::string(5000, 'x') + "*/\n"
                       "SYR_POLICY(struct syr_input *in) { return SYR_PASS; }\n";
     auto fds = g3.fds();
-    syr_deploy_opts o{};
-    o.sz = sizeof o;
-    o.app = "quota3";
-    o.fds = fds.data();
-    o.n_fds = fds.size();
+    syr_deploy_opts o{.sz = sizeof o, .app = "quota3", .fds = fds.data(), .n_fds = fds.size()};
     out["big_source"] = result(syr_deploy_policy_source(big.data(), big.size(), "big.c", SYR_HOOK_SOCKET_SELECT, &o));
     int limited = 0;
     std::string msg;
@@ -270,11 +264,7 @@ TEST_F(Tenants, MalformedControlMessagesAndGarbageSourcesLeaveTheDaemonServing) 
   std::string bin(1000, '\0');
   for (size_t i = 0; i < bin.size(); i++) bin[i] = static_cast<char>((i * 7919) & 0xff);
   auto fds = g.fds();
-  syr_deploy_opts o{};
-  o.sz = sizeof o;
-  o.app = "survivor";
-  o.fds = fds.data();
-  o.n_fds = fds.size();
+  syr_deploy_opts o{.sz = sizeof o, .app = "survivor", .fds = fds.data(), .n_fds = fds.size()};
   EXPECT_EQ(syr_deploy_policy_source(bin.data(), bin.size(), "garbage.bin", SYR_HOOK_SOCKET_SELECT, &o), -EINVAL);
   EXPECT_NE(std::string(syr_last_error()).find("NUL bytes"), std::string::npos);
   std::string text = "\x7f" "ELF this is not C at all {{{";

@@ -273,9 +273,7 @@ int helper_main(int argc, char** argv) {
   std::string app = argv[2], policy = argv[3];
   int n = std::atoi(argv[4]), core = std::atoi(argv[5]);
   syr_set_app(app.c_str());
-  syr_deploy_opts o{};
-  o.sz = sizeof o;
-  o.app = app.c_str();
+  syr_deploy_opts o{.sz = sizeof o, .app = app.c_str()};
   int id = syr_deploy_policy(policy.c_str(), SYR_HOOK_THREAD, &o);
   if (id < 0) {
     std::printf("ERROR deploy: %s\n", syr_last_error());
@@ -317,11 +315,8 @@ class ScxBase : public ::testing::Test {
   virtual Daemon* daemon() const = 0;
   int deploy(const std::string& rel, const char* app, std::vector<syr_param> params = {}) {
     syr_set_app(app);
-    syr_deploy_opts o{};
-    o.sz = sizeof o;
-    o.app = app;
-    o.params = params.data();
-    o.n_params = params.size();
+    syr_deploy_opts o{.sz = sizeof o, .app = app, .params = params.data(),
+                      .n_params = params.size()};
     int id = syr_deploy_policy(source_path(rel).c_str(), SYR_HOOK_THREAD, &o);
     if (id > 0) ids_.push_back(id);
     return id;
@@ -445,11 +440,7 @@ TEST_F(SchedExt, CrossLayerLongRequestRunsLast) {
   ASSERT_GT(id, 0) << syr_last_error();
   UdpGroup g(3);
   auto fds = g.fds();
-  syr_deploy_opts o{};
-  o.sz = sizeof o;
-  o.app = "scxxl";
-  o.fds = fds.data();
-  o.n_fds = fds.size();
+  syr_deploy_opts o{.sz = sizeof o, .app = "scxxl", .fds = fds.data(), .n_fds = fds.size()};
   int sel = syr_deploy_policy(source_path("tests/policies/mark_long.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
   ASSERT_GT(sel, 0) << syr_last_error();
   ids_.push_back(sel);

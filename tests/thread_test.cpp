@@ -65,17 +65,16 @@ void restore_normal(pid_t tid) {
 // the kernel's base slice), or -1.
 int64_t slice_of(pid_t tid) {
   SchedAttr a;
-  return sched_attr_of(tid, &a) == 0 ? static_cast<int64_t>(a.runtime) : -1;
+  return sched_attr_get(tid, a) == 0 ? static_cast<int64_t>(a.sched_runtime) : -1;
 }
 
 // Whether this kernel keeps a custom slice for a SCHED_OTHER thread (Linux 6.12+).
 bool kernel_has_custom_slices() {
   bool ok = false;
   std::thread t([&] {
-    SchedAttr a{};
-    a.policy = SCHED_OTHER;
-    a.runtime = 200000;
-    ok = set_own_sched_attr(a) == 0 && slice_of(static_cast<pid_t>(syscall(SYS_gettid))) == 200000;
+    SchedAttr a;
+    a.sched_runtime = 200000;
+    ok = sched_attr_set(0, a) == 0 && slice_of(static_cast<pid_t>(syscall(SYS_gettid))) == 200000;
   });
   t.join();
   return ok;
@@ -240,13 +239,8 @@ class ThreadHook : public ::testing::Test {
   }
   int deploy(const std::string& rel, std::vector<syr_param> params, const char* app = "thrtest",
              enum syr_hook hook = SYR_HOOK_THREAD, const std::vector<int>& fds = {}) {
-    syr_deploy_opts o{};
-    o.sz = sizeof o;
-    o.app = app;
-    o.params = params.data();
-    o.n_params = params.size();
-    o.fds = fds.empty() ? nullptr : fds.data();
-    o.n_fds = fds.size();
+    syr_deploy_opts o{.sz = sizeof o, .app = app, .fds = fds.empty() ? nullptr : fds.data(),
+                      .n_fds = fds.size(), .params = params.data(), .n_params = params.size()};
     int id = syr_deploy_policy(source_path(rel).c_str(), hook, &o);
     if (id > 0) ids_.push_back(id);
     return id;
@@ -504,9 +498,7 @@ TEST_F(ThreadHook, AgentRunsOnTheCpusSyrupdIsGiven) {
     ~Back() { setenv("SYRUP_SOCKET", daemon_->socket().c_str(), 1); }
   } back;
   syr_set_app("thrcpus");
-  syr_deploy_opts o{};
-  o.sz = sizeof o;
-  o.app = "thrcpus";
+  syr_deploy_opts o{.sz = sizeof o, .app = "thrcpus"};
   int id = syr_deploy_policy(source_path("policies/fifo.c").c_str(), SYR_HOOK_THREAD, &o);
   ASSERT_GT(id, 0) << syr_last_error();
   run_cmd(build_bin("syrupctl") + " --socket " + d.socket() + " list --json", out);
@@ -614,7 +606,9 @@ TEST_F(ThreadHook, LocalityKeepsThreadsOnTheirSteeredCore) {
   for (int i = 0; i < 2; i++) {
     auto c = cpus_of(reg.tid(i));
     EXPECT_EQ(c.size(), 1u) << "thread " << i << " allowed on " << cpus_to(reg.tid(i));
-    if (c.size() == 1) EXPECT_EQ(c[0], last_cpu(reg.tid(i))) << "thread " << i;
+    if (c.size() == 1) {
+      EXPECT_EQ(c[0], last_cpu(reg.tid(i))) << "thread " << i;
+    }
   }
   syr_map_munmap(&ec);
 }

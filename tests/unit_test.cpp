@@ -52,7 +52,9 @@ TEST(Protocol, RejectsBadMagicOversizeTruncationAndNonObjects) {
   auto send_raw = [](int fd, uint32_t magic, uint32_t len, const std::string& payload) {
     uint32_t h[2] = {magic, len};
     ASSERT_EQ(write(fd, h, 8), 8);
-    if (!payload.empty()) ASSERT_EQ(write(fd, payload.data(), payload.size()), (ssize_t)payload.size());
+    if (!payload.empty()) {
+      ASSERT_EQ(write(fd, payload.data(), payload.size()), (ssize_t)payload.size());
+    }
   };
   std::string why;
   proto::Message m;

@@ -107,23 +107,21 @@ class Xdp : public ::testing::Test {
   }
   void TearDown() override {
     for (int id : ids_) syr_remove_policy(id);
-    if (daemon_.pid() > 0) EXPECT_EQ(daemon_.stop(), 0);
-    if (net_) EXPECT_EQ(attached_xdp_prog(net_->host_if), 0u) << "syrupd left an XDP program attached";
+    if (daemon_.pid() > 0) {
+      EXPECT_EQ(daemon_.stop(), 0);
+    }
+    if (net_) {
+      EXPECT_EQ(attached_xdp_prog(net_->host_if), 0u) << "syrupd left an XDP program attached";
+    }
     net_.reset();
   }
 
   int deploy(const std::string& rel, const char* app, std::vector<uint16_t> ports,
              std::vector<int> cpus = {}, std::vector<int> xsks = {}) {
-    syr_deploy_opts o{};
-    o.sz = sizeof o;
-    o.app = app;
-    o.ifname = net_->host_if.c_str();
-    o.ports = ports.data();
-    o.n_ports = ports.size();
-    o.cpus = cpus.empty() ? nullptr : cpus.data();
-    o.n_cpus = cpus.size();
-    o.fds = xsks.empty() ? nullptr : xsks.data();
-    o.n_fds = xsks.size();
+    syr_deploy_opts o{.sz = sizeof o, .app = app, .fds = xsks.empty() ? nullptr : xsks.data(),
+                      .n_fds = xsks.size(), .ifname = net_->host_if.c_str(), .ports = ports.data(),
+                      .n_ports = ports.size(), .cpus = cpus.empty() ? nullptr : cpus.data(),
+                      .n_cpus = cpus.size()};
     int id = syr_deploy_policy(source_path(rel).c_str(), SYR_HOOK_XDP, &o);
     if (id > 0) ids_.push_back(id);
     return id;
@@ -275,11 +273,7 @@ TEST_F(Xdp, CrossLayerPairSharesTheWorkMapBetweenXdpAndSocketSelect) {
     fds.push_back(s.get());
     socks.push_back(std::move(s));
   }
-  syr_deploy_opts o{};
-  o.sz = sizeof o;
-  o.app = "xlayer";
-  o.fds = fds.data();
-  o.n_fds = fds.size();
+  syr_deploy_opts o{.sz = sizeof o, .app = "xlayer", .fds = fds.data(), .n_fds = fds.size()};
   int sid = syr_deploy_policy(source_path("policies/socket_local.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
   ASSERT_GT(sid, 0) << syr_last_error();
   ids_.push_back(sid);
@@ -505,10 +499,7 @@ TEST_F(Xdp, CrashedDaemonIsAdoptedOrItsLeftoverRemovedAndAForeignProgramIsRefuse
   {
     Daemon other;
     other.start("/sys/fs/bpf/syrup-test-other-" + std::to_string(getpid()));
-    syr_deploy_opts o{};
-    o.sz = sizeof o;
-    o.app = "crash";
-    o.ifname = net_->host_if.c_str();
+    syr_deploy_opts o{.sz = sizeof o, .app = "crash", .ifname = net_->host_if.c_str()};
     uint16_t port = 9361;
     o.ports = &port;
     o.n_ports = 1;

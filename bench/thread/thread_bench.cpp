@@ -95,9 +95,7 @@ uint64_t decisions(int id) {
 int deploy(const Opts& o) {
   if (o.policy.empty()) return 0;
   syr_set_app("threadbench");
-  syr_deploy_opts d{};
-  d.sz = sizeof d;
-  d.app = "threadbench";
+  syr_deploy_opts d{.sz = sizeof d, .app = "threadbench"};
   int id = syr_deploy_policy(o.policy.c_str(), SYR_HOOK_THREAD, &d);
   if (id < 0) {
     std::fprintf(stderr, "syrup_thread_bench: deploying %s: %s\n", o.policy.c_str(), syr_last_error());

@@ -65,6 +65,7 @@
 
 #include "kv_db.h"
 #include "kv_proto.h"
+#include "sched_attr.h"  // hooks/: the one struct sched_attr of the tree
 #include "syrup/syrup.h"
 
 DEFINE_string(db, "", "database directory (created and loaded if missing)");
@@ -315,26 +316,12 @@ int register_for_thread_hook(int idx) {
   return syr_thread_register(static_cast<uint32_t>(idx));
 }
 
-// struct sched_attr (linux/sched/types.h clashes with glibc's <sched.h>).
-struct SchedAttr {
-  uint32_t size = sizeof(SchedAttr), sched_policy = SCHED_OTHER;
-  uint64_t sched_flags = 0;
-  int32_t sched_nice = 0;
-  uint32_t sched_priority = 0;
-  uint64_t sched_runtime = 0, sched_deadline = 0, sched_period = 0;
-};
-
-// sched_setattr(2) on the calling thread: 0 or -errno.
-int set_sched_attr(const SchedAttr& a) {
-  return syscall(SYS_sched_setattr, 0, &a, 0) < 0 ? -errno : 0;
-}
-
 // sched_setattr(2) with a custom slice for SCHED_OTHER (Linux 6.12+): a SCAN then cannot
 // keep a core for a whole default slice while GET workers wait on the same core.
 int set_slice(int slice_us) {
-  SchedAttr a;
+  syrup::SchedAttr a;
   a.sched_runtime = static_cast<uint64_t>(slice_us) * 1000;
-  return set_sched_attr(a);
+  return syrup::sched_attr_set(0, a);
 }
 
 // --core_share: a SCHED_DEADLINE reservation of share x period every period (a short
@@ -352,13 +339,13 @@ int set_core_share(double share, int period_us) {
   CPU_ZERO(&all);
   for (long c = 0; c < CPU_SETSIZE && c < sysconf(_SC_NPROCESSORS_CONF); c++) CPU_SET(c, &all);
   if (sched_setaffinity(0, sizeof all, &all) < 0) return -errno;
-  SchedAttr a;
-  a.sched_policy = 6;    // SCHED_DEADLINE
-  a.sched_flags = 0x01;  // SCHED_FLAG_RESET_ON_FORK
+  syrup::SchedAttr a;
+  a.sched_policy = syrup::kSchedDeadline;
+  a.sched_flags = syrup::kSchedFlagResetOnFork;
   a.sched_period = static_cast<uint64_t>(period_us) * 1000;
   a.sched_deadline = a.sched_period;
   a.sched_runtime = static_cast<uint64_t>(share * static_cast<double>(a.sched_period));
-  return set_sched_attr(a);
+  return syrup::sched_attr_set(0, a);
 }
 
 void reply(Worker& w, const Pending& p, kv_response& r, const void* body, uint32_t len) {
@@ -675,13 +662,8 @@ int main(int argc, char** argv) {
       fprintf(stderr, "kv_server: bad --params '%s' (want name=value,...)\n", FLAGS_params.c_str());
       return 2;
     }
-    syr_deploy_opts o{};
-    o.sz = sizeof o;
-    o.app = FLAGS_app.c_str();
-    o.fds = fds.data();
-    o.n_fds = fds.size();
-    o.params = params.data();
-    o.n_params = params.size();
+    syr_deploy_opts o{.sz = sizeof o, .app = FLAGS_app.c_str(), .fds = fds.data(),
+                      .n_fds = fds.size(), .params = params.data(), .n_params = params.size()};
     policy_id = syr_deploy_policy(FLAGS_policy.c_str(), SYR_HOOK_SOCKET_SELECT, &o);
     if (policy_id < 0) {
       fprintf(stderr, "kv_server: deploying %s failed (%s):\n%s\n", FLAGS_policy.c_str(),
@@ -695,9 +677,7 @@ int main(int argc, char** argv) {
   // The thread policy (GET-first, ...) is deployed before the workers start, so each
   // can register itself as it comes up.
   if (!FLAGS_thread_policy.empty()) {
-    syr_deploy_opts o{};
-    o.sz = sizeof o;
-    o.app = FLAGS_app.c_str();
+    syr_deploy_opts o{.sz = sizeof o, .app = FLAGS_app.c_str()};
     g.thread_policy_id = syr_deploy_policy(FLAGS_thread_policy.c_str(), SYR_HOOK_THREAD, &o);
     if (g.thread_policy_id < 0) {
       fprintf(stderr, "kv_server: the thread hook is not available (%s): %s\n",

@@ -59,16 +59,38 @@ MIX_CONFIGS = {
 }
 PENDING = "pending the thread hook"
 
+
+def config_of(label):
+    """(socket policy, thread policy, params) of a label: a CONFIGS key, optionally with
+    policy parameters after '@' ("scan_avoid+get_first@keep_free=1", several joined by
+    ':'), so a parameter setting runs side by side with the shipped defaults."""
+    base, _, extra = label.partition("@")
+    sock_pol, thr_pol, fixed = CONFIGS[base]
+    return sock_pol, thr_pol, ",".join(p for p in (fixed, extra.replace(":", ",")) if p)
+
+
+def known_config(label):
+    return label.partition("@")[0] in CONFIGS
+
+
+def app_suffix(label):
+    """A label as part of an application name ([A-Za-z0-9_.-])."""
+    return "".join(c if c.isalnum() or c in "_.-" else "-" for c in label)
+
 # The server setting per mix (the same for every policy of a mix; see bench/README.md):
-# - 99.5/0.5 (the talk: one worker per core): a SCAN yields its core every ~20 us, so on
-#   the one shared server core a SCAN delays the OTHER workers' GETs by at most that long,
-#   as it would not at all on cores of their own; what is left is what socket selection
-#   decides: GETs queued behind a SCAN on the same socket.
-# - 50/50 (the talk: more threads than cores, thread scheduling decides): no yielding, so
-#   which runnable worker gets the core is the kernel's (or a thread policy's) choice.
+# - 99.5/0.5 (the talk: one worker per core): each worker a SCHED_DEADLINE share of the
+#   server core, emulating a core of its own, so a SCAN occupies only its worker's "core";
+#   what is left is what socket selection decides: GETs queued behind a SCAN on one socket.
+# - 50/50 (the talk: more threads than cores, thread scheduling decides): the workers share
+#   the core, so which runnable worker gets it is the kernel's (or a thread policy's) choice.
+# - long_budget: how many executors scan_avoid lets long requests hold at once (its
+#   keep_free = workers - budget; "sita": as many as sita's long executors, so both give
+#   SCANs the same room; 0: no limit, the talk's scan_avoid). On 50/50 the SCANs are ~97%
+#   of the work: without a limit they mark every worker at 80% load and GETs queue behind
+#   them, whatever the thread policy does (measured: bench/README.md).
 MIX_SETTINGS = {
-    99.5: {"workers": 8, "yield_us": 0.0, "core_share": 0.11},
-    50.0: {"workers": 8, "yield_us": 0.0, "core_share": 0.0},
+    99.5: {"workers": 8, "yield_us": 0.0, "core_share": 0.11, "long_budget": "0"},
+    50.0: {"workers": 8, "yield_us": 0.0, "core_share": 0.0, "long_budget": "sita"},
 }
 
 
@@ -223,12 +245,12 @@ class ThreadHookMissing(Exception):
 class Server:
     def __init__(self, args, label, socket_path, scan_len, yield_keys, workers, tag, core_share=0.0,
                  params=""):
-        sock_pol, thr_pol, fixed = CONFIGS[label]
+        sock_pol, thr_pol, fixed = config_of(label)
         params = ",".join(p for p in (fixed, params) if p)
         self.label = label
         cmd = [os.path.join(args.bindir, "kv_server"), f"--db={args.db}", f"--keys={args.keys}",
                f"--workers={workers}", f"--scan_len={scan_len}", f"--yield_keys={yield_keys}",
-               f"--app=kv{tag}-{label.replace('+', '-')}", f"--cpus={args.server_cpus}",
+               f"--app=kv{tag}-{app_suffix(label)}", f"--cpus={args.server_cpus}",
                f"--cache_mb={args.cache_mb}", f"--slice_us={args.slice_us}", f"--core_share={core_share}",
                f"--core_hold_us={args.core_hold_us}"]
         if sock_pol:
@@ -405,9 +427,16 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
     servers, pending, finals = {}, {}, {}
 
     n_long = sita_long_executors(cal, get_pct, workers, core_share)
+    long_budget = per_mix(args.long_budget, get_pct, "long_budget", str)
+    keep_free = scan_avoid_keep_free(long_budget, workers, n_long)
 
     def start(label):
-        params = f"long_executors={n_long}" if CONFIGS[label][0] == "sita.c" else ""
+        sock_pol, _, given = config_of(label)
+        params = ""
+        if sock_pol == "sita.c":
+            params = f"long_executors={n_long}"
+        elif sock_pol == "scan_avoid.c" and keep_free and "keep_free=" not in given:
+            params = f"keep_free={keep_free}"
         return Server(args, label, daemon.socket, scan_len, yield_keys, workers, tag, core_share, params)
 
     # With core shares every server holds deadline bandwidth while it lives and the kernel
@@ -476,7 +505,7 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
     return {"mix": mix_name(get_pct), "get_pct": get_pct, "capacity_rps": capacity,
             "capacity_estimate_rps": estimate, "capacity_ref": ref, "workers": workers,
             "scan_len": scan_len, "yield_us": yield_us, "yield_keys": yield_keys, "core_share": core_share,
-            "sita_long_executors": n_long,
+            "sita_long_executors": n_long, "long_budget": long_budget, "scan_avoid_keep_free": keep_free,
             "loads": loads,
             "configs": labels, "pending": pending, "runs": runs,
             "server_exit": {k: v.get("stats", {}).get("total", {}) for k, v in finals.items()}}
@@ -519,19 +548,25 @@ def sita_long_executors(cal, get_pct, workers, core_share):
     return min(workers - 1, max(1, round(workers * share)))
 
 
-def per_mix(value, get_pct, key):
+def per_mix(value, get_pct, key, conv=float):
     """A setting given as "V" (every mix), "MIX:V,MIX:V", or None (MIX_SETTINGS)."""
-    default = MIX_SETTINGS.get(get_pct, MIX_SETTINGS[99.5])[key]
+    default = conv(MIX_SETTINGS.get(get_pct, MIX_SETTINGS[99.5])[key])
     if value is None:
         return default
     for part in str(value).split(","):
         if ":" in part:
             m, v = part.split(":", 1)
             if float(m) == get_pct:
-                return float(v)
+                return conv(v)
         else:
-            return float(part)
+            return conv(part)
     return default
+
+
+def scan_avoid_keep_free(budget, workers, n_long):
+    """scan_avoid's keep_free for a long-request budget ("0": none, "sita", or a count)."""
+    held = n_long if budget == "sita" else int(budget)
+    return max(0, workers - held) if held > 0 else 0
 
 
 def median_points(mixres):
@@ -676,6 +711,9 @@ def markdown(results):
                      f"SCAN = {mix['scan_len']} keys, "
                      + (f"each worker a core of {mix['core_share']:g} CPU (emulated), " if mix["core_share"] else
                         "workers share one core, ")
+                     + (f"SCANs on at most {mix['workers'] - mix['scan_avoid_keep_free']} executor(s) with "
+                        f"scan_avoid (keep_free={mix['scan_avoid_keep_free']}) and sita, "
+                        if mix.get("scan_avoid_keep_free") else "")
                      + f"GET p99 target {target_us:,.0f} us"
                      + (f" ({mix['target_from']})" if mix.get("target_from") else "") + "\n")
         lines.append("| policy | throughput at target (req/s) | vs pass | GET p99 @50% (us) | vs pass "
@@ -770,7 +808,9 @@ def main():
     ap.add_argument("--cache_mb", type=int, default=96)
     ap.add_argument("--workers", help="workers per server: N, or MIX:N,... (default 8)")
     ap.add_argument("--mixes", default="99.5,50")
-    ap.add_argument("--configs", help="comma-separated subset of configurations")
+    ap.add_argument("--configs", help="comma-separated configurations (" + ", ".join(CONFIGS) + "); "
+                    "LABEL@k=v:k2=v2 runs LABEL with those policy parameters, e.g. "
+                    "scan_avoid+get_first@keep_free=1")
     ap.add_argument("--loads", help="comma-separated fractions of saturation")
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--warmup", type=float, default=0.5)
@@ -788,6 +828,10 @@ def main():
     ap.add_argument("--core-share", dest="core_share",
                     help="each worker a SCHED_DEADLINE reservation of this fraction of a CPU, emulating a "
                          "core per worker (0: off): F or MIX:F,... (default 99.5:0.11,50:0)")
+    ap.add_argument("--long-budget", dest="long_budget",
+                    help="executors scan_avoid lets long requests hold at once (keep_free = workers - "
+                         "this): N, 'sita' (as many as sita's long executors) or 0 (no limit, the talk's "
+                         "policy); B or MIX:B,... (default 99.5:0,50:sita)")
     ap.add_argument("--core-hold-us", dest="core_hold_us", type=int, default=200,
                     help="with a core share: how far a worker may run ahead of its emulated core before "
                          "it sleeps until the core catches up, us (kv_server --core_hold_us; a huge value "
@@ -825,6 +869,15 @@ def main():
             args.configs = "pass,round_robin,scan_avoid,sita"
     if args.loads:
         loads = [float(x) for x in args.loads.split(",")]
+    if args.configs:
+        unknown = [c for c in args.configs.split(",") if not known_config(c)]
+        if unknown:
+            sys.exit(f"rocksdb_bench: unknown configuration {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
+    try:
+        import matplotlib  # noqa: F401  (the plots; checked before, not after, the sweep)
+    except ImportError:
+        sys.exit(f"rocksdb_bench: {sys.executable} has no matplotlib: run bench/rocksdb/run.sh (Debian's "
+                 "python3 with python3-matplotlib) or install it")
     if os.geteuid() != 0:
         sys.exit("rocksdb_bench: run as root (the servers deploy BPF programs through syrupd)")
     for b in ("kv_server", "kv_loadgen") + (() if args.socket else ("syrupd", "syrupctl")):
@@ -852,7 +905,7 @@ def main():
         for get_pct in (float(x) for x in args.mixes.split(",")):
             labels = MIX_CONFIGS.get(get_pct, MIX_CONFIGS[99.5])
             if args.configs:
-                labels = [c for c in args.configs.split(",") if c in CONFIGS]
+                labels = args.configs.split(",")
             log(f"mix {mix_name(get_pct)}: {', '.join(labels)}")
             mixres = sweep_mix(args, daemon, cal, get_pct, labels, loads, tag)
             if args.target_us:

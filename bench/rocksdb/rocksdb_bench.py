@@ -606,24 +606,29 @@ def median_points(mixres):
     return out
 
 
-def throughput_at_target(rows, target_us, max_loss):
+def throughput_at_target(rows, target_us, max_loss, last_crossing=False):
     """The throughput up to which GET p99 stays under the target (and loss under max_loss):
-    the last passing load point, interpolated (log p99, linear load) towards the first
-    failing one. Returns (rps, reached_end)."""
-    last = None
-    for i, r in enumerate(rows):
-        ok = r["get_p99_us"] <= target_us and r["loss_pct"] <= max_loss
-        if not ok:
-            if last is None:
-                return 0.0, False
-            a, b = rows[i - 1], r
-            la, lb = math.log(max(a["get_p99_us"], 1e-3)), math.log(max(b["get_p99_us"], 1e-3))
-            # Failing on loss alone: no latency to interpolate on, keep the passing point.
-            frac = 0.0 if b["get_p99_us"] <= target_us or lb <= la else (math.log(target_us) - la) / (lb - la)
-            frac = min(max(frac, 0.0), 1.0)
-            return a["throughput_rps"] + frac * (b["offered_rps"] - a["throughput_rps"]), False
-        last = r
-    return last["throughput_rps"], True
+    the last passing load point, interpolated (log p99, linear load) towards the next,
+    failing one. Where the p99 is not monotonic in load (a policy fails at 40% and passes
+    at 60% again), the first crossing is the default; last_crossing=True starts from the
+    highest passing point instead (the more generous reading, for the policy compared
+    against). Returns (rps, reached_end)."""
+    ok = [r["get_p99_us"] <= target_us and r["loss_pct"] <= max_loss for r in rows]
+    if last_crossing:
+        passing = [i for i, o in enumerate(ok) if o]
+        i = passing[-1] + 1 if passing else 0
+    else:
+        i = ok.index(False) if False in ok else len(rows)
+    if i == len(rows):
+        return rows[-1]["throughput_rps"], True
+    if i == 0:
+        return 0.0, False
+    a, b = rows[i - 1], rows[i]
+    la, lb = math.log(max(a["get_p99_us"], 1e-3)), math.log(max(b["get_p99_us"], 1e-3))
+    # Failing on loss alone: no latency to interpolate on, keep the passing point.
+    frac = 0.0 if b["get_p99_us"] <= target_us or lb <= la else (math.log(target_us) - la) / (lb - la)
+    frac = min(max(frac, 0.0), 1.0)
+    return a["throughput_rps"] + frac * (b["offered_rps"] - a["throughput_rps"]), False
 
 
 def at_load(rows, load, key):
@@ -644,6 +649,7 @@ def summarize(mixres, target_us, max_loss):
         thr, end = throughput_at_target(rows, target_us, max_loss)
         summary[label] = {
             "throughput_at_target_rps": thr,
+            "throughput_at_target_last_crossing_rps": throughput_at_target(rows, target_us, max_loss, True)[0],
             "target_not_crossed": end,
             "get_p99_at_50_us": at_load(rows, 0.5, "get_p99_us"),
             "get_p99_at_80_us": at_load(rows, 0.8, "get_p99_us"),
@@ -671,9 +677,13 @@ def checks(results):
         target_us = mix["target_us"]
         if mix["get_pct"] == 99.5:
             if "round_robin" in s and "pass" in s and s["pass"].get("throughput_at_target_rps"):
-                r = s["round_robin"]["throughput_at_target_rps"] / s["pass"]["throughput_at_target_rps"]
+                # Met only if it holds with the hash's more generous (last) crossing too.
+                rr, hs = s["round_robin"], s["pass"]
+                r = rr["throughput_at_target_rps"] / hs["throughput_at_target_rps"]
+                r_last = rr["throughput_at_target_rps"] / hs["throughput_at_target_last_crossing_rps"]
                 out.append((f"{mix['mix']}: round_robin throughput at GET p99 <= {target_us:,.0f} us vs pass",
-                            f"{r:.2f}x", ">= 1.75x", r >= 1.75))
+                            f"{r:.2f}x ({r_last:.2f}x against pass's last crossing)", ">= 1.75x both",
+                            min(r, r_last) >= 1.75))
             rr80 = s.get("round_robin", {}).get("get_p99_at_80_us")
             for p in ("sita", "scan_avoid"):
                 v = s.get(p, {}).get("get_p99_at_80_us")

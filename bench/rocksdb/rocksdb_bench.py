@@ -879,6 +879,10 @@ def main():
             args.configs = "pass,round_robin,scan_avoid,sita"
     if args.loads:
         loads = [float(x) for x in args.loads.split(",")]
+    for part in (args.long_budget or "").split(","):
+        v = part.split(":", 1)[-1]
+        if part and v != "sita" and not v.isdigit():
+            sys.exit(f"rocksdb_bench: --long-budget: '{part}' is not N, sita, or MIX:N / MIX:sita")
     if args.configs:
         unknown = [c for c in args.configs.split(",") if not known_config(c)]
         if unknown:

@@ -427,7 +427,7 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
     servers, pending, finals = {}, {}, {}
 
     n_long = sita_long_executors(cal, get_pct, workers, core_share)
-    long_budget = per_mix(args.long_budget, get_pct, "long_budget", str)
+    long_budget = per_mix(args.long_budget, get_pct, "long_budget", long_budget_value)
     keep_free = scan_avoid_keep_free(long_budget, workers, n_long)
 
     def start(label):
@@ -561,6 +561,13 @@ def per_mix(value, get_pct, key, conv=float):
         else:
             return conv(part)
     return default
+
+
+def long_budget_value(v):
+    """A --long-budget value as per_mix's conv: 'sita' or a count, else ValueError."""
+    if v != "sita" and not v.isdigit():
+        raise ValueError(v)
+    return v
 
 
 def scan_avoid_keep_free(budget, workers, n_long):
@@ -879,10 +886,11 @@ def main():
             args.configs = "pass,round_robin,scan_avoid,sita"
     if args.loads:
         loads = [float(x) for x in args.loads.split(",")]
-    for part in (args.long_budget or "").split(","):
-        v = part.split(":", 1)[-1]
-        if part and v != "sita" and not v.isdigit():
-            sys.exit(f"rocksdb_bench: --long-budget: '{part}' is not N, sita, or MIX:N / MIX:sita")
+    try:  # the sweep's own parse, once per mix, before the sweep rather than in it
+        for m in args.mixes.split(","):
+            per_mix(args.long_budget, float(m), "long_budget", long_budget_value)
+    except ValueError:
+        sys.exit(f"rocksdb_bench: --long-budget: '{args.long_budget}' is not N, sita, or MIX:N / MIX:sita,...")
     if args.configs:
         unknown = [c for c in args.configs.split(",") if not known_config(c)]
         if unknown:

@@ -8,6 +8,7 @@
 // shutdown test starts its own, because it ends it. Everything is torn down by RAII: the
 // server gets SIGTERM then SIGKILL, the database directory is removed, syrupd is stopped.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -68,6 +69,26 @@ std::string slurp(const std::string& path) {
   std::string out;
   run_cmd("cat " + path, out);
   return out;
+}
+
+// With --core_share 0.02: a SCAN of every key costs milliseconds of CPU, 50 times as long
+// on the emulated core. The worker must not run ahead of its emulated core (a reservation
+// would make it owe the kernel for it afterwards): it holds, and the SCAN's answer takes
+// at least a hold's threshold.
+void expect_scan_paced(KvClient& c) {
+  json before = server_totals(c);
+  ASSERT_TRUE(before.is_object());
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(c.send_req(KV_SCAN, 0, 77, kKeys));
+  auto r = c.recv_reply(20000);
+  auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(r) << "no answer to the SCAN";
+  EXPECT_EQ(r->hdr.count, kKeys);
+  json after = server_totals(c);
+  ASSERT_TRUE(after.is_object());
+  EXPECT_GT(after["core_holds"].get<uint64_t>(), before["core_holds"].get<uint64_t>())
+      << "the worker ran the SCAN without ever holding for its emulated core";
+  EXPECT_GE(took, std::chrono::microseconds(200)) << "the SCAN took less than one hold";
 }
 
 class KvServer : public ::testing::Test {
@@ -309,23 +330,39 @@ TEST_F(KvServer, CoreShareGivesEachWorkerADeadlineReservationOfItsOwn) {
     ASSERT_TRUE(r) << "no answer to GET " << i;
     EXPECT_EQ(r->hdr.status, KV_OK);
   }
-  // A SCAN of every key costs milliseconds of CPU; on a core of 0.02 that is 50 times as
-  // long. The worker must not run ahead of its emulated core (and owe the kernel for it
-  // afterwards): it holds, and the SCAN's answer takes at least a hold's threshold.
-  json before = server_totals(c);
-  ASSERT_TRUE(before.is_object());
-  auto t0 = std::chrono::steady_clock::now();
-  ASSERT_TRUE(c.send_req(KV_SCAN, 0, 77, kKeys));
-  auto r = c.recv_reply(20000);
-  auto took = std::chrono::steady_clock::now() - t0;
-  ASSERT_TRUE(r) << "no answer to the SCAN";
-  EXPECT_EQ(r->hdr.count, kKeys);
-  json after = server_totals(c);
-  ASSERT_TRUE(after.is_object());
-  EXPECT_GT(after["core_holds"].get<uint64_t>(), before["core_holds"].get<uint64_t>())
-      << "the worker ran the SCAN without ever holding for its emulated core";
-  EXPECT_GE(took, std::chrono::microseconds(200)) << "the SCAN took less than one hold";
+  expect_scan_paced(c);
   EXPECT_EQ(s->child->stop(10000), 0) << slurp(dir_->path() + "/share.err");
+}
+
+TEST_F(KvServer, CoreSharePacingOnlyKeepsWorkersOnTheirCpuInTheFairClass) {
+  // --core_deadline=false (the study's default since session 8): the emulated core is the
+  // pacing alone, so the workers stay in the fair class on --cpus (a deadline reservation
+  // would have to span every CPU, the load generator's too) and still hold for it.
+  int cpu = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) - 1;
+  auto s = start_server(dir_->path() + "/db", "round_robin.c", "kvtest-pace", dir_->path() + "/pace.err",
+                        {"--core_share=0.02", "--core_deadline=false", "--cpus=" + std::to_string(cpu)});
+  ASSERT_NE(s->port, 0) << slurp(dir_->path() + "/pace.err");
+  int workers = 0;
+  for (auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(s->child->pid()) + "/task")) {
+    if (slurp(t.path().string() + "/comm").rfind("kv-w", 0) != 0) continue;
+    workers++;
+    pid_t tid = std::stoi(t.path().filename().string());
+    SchedAttr a;
+    int e = sched_attr_get(tid, a);
+    ASSERT_EQ(e, 0) << strerror(-e);
+    EXPECT_EQ(a.sched_policy, static_cast<uint32_t>(SCHED_OTHER)) << t.path() << " left the fair class";
+    cpu_set_t set;
+    ASSERT_EQ(sched_getaffinity(tid, sizeof set, &set), 0) << strerror(errno);
+    EXPECT_EQ(CPU_COUNT(&set), 1) << t.path() << " may run on more CPUs than --cpus";
+    EXPECT_TRUE(CPU_ISSET(cpu, &set)) << t.path() << " is not on CPU " << cpu;
+  }
+  EXPECT_EQ(workers, kWorkers);
+  KvClient c(s->port);
+  auto r = c.call(KV_GET, 1, 1);
+  ASSERT_TRUE(r) << "no answer to a GET";
+  EXPECT_EQ(r->hdr.status, KV_OK);
+  expect_scan_paced(c);
+  EXPECT_EQ(s->child->stop(10000), 0) << slurp(dir_->path() + "/pace.err");
 }
 
 TEST_F(KvServer, CoreShareWithYieldingIsRefusedWithAClearError) {
@@ -333,7 +370,7 @@ TEST_F(KvServer, CoreShareWithYieldingIsRefusedWithAClearError) {
                         {"--core_share=0.1", "--yield_keys=10"});
   EXPECT_EQ(s->port, 0);
   EXPECT_EQ(s->child->stop(10000), 2);
-  EXPECT_NE(slurp(dir_->path() + "/share2.err").find("--core_share excludes --yield_keys"), std::string::npos)
+  EXPECT_NE(slurp(dir_->path() + "/share2.err").find("deadline reservations excludes --yield_keys"), std::string::npos)
       << slurp(dir_->path() + "/share2.err");
 }
 

@@ -9,8 +9,8 @@ Design:
   (--server-cpus), use the same calibrated SCAN length, worker count and yield setting.
 - kv_loadgen (open loop, Poisson, 50 flows) runs pinned to its own core (--client-cpu).
 - 100% load is the server's saturation throughput for the mix, measured in the same run
-  (round_robin at 1.4x the calibrated capacity); load points are fractions of it, so
-  every policy sees exactly the same offered rates.
+  at the start of every round (round_robin at 1.4x the calibrated capacity); the round's
+  load points are fractions of it, so every policy sees exactly the same offered rates.
 - Fairness on a shared, noisy machine: for every round and load point, the policies run
   back to back in a shuffled order with the SAME arrival schedule (same seed); each point
   is repeated --rounds times and the median is reported. During every run the CPU time
@@ -78,9 +78,11 @@ def app_suffix(label):
     return "".join(c if c.isalnum() or c in "_.-" else "-" for c in label)
 
 # The server setting per mix (the same for every policy of a mix; see bench/README.md):
-# - 99.5/0.5 (the talk: one worker per core): each worker a SCHED_DEADLINE share of the
-#   server core, emulating a core of its own, so a SCAN occupies only its worker's "core";
-#   what is left is what socket selection decides: GETs queued behind a SCAN on one socket.
+# - 99.5/0.5 (the talk: one worker per core): each worker paced to a share of the server
+#   core, emulating a core of its own, so a SCAN occupies only its worker's "core"; what
+#   is left is what socket selection decides: GETs queued behind a SCAN on one socket.
+#   Pacing alone (not a SCHED_DEADLINE reservation, --core-deadline) since session 8: a
+#   reservation must span every CPU, so the workers ran on the load generator's core too.
 # - 50/50 (the talk: more threads than cores, thread scheduling decides): the workers share
 #   the core, so which runnable worker gets it is the kernel's (or a thread policy's) choice.
 # - long_budget: how many executors scan_avoid lets long requests hold at once (its
@@ -252,7 +254,7 @@ class Server:
                f"--workers={workers}", f"--scan_len={scan_len}", f"--yield_keys={yield_keys}",
                f"--app=kv{tag}-{app_suffix(label)}", f"--cpus={args.server_cpus}",
                f"--cache_mb={args.cache_mb}", f"--slice_us={args.slice_us}", f"--core_share={core_share}",
-               f"--core_hold_us={args.core_hold_us}"]
+               f"--core_hold_us={args.core_hold_us}", f"--core_deadline={str(args.core_deadline).lower()}"]
         if sock_pol:
             cmd.append(f"--policy={os.path.join(args.policies, sock_pol)}")
         if thr_pol:
@@ -392,17 +394,17 @@ def healthy(args, res):
             g["late_sends_pct"] <= 1.0)
 
 
-def measure_capacity(args, server, daemon, get_pct, cal):
+def measure_capacity(args, server, daemon, get_pct, cal, rnd):
     """Saturation throughput: offered 1.4x the calibrated capacity, the achieved rate; then
-    offered that rate, what the server sustains; with round 0's flows (if the reference is
-    the kernel's hash, 100% is measured on the same draw as round 0). The second step matters on emulated
+    offered that rate, what the server sustains; with round rnd's flows (if the reference
+    is the kernel's hash, 100% is measured on the round's own draw). The second step matters on emulated
     cores: deeply overloaded, a worker drains its socket 32 datagrams per wake-up and looks
     faster than it is at a rate where every request wakes it (one run: 66k/s saturated,
     load points near 80% of that already queueing without bound)."""
     p = get_pct / 100.0
     per_req_ns = p * (cal["get_ns"] + cal["io_ns"]) + (1 - p) * (cal["scan_ns"] + cal["io_ns"])
     est = 1e9 / per_req_ns
-    best, ports = [], round_ports(args, 0)
+    best, ports = [], round_ports(args, rnd)
     for attempt in range(args.retries + 2):
         wait_quiet(args, daemon)
         res = run_load(args, server, daemon, 1.4 * est, get_pct, max(2.0, args.duration), 999 + attempt, ports)
@@ -439,10 +441,10 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
             params = f"keep_free={keep_free}"
         return Server(args, label, daemon.socket, scan_len, yield_keys, workers, tag, core_share, params)
 
-    # With core shares every server holds deadline bandwidth while it lives and the kernel
-    # admits at most 95% of each CPU: only the server under load may exist, so each run
-    # starts its server and stops it after. Without, all start up front and stay.
-    on_demand = core_share > 0
+    # With deadline-backed core shares every server holds deadline bandwidth while it lives
+    # and the kernel admits at most 95% of each CPU: only the server under load may exist,
+    # so each run starts its server and stops it after. Otherwise all start up front and stay.
+    on_demand = core_share > 0 and args.core_deadline
 
     def use(label, fn):
         if not on_demand:
@@ -467,11 +469,17 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
                 pending[label] = str(e)
                 log(f"  {label}: {PENDING} ({e})")
         ref = "round_robin" if "round_robin" in servers else next(iter(servers))
-        capacity, estimate = use(ref, lambda srv: measure_capacity(args, srv, daemon, get_pct, cal))
-        log(f"  100% load ({ref} sustains): {capacity:.0f} req/s (calibration estimate {estimate:.0f})")
-        runs = []
+        runs, capacities = [], []
         rng = random.Random(args.seed + int(get_pct * 10))
         for rnd in range(args.rounds):
+            # 100% is measured anew for every round, with the round's flows, just before
+            # its load points: on a shared machine the saturation rate drifts (51k to 62k
+            # req/s across sessions for the same server), and a load point is only "80%"
+            # of what the machine sustains at the time it runs.
+            capacity, estimate = use(ref, lambda srv: measure_capacity(args, srv, daemon, get_pct, cal, rnd))
+            capacities.append(capacity)
+            log(f"  round {rnd}: 100% load ({ref} sustains) {capacity:.0f} req/s "
+                f"(calibration estimate {estimate:.0f})")
             for li, load in enumerate(loads):
                 order = list(servers)
                 rng.shuffle(order)
@@ -502,9 +510,10 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
     for label, fin in finals.items():
         if fin.get("status") != 0 or not fin.get("policy_removed", False):
             log(f"  warning: kv_server {label} exited with status {fin.get('status')}")
-    return {"mix": mix_name(get_pct), "get_pct": get_pct, "capacity_rps": capacity,
-            "capacity_estimate_rps": estimate, "capacity_ref": ref, "workers": workers,
+    return {"mix": mix_name(get_pct), "get_pct": get_pct, "capacity_rps": statistics.median(capacities),
+            "capacity_by_round_rps": capacities, "capacity_estimate_rps": estimate, "capacity_ref": ref, "workers": workers,
             "scan_len": scan_len, "yield_us": yield_us, "yield_keys": yield_keys, "core_share": core_share,
+            "core_deadline": bool(core_share and args.core_deadline),
             "sita_long_executors": n_long, "long_budget": long_budget, "scan_avoid_keep_free": keep_free,
             "loads": loads,
             "configs": labels, "pending": pending, "runs": runs,
@@ -723,10 +732,15 @@ def markdown(results):
     lines = []
     for mix in results["mixes"]:
         target_us = mix["target_us"]
+        by_round = mix.get("capacity_by_round_rps", [])
         lines.append(f"**{mix['mix']} GET/SCAN** — 100% load = {mix['capacity_rps']:,.0f} req/s "
-                     f"(what {mix['capacity_ref']} sustains), {mix['workers']} workers, "
+                     f"(what {mix['capacity_ref']} sustains"
+                     + (f"; median of the rounds' {', '.join(f'{c:,.0f}' for c in by_round)}"
+                        if len(by_round) > 1 else "")
+                     + f"), {mix['workers']} workers, "
                      f"SCAN = {mix['scan_len']} keys, "
-                     + (f"each worker a core of {mix['core_share']:g} CPU (emulated), " if mix["core_share"] else
+                     + (f"each worker a core of {mix['core_share']:g} CPU (emulated: "
+                        f"{'a deadline reservation' if mix.get('core_deadline') else 'paced'}), " if mix["core_share"] else
                         "workers share one core, ")
                      + (f"SCANs on at most {mix['workers'] - mix['scan_avoid_keep_free']} executor(s) with "
                         f"scan_avoid (keep_free={mix['scan_avoid_keep_free']}) and sita, "
@@ -800,8 +814,10 @@ def plot(results, outdir):
             axes[0].plot([], [], " ", label=f"{label}: {PENDING}")
         if mix["pending"]:
             axes[0].legend(fontsize=8)
-        where = (f"each a SCHED_DEADLINE core of {mix['core_share']:g} CPU" if mix.get("core_share")
-                 else f"on CPU {results['config']['server_cpus']}")
+        where = f"on CPU {results['config']['server_cpus']}"
+        if mix.get("core_share"):
+            where = (f"each a SCHED_DEADLINE core of {mix['core_share']:g} CPU" if mix.get("core_deadline")
+                     else f"each paced to a core of {mix['core_share']:g} CPU {where}")
         fig.suptitle(f"RocksDB over UDP: {mix['workers']} workers {where}, "
                      f"load generator on CPU {results['config']['client_cpu']}, 50 flows, open loop")
         fig.tight_layout()
@@ -849,6 +865,10 @@ def main():
                     help="executors scan_avoid lets long requests hold at once (keep_free = workers - "
                          "this): N, 'sita' (as many as sita's long executors) or 0 (no limit, the talk's "
                          "policy); B or MIX:B,... (default 99.5:0,50:sita)")
+    ap.add_argument("--core-deadline", dest="core_deadline", action="store_true",
+                    help="back each emulated core with a SCHED_DEADLINE reservation as before session 8 "
+                         "(kv_server --core_deadline): the workers then run on every CPU, the load "
+                         "generator's too (default: pacing alone, the workers stay on --server-cpus)")
     ap.add_argument("--core-hold-us", dest="core_hold_us", type=int, default=200,
                     help="with a core share: how far a worker may run ahead of its emulated core before "
                          "it sleeps until the core catches up, us (kv_server --core_hold_us; a huge value "

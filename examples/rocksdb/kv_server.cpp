@@ -23,9 +23,10 @@
 // - Threads: the whole server is pinned to --cpus (so the load generator can own the
 //   other core). Workers share that core, so a SCAN can yield it every --yield_keys keys
 //   (the same for every policy) and workers may ask for a shorter slice (--slice_us).
-//   With --core_share F each worker instead has a SCHED_DEADLINE reservation of F of a CPU
-//   and paces itself to it (a slow core of its own, emulated; see set_core_share and
-//   CorePacer).
+//   With --core_share F each worker instead paces itself to F of a CPU (a slow core of
+//   its own, emulated; see CorePacer), backed by a SCHED_DEADLINE reservation of F
+//   (set_core_share) unless --core_deadline=false: a reservation must span every CPU,
+//   so only pacing alone keeps the workers on --cpus.
 //   With --thread_policy (e.g. get_first) the server deploys it at the thread hook before
 //   starting the workers, each worker registers itself as executor i, and scan_map[i]
 //   is set while it serves a SCAN. Where the thread hook is not available the deploy
@@ -37,7 +38,8 @@
 //
 //   kv_server --db DIR [--keys N] [--workers N] [--port P] [--policy FILE.c] [--params k=v,..]
 //             [--app NAME] [--scan_len N | --scan_ratio R] [--cpus LIST] [--slice_us U]
-//             [--core_share F [--core_period_us U] [--core_hold_us U]] [--calibrate_only]
+//             [--core_share F [--core_deadline=false] [--core_period_us U] [--core_hold_us U]]
+//             [--calibrate_only]
 //             [--thread_policy FILE.c]
 #include <arpa/inet.h>
 #include <errno.h>
@@ -83,6 +85,10 @@ DEFINE_int32(slice_us, 0, "scheduler slice asked for each worker (sched_attr.sch
 DEFINE_double(core_share, 0,
               "emulate a core of its own per worker: each worker is a SCHED_DEADLINE reservation of "
               "this fraction of a CPU (0: off, workers share --cpus in the fair class)");
+DEFINE_bool(core_deadline, true,
+            "with --core_share: back each emulated core with its SCHED_DEADLINE reservation (the "
+            "workers then run on any CPU, the kernel refuses narrower affinity); false: pacing only, "
+            "the workers stay on --cpus in the fair class");
 DEFINE_int32(core_period_us, 100, "period of a --core_share reservation, us (>= 100)");
 DEFINE_int32(core_hold_us, 200,
              "with --core_share: a worker more than this far ahead of its emulated core sleeps until "
@@ -461,7 +467,7 @@ void worker_main(Worker* w) {
     int e = set_slice(FLAGS_slice_us);
     if (e) fprintf(stderr, "kv_server: worker %d: sched slice: %s\n", w->idx, strerror(-e));
   }
-  if (FLAGS_core_share > 0) {
+  if (FLAGS_core_share > 0 && FLAGS_core_deadline) {
     int e = set_core_share(FLAGS_core_share, FLAGS_core_period_us);
     if (e) {
       // Without the reservation it would be a different experiment: stop.
@@ -471,8 +477,8 @@ void worker_main(Worker* w) {
                           : "");
       _exit(2);
     }
-    w->pacer.start(FLAGS_core_share, FLAGS_core_hold_us);
   }
+  if (FLAGS_core_share > 0) w->pacer.start(FLAGS_core_share, FLAGS_core_hold_us);
   if (g.thread_policy_id > 0) {
     int e = register_for_thread_hook(w->idx);
     if (e) fprintf(stderr, "kv_server: worker %d: thread hook registration: %s\n", w->idx, strerror(-e));
@@ -581,9 +587,10 @@ int main(int argc, char** argv) {
             SYR_MAX_EXECUTORS);
     return 2;
   }
-  if (FLAGS_core_share < 0 || FLAGS_core_share > 1 || FLAGS_core_period_us < 100 || FLAGS_core_hold_us < 0 || (FLAGS_core_share > 0 && (FLAGS_yield_keys || FLAGS_slice_us))) {
-    // sched_yield() ends a deadline task's budget for the period: no yielding with shares.
-    fprintf(stderr, "kv_server: --core_share is 0..1, --core_period_us >= 100, --core_hold_us >= 0; --core_share excludes --yield_keys and --slice_us\n");
+  if (FLAGS_core_share < 0 || FLAGS_core_share > 1 || FLAGS_core_period_us < 100 || FLAGS_core_hold_us < 0 || (FLAGS_core_share > 0 && FLAGS_core_deadline && (FLAGS_yield_keys || FLAGS_slice_us))) {
+    // sched_yield() ends a deadline task's budget for the period: no yielding with reservations.
+    fprintf(stderr, "kv_server: --core_share is 0..1, --core_period_us >= 100, --core_hold_us >= 0; a --core_share "
+                    "backed by deadline reservations excludes --yield_keys and --slice_us\n");
     return 2;
   }
 

@@ -71,6 +71,14 @@ std::string slurp(const std::string& path) {
   return out;
 }
 
+// The server's worker threads (named kv-w<i>).
+std::vector<pid_t> worker_tids(pid_t pid) {
+  std::vector<pid_t> v;
+  for (auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task"))
+    if (slurp(t.path().string() + "/comm").rfind("kv-w", 0) == 0) v.push_back(std::stoi(t.path().filename().string()));
+  return v;
+}
+
 // With --core_share 0.02: a SCAN of every key costs milliseconds of CPU, 50 times as long
 // on the emulated core. The worker must not run ahead of its emulated core (a reservation
 // would make it owe the kernel for it afterwards): it holds, and the SCAN's answer takes
@@ -311,19 +319,16 @@ TEST_F(KvServer, CoreShareGivesEachWorkerADeadlineReservationOfItsOwn) {
       GTEST_SKIP() << "the kernel admits no more SCHED_DEADLINE bandwidth here: " << err;
     FAIL() << "kv_server --core_share did not start:\n" << err;
   }
-  int workers = 0;
-  for (auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(s->child->pid()) + "/task")) {
-    if (slurp(t.path().string() + "/comm").rfind("kv-w", 0) != 0) continue;
-    workers++;
+  auto tids = worker_tids(s->child->pid());
+  for (pid_t tid : tids) {
     SchedAttr a;
-    pid_t tid = std::stoi(t.path().filename().string());
     int e = sched_attr_get(tid, a);
     ASSERT_EQ(e, 0) << strerror(-e);
-    EXPECT_EQ(a.sched_policy, syrup::kSchedDeadline) << t.path() << " is not SCHED_DEADLINE";
-    EXPECT_EQ(a.sched_runtime, 20'000u) << t.path();
-    EXPECT_EQ(a.sched_period, 1'000'000u) << t.path();
+    EXPECT_EQ(a.sched_policy, syrup::kSchedDeadline) << "worker " << tid << " is not SCHED_DEADLINE";
+    EXPECT_EQ(a.sched_runtime, 20'000u) << "worker " << tid;
+    EXPECT_EQ(a.sched_period, 1'000'000u) << "worker " << tid;
   }
-  EXPECT_EQ(workers, kWorkers);
+  EXPECT_EQ(tids.size(), static_cast<size_t>(kWorkers));
   KvClient c(s->port);
   for (int i = 0; i < 30; i++) {
     auto r = c.call(KV_GET, static_cast<uint64_t>(i), static_cast<uint64_t>(i));
@@ -342,21 +347,18 @@ TEST_F(KvServer, CoreSharePacingOnlyKeepsWorkersOnTheirCpuInTheFairClass) {
   auto s = start_server(dir_->path() + "/db", "round_robin.c", "kvtest-pace", dir_->path() + "/pace.err",
                         {"--core_share=0.02", "--core_deadline=false", "--cpus=" + std::to_string(cpu)});
   ASSERT_NE(s->port, 0) << slurp(dir_->path() + "/pace.err");
-  int workers = 0;
-  for (auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(s->child->pid()) + "/task")) {
-    if (slurp(t.path().string() + "/comm").rfind("kv-w", 0) != 0) continue;
-    workers++;
-    pid_t tid = std::stoi(t.path().filename().string());
+  auto tids = worker_tids(s->child->pid());
+  for (pid_t tid : tids) {
     SchedAttr a;
     int e = sched_attr_get(tid, a);
     ASSERT_EQ(e, 0) << strerror(-e);
-    EXPECT_EQ(a.sched_policy, static_cast<uint32_t>(SCHED_OTHER)) << t.path() << " left the fair class";
+    EXPECT_EQ(a.sched_policy, static_cast<uint32_t>(SCHED_OTHER)) << "worker " << tid << " left the fair class";
     cpu_set_t set;
     ASSERT_EQ(sched_getaffinity(tid, sizeof set, &set), 0) << strerror(errno);
-    EXPECT_EQ(CPU_COUNT(&set), 1) << t.path() << " may run on more CPUs than --cpus";
-    EXPECT_TRUE(CPU_ISSET(cpu, &set)) << t.path() << " is not on CPU " << cpu;
+    EXPECT_EQ(CPU_COUNT(&set), 1) << "worker " << tid << " may run on more CPUs than --cpus";
+    EXPECT_TRUE(CPU_ISSET(cpu, &set)) << "worker " << tid << " is not on CPU " << cpu;
   }
-  EXPECT_EQ(workers, kWorkers);
+  EXPECT_EQ(tids.size(), static_cast<size_t>(kWorkers));
   KvClient c(s->port);
   auto r = c.call(KV_GET, 1, 1);
   ASSERT_TRUE(r) << "no answer to a GET";

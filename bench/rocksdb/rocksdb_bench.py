@@ -444,10 +444,10 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
     # With deadline-backed core shares every server holds deadline bandwidth while it lives
     # and the kernel admits at most 95% of each CPU: only the server under load may exist,
     # so each run starts its server and stops it after. Otherwise all start up front and stay.
-    on_demand = core_share > 0 and args.core_deadline
+    reserved = core_share > 0 and args.core_deadline
 
     def use(label, fn):
-        if not on_demand:
+        if not reserved:
             return fn(servers[label])
         srv = start(label)
         try:
@@ -460,8 +460,8 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
             try:
                 srv = start(label)
                 log(f"  {label}: kv_server pid {srv.pid} on port {srv.port}"
-                    + (" (started for each run: core shares)" if on_demand else ""))
-                if on_demand:
+                    + (" (started for each run: deadline reservations)" if reserved else ""))
+                if reserved:
                     finals[label] = srv.stop()
                     srv = None
                 servers[label] = srv
@@ -513,7 +513,7 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
     return {"mix": mix_name(get_pct), "get_pct": get_pct, "capacity_rps": statistics.median(capacities),
             "capacity_by_round_rps": capacities, "capacity_estimate_rps": estimate, "capacity_ref": ref, "workers": workers,
             "scan_len": scan_len, "yield_us": yield_us, "yield_keys": yield_keys, "core_share": core_share,
-            "core_deadline": bool(core_share and args.core_deadline),
+            "core_deadline": reserved,
             "sita_long_executors": n_long, "long_budget": long_budget, "scan_avoid_keep_free": keep_free,
             "loads": loads,
             "configs": labels, "pending": pending, "runs": runs,

@@ -83,8 +83,9 @@ DEFINE_double(scan_ratio, 70, "cost of a SCAN in GETs when calibrating");
 DEFINE_string(cpus, "", "CPUs the server may run on, e.g. 1 or 0-1 (empty: any)");
 DEFINE_int32(slice_us, 0, "scheduler slice asked for each worker (sched_attr.sched_runtime; 0: default)");
 DEFINE_double(core_share, 0,
-              "emulate a core of its own per worker: each worker is a SCHED_DEADLINE reservation of "
-              "this fraction of a CPU (0: off, workers share --cpus in the fair class)");
+              "emulate a core of its own per worker: each worker paces itself to this fraction of a "
+              "CPU, backed by a SCHED_DEADLINE reservation unless --core_deadline=false (0: off, "
+              "workers share --cpus in the fair class)");
 DEFINE_bool(core_deadline, true,
             "with --core_share: back each emulated core with its SCHED_DEADLINE reservation (the "
             "workers then run on any CPU, the kernel refuses narrower affinity); false: pacing only, "

@@ -362,6 +362,7 @@ def run_load(args, server, daemon, rate, get_pct, duration, seed, src_port_base=
     res["cpu"] = {
         "wall_s": wall,
         "server_cores": (srv1 - srv0) / wall,
+        "server_cpu_s": srv1 - srv0,
         "generator_cores": gen_cpu / wall,
         "syrupd_cores": (d1 - d0) / wall,
         "foreign_cores": max(0.0, foreign) / wall,
@@ -394,17 +395,50 @@ def healthy(args, res):
             g["late_sends_pct"] <= 1.0)
 
 
-def measure_capacity(args, server, daemon, get_pct, cal, rnd):
-    """Saturation throughput: offered 1.4x the calibrated capacity, the achieved rate; then
-    offered that rate, what the server sustains; with round rnd's flows (if the reference
-    is the kernel's hash, 100% is measured on the round's own draw). The second step matters on emulated
-    cores: deeply overloaded, a worker drains its socket 32 datagrams per wake-up and looks
-    faster than it is at a rate where every request wakes it (one run: 66k/s saturated,
-    load points near 80% of that already queueing without bound)."""
+def measure_capacity(args, server, daemon, get_pct, cal, rnd, workers, core_share):
+    """100% load for round rnd, with the round's flows. Returns (rate, how, calibration
+    estimate, probes).
+
+    Emulated cores (core_share > 0): the rate at which the reference's workers keep their
+    cores exactly busy, workers x core_share / (server CPU per request), the CPU per
+    request measured at about 75% of that rate (a first probe at a quarter of the
+    calibration's estimate finds where that is). This is utilisation, as a machine with a
+    core per worker defines it. Not the saturation throughput: overloaded, a worker drains
+    its socket 32 datagrams per wake-up and spends ~9 us of CPU per request instead of the
+    ~11.5 us it spends at 80% load, so "what it sustains" deeply backlogged is 10-30% above
+    what it sustains with short queues, and a load point called 80% of it ran the cores at
+    88-103% (sessions 8-9: every policy stalled there in some rounds).
+
+    Shared core (core_share 0): the saturation throughput, offered 1.4x the calibrated
+    capacity, then offered that, what is achieved. There the SCANs are nearly all the work
+    and a request's cost hardly depends on the batch it came in."""
     p = get_pct / 100.0
     per_req_ns = p * (cal["get_ns"] + cal["io_ns"]) + (1 - p) * (cal["scan_ns"] + cal["io_ns"])
     est = 1e9 / per_req_ns
-    best, ports = [], round_ports(args, rnd)
+    ports = round_ports(args, rnd)
+
+    def healthy_run(rate, seed):
+        for attempt in range(args.retries + 1):
+            wait_quiet(args, daemon)
+            res = run_load(args, server, daemon, rate, get_pct, max(2.0, args.duration), seed + attempt, ports)
+            if healthy(args, res) or attempt == args.retries:
+                return res
+
+    if core_share:
+        probes, rate = [], 0.25 * est
+        for step in range(2):
+            res = healthy_run(rate, 990 + 10 * step)
+            # Every answer the server sent, warm-up and tail included (its CPU time covers them).
+            cpu_s, answered = res["cpu"]["server_cpu_s"], sum(res.get("answers_by_worker") or [0])
+            if answered <= 0 or cpu_s <= 0:
+                raise RuntimeError(f"capacity probe at {rate:.0f} req/s: nothing answered")
+            cost_s = cpu_s / answered
+            cap = workers * core_share / cost_s
+            probes.append({"offered_rps": rate, "cpu_per_request_us": cost_s * 1e6, "capacity_rps": cap})
+            rate = 0.75 * cap
+        return cap, "emulated cores' utilisation", est, probes
+
+    best = []
     for attempt in range(args.retries + 2):
         wait_quiet(args, daemon)
         res = run_load(args, server, daemon, 1.4 * est, get_pct, max(2.0, args.duration), 999 + attempt, ports)
@@ -415,7 +449,7 @@ def measure_capacity(args, server, daemon, get_pct, cal, rnd):
     sat = max(best)
     wait_quiet(args, daemon)
     res = run_load(args, server, daemon, sat, get_pct, max(2.0, args.duration), 997, ports)
-    return min(sat, res["throughput_rps"]), est
+    return min(sat, res["throughput_rps"]), "saturation", est, []
 
 
 # ---- the sweep ------------------------------------------------------------------------
@@ -469,17 +503,21 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
                 pending[label] = str(e)
                 log(f"  {label}: {PENDING} ({e})")
         ref = "round_robin" if "round_robin" in servers else next(iter(servers))
-        runs, capacities = [], []
+        runs, capacities, capacity_probes, how = [], [], [], ""
         rng = random.Random(args.seed + int(get_pct * 10))
         for rnd in range(args.rounds):
             # 100% is measured anew for every round, with the round's flows, just before
             # its load points: on a shared machine the saturation rate drifts (51k to 62k
             # req/s across sessions for the same server), and a load point is only "80%"
             # of what the machine sustains at the time it runs.
-            capacity, estimate = use(ref, lambda srv: measure_capacity(args, srv, daemon, get_pct, cal, rnd))
+            capacity, how, estimate, probes = use(ref, lambda srv: measure_capacity(
+                args, srv, daemon, get_pct, cal, rnd, workers, core_share))
             capacities.append(capacity)
-            log(f"  round {rnd}: 100% load ({ref} sustains) {capacity:.0f} req/s "
-                f"(calibration estimate {estimate:.0f})")
+            capacity_probes.append(probes)
+            log(f"  round {rnd}: 100% load ({ref}, {how}) {capacity:.0f} req/s"
+                + "".join(f"; probe at {p['offered_rps']:.0f} req/s: {p['cpu_per_request_us']:.2f} us "
+                          f"of CPU per request" for p in probes)
+                + f" (calibration estimate {estimate:.0f})")
             for li, load in enumerate(loads):
                 order = list(servers)
                 rng.shuffle(order)
@@ -498,6 +536,7 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
                                 f"{res['generator']['late_sends_pct']:.1f}%), again")
                     res, ok = use(label, one)
                     runs.append({"config": label, "load": load, "round": rnd, "seed": seed,
+                                 "src_port_base": round_ports(args, rnd),
                                  "rate": load * capacity, "healthy": ok, "result": res})
                     g, s = res["types"]["get"], res["types"]["scan"]
                     log(f"    round {rnd} {load:4.0%} {label:22s} {res['throughput_rps']:8.0f}/s "
@@ -511,7 +550,9 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
         if fin.get("status") != 0 or not fin.get("policy_removed", False):
             log(f"  warning: kv_server {label} exited with status {fin.get('status')}")
     return {"mix": mix_name(get_pct), "get_pct": get_pct, "capacity_rps": statistics.median(capacities),
-            "capacity_by_round_rps": capacities, "capacity_estimate_rps": estimate, "capacity_ref": ref, "workers": workers,
+            "capacity_by_round_rps": capacities, "capacity_probes": capacity_probes,
+            "capacity_how": how, "capacity_estimate_rps": estimate, "capacity_ref": ref, "workers": workers,
+            "flows": args.flows,
             "scan_len": scan_len, "yield_us": yield_us, "yield_keys": yield_keys, "core_share": core_share,
             "core_deadline": reserved,
             "sita_long_executors": n_long, "long_budget": long_budget, "scan_avoid_keep_free": keep_free,
@@ -685,6 +726,29 @@ def summarize(mixres, target_us, max_loss):
     return med, summary
 
 
+def per_draw(mixres, target_us, max_loss, a="round_robin", b="pass"):
+    """a against b (round robin against the kernel hash) in each round on its own. A round's
+    flows are one draw of the hash's spread over the sockets, and what round robin gains
+    over the hash follows that draw's imbalance (the busiest socket's share x workers: the
+    hash saturates that socket first), so the median curves' ratio alone does not show how
+    much of it the draw decided. The imbalance is b's, the median over the round's load
+    points that lost at most max_loss (past them the busiest socket drops and looks less
+    busy). Empty when a round lacks a or b."""
+    out = []
+    for rnd in sorted({r["round"] for r in mixres["runs"]}):
+        one = dict(mixres, runs=[r for r in mixres["runs"] if r["round"] == rnd])
+        med = median_points(one)
+        if a not in med or b not in med:
+            return []
+        ta, tb = (throughput_at_target(med[x], target_us, max_loss)[0] for x in (a, b))
+        ok = [r for r in med[b] if r["loss_pct"] <= max_loss] or med[b]
+        base = next((r.get("src_port_base") for r in one["runs"]), None)
+        out.append({"round": rnd, "src_port_base": base,
+                    "imbalance": statistics.median(r["worker_imbalance"] for r in ok),
+                    f"{a}_rps": ta, f"{b}_rps": tb, "ratio": ta / tb if tb else None})
+    return out
+
+
 def checks(results):
     """The issue's targets, evaluated on this run."""
     out = []
@@ -734,7 +798,7 @@ def markdown(results):
         target_us = mix["target_us"]
         by_round = mix.get("capacity_by_round_rps", [])
         lines.append(f"**{mix['mix']} GET/SCAN** — 100% load = {mix['capacity_rps']:,.0f} req/s "
-                     f"(what {mix['capacity_ref']} sustains"
+                     f"({capacity_text(mix)}"
                      + (f"; median of the rounds' {', '.join(f'{c:,.0f}' for c in by_round)}"
                         if len(by_round) > 1 else "")
                      + f"), {mix['workers']} workers, "
@@ -762,7 +826,23 @@ def markdown(results):
                          f"{fmt_us(s['get_p99_at_80_us'])} | {r('get_p99_at_80_vs_pass')} | "
                          f"{fmt_us(s['scan_p99_at_80_us'])} |")
         lines.append("")
+        if mix.get("draws"):
+            lines.append("round_robin vs pass in each round (one draw of the flows' source ports each): " +
+                         "; ".join(draw_text(d, mix) for d in mix["draws"]) + "\n")
     return "\n".join(lines)
+
+
+def capacity_text(mix):
+    if mix.get("capacity_how", "").startswith("emulated"):
+        return f"{mix['capacity_ref']}'s workers keep their emulated cores busy"
+    return f"what {mix['capacity_ref']} sustains"
+
+
+def draw_text(d, mix):
+    ports = (f"ports {d['src_port_base']}-{d['src_port_base'] + mix['flows'] - 1}, "
+             if d.get("src_port_base") else "")
+    ratio = f"{d['ratio']:.2f}x" if d["ratio"] else "-"
+    return f"round {d['round']} ({ports}hash imbalance {d['imbalance']:.2f}) {ratio}"
 
 
 def small_table(results):
@@ -772,7 +852,7 @@ def small_table(results):
         loads = mix["loads"]
         load = 0.8 if 0.8 in loads else loads[-1]
         lines.append(f"{mix['mix']} GET/SCAN mix at {load:.0%} load "
-                     f"({load * mix['capacity_rps']:,.0f} req/s offered; 100% = what {mix['capacity_ref']} sustains):")
+                     f"({load * mix['capacity_rps']:,.0f} req/s offered; 100% = {capacity_text(mix)}):")
         lines.append(f"  {'policy':22s} {'throughput':>12s} {'GET p99':>12s} {'SCAN p99':>12s}"
                      f" {'thr. at target':>15s}")
         for label in mix["configs"]:
@@ -955,6 +1035,7 @@ def main():
             else:
                 mixres["target_us"], mixres["target_from"] = mix_target_us(mixres, cal)
             mixres["points"], mixres["summary"] = summarize(mixres, mixres["target_us"], args.max_loss)
+            mixres["draws"] = per_draw(mixres, mixres["target_us"], args.max_loss)
             results["mixes"].append(mixres)
         results["checks"] = [{"what": w, "value": v, "target": t, "met": m}
                              for w, v, t, m in checks(results)]

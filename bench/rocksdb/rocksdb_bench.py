@@ -8,9 +8,14 @@ Design:
   ("kv-<config>"), so their maps never mix. All are pinned to the same server core(s)
   (--server-cpus), use the same calibrated SCAN length, worker count and yield setting.
 - kv_loadgen (open loop, Poisson, 50 flows) runs pinned to its own core (--client-cpu).
-- 100% load is the server's saturation throughput for the mix, measured in the same run
-  at the start of every round (round_robin at 1.4x the calibrated capacity); the round's
-  load points are fractions of it, so every policy sees exactly the same offered rates.
+- 100% load is measured in the same run at the start of every round, on round_robin's
+  server: with emulated cores, the rate at which its workers keep their cores busy (from
+  its CPU per request); with workers sharing a core, its saturation throughput (offered
+  1.4x the calibrated capacity). The round's load points are fractions of it, so every
+  policy sees exactly the same offered rates.
+- Each round's flows have fixed source ports of their own: one draw of the kernel hash's
+  spread over the sockets per round, the same for every policy and load point; round
+  robin against the hash is also reported per round, with the draw's imbalance.
 - Fairness on a shared, noisy machine: for every round and load point, the policies run
   back to back in a shuffled order with the SAME arrival schedule (same seed); each point
   is repeated --rounds times and the median is reported. During every run the CPU time
@@ -395,6 +400,14 @@ def healthy(args, res):
             g["late_sends_pct"] <= 1.0)
 
 
+def utilisation_capacity(workers, core_share, cpu_s, answered):
+    """The rate at which `workers` cores of `core_share` CPU each are exactly busy, when
+    `answered` requests cost the server `cpu_s` seconds of CPU."""
+    if answered <= 0 or cpu_s <= 0:
+        raise RuntimeError(f"capacity probe: {answered} requests answered for {cpu_s:.3f} s of CPU")
+    return workers * core_share / (cpu_s / answered)
+
+
 def measure_capacity(args, server, daemon, get_pct, cal, rnd, workers, core_share):
     """100% load for round rnd, with the round's flows. Returns (rate, how, calibration
     estimate, probes).
@@ -430,11 +443,9 @@ def measure_capacity(args, server, daemon, get_pct, cal, rnd, workers, core_shar
             res = healthy_run(rate, 990 + 10 * step)
             # Every answer the server sent, warm-up and tail included (its CPU time covers them).
             cpu_s, answered = res["cpu"]["server_cpu_s"], sum(res.get("answers_by_worker") or [0])
-            if answered <= 0 or cpu_s <= 0:
-                raise RuntimeError(f"capacity probe at {rate:.0f} req/s: nothing answered")
-            cost_s = cpu_s / answered
-            cap = workers * core_share / cost_s
-            probes.append({"offered_rps": rate, "cpu_per_request_us": cost_s * 1e6, "capacity_rps": cap})
+            cap = utilisation_capacity(workers, core_share, cpu_s, answered)
+            probes.append({"offered_rps": rate, "cpu_per_request_us": cpu_s / answered * 1e6,
+                           "capacity_rps": cap})
             rate = 0.75 * cap
         return cap, "emulated cores' utilisation", est, probes
 

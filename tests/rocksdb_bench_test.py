@@ -1,0 +1,125 @@
+#!/usr/bin/python3
+"""Unit tests of the RocksDB study's pure logic (bench/rocksdb/rocksdb_bench.py): how the
+table's numbers come out of the runs. No kernel, no servers: synthetic runs."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "rocksdb"))
+import rocksdb_bench as rb  # noqa: E402
+
+
+def run(config, load, rnd, p99_us, answers, loss=0.0, capacity=1000.0):
+    rate = load * capacity
+    return {"config": config, "load": load, "round": rnd, "src_port_base": 20000 + 50 * rnd,
+            "healthy": True,
+            "result": {"offered_rps": rate, "throughput_rps": rate * (1 - loss / 100),
+                       "loss_pct": loss, "answers_by_worker": answers,
+                       "sent_by_type": {"scan": 10},
+                       "types": {"get": {"p50_us": p99_us / 10, "p99_us": p99_us, "p999_us": p99_us * 2},
+                                 "scan": {"p50_us": 500.0, "p99_us": 900.0, "n": 10}}}}
+
+
+def mix(runs, workers=4):
+    return {"runs": runs, "workers": workers, "flows": 50, "configs": sorted({r["config"] for r in runs}),
+            "pending": {}}
+
+
+class ThroughputAtTarget(unittest.TestCase):
+    def rows(self, p99s, loss=None):
+        loss = loss or [0.0] * len(p99s)
+        return [{"load": (i + 1) / 10, "offered_rps": (i + 1) * 100.0, "throughput_rps": (i + 1) * 100.0,
+                 "get_p99_us": p, "loss_pct": l} for i, (p, l) in enumerate(zip(p99s, loss))]
+
+    def test_interpolates_log_latency_between_the_last_pass_and_the_first_fail(self):
+        # 100 us at 300 req/s, 10,000 us at 400: the 1,000 us target is halfway in log.
+        thr, end = rb.throughput_at_target(self.rows([10, 50, 100, 10000]), 1000, 1.0)
+        self.assertAlmostEqual(thr, 350.0)
+        self.assertFalse(end)
+
+    def test_never_crossed_is_the_last_point_and_says_so(self):
+        self.assertEqual(rb.throughput_at_target(self.rows([10, 20, 30]), 1000, 1.0), (300.0, True))
+
+    def test_failing_at_the_first_point_is_zero(self):
+        self.assertEqual(rb.throughput_at_target(self.rows([5000, 6000]), 1000, 1.0), (0.0, False))
+
+    def test_non_monotonic_curve_first_crossing_by_default_last_on_request(self):
+        rows = self.rows([10, 5000, 20, 5000])
+        self.assertLess(rb.throughput_at_target(rows, 1000, 1.0)[0], 200)
+        self.assertGreater(rb.throughput_at_target(rows, 1000, 1.0, last_crossing=True)[0], 300)
+
+    def test_loss_over_the_limit_fails_a_point_without_moving_past_it(self):
+        thr, _ = rb.throughput_at_target(self.rows([10, 20, 30], loss=[0, 0, 5.0]), 1000, 1.0)
+        self.assertEqual(thr, 200.0)
+
+
+class PerDraw(unittest.TestCase):
+    def test_each_round_is_compared_on_its_own_with_its_hash_imbalance(self):
+        runs = []
+        # Round 0: the hash gives one of 4 workers half the flows (imbalance 2.0) and
+        # crosses the target halfway (in log latency) between 40% and 50% load; round robin
+        # holds to 80%. Round 1: an even draw, both hold to 80%.
+        for load, p99 in ((0.4, 100), (0.5, 10000), (0.8, 100000)):
+            runs.append(run("pass", load, 0, p99, [50, 20, 15, 15]))
+        for load, p99 in ((0.4, 100), (0.5, 100), (0.8, 100)):
+            runs.append(run("round_robin", load, 0, p99, [25, 25, 25, 25]))
+            runs.append(run("round_robin", load, 1, p99, [25, 25, 25, 25]))
+            runs.append(run("pass", load, 1, p99, [25, 25, 25, 25]))
+        draws = rb.per_draw(mix(runs), target_us=1000, max_loss=1.0)
+        self.assertEqual([d["round"] for d in draws], [0, 1])
+        self.assertEqual([d["src_port_base"] for d in draws], [20000, 20050])
+        self.assertAlmostEqual(draws[0]["imbalance"], 2.0)
+        self.assertAlmostEqual(draws[0]["pass_rps"], 450.0)
+        self.assertAlmostEqual(draws[0]["round_robin_rps"], 800.0)
+        self.assertAlmostEqual(draws[0]["ratio"], 800.0 / 450.0)
+        self.assertAlmostEqual(draws[1]["imbalance"], 1.0)
+        self.assertAlmostEqual(draws[1]["ratio"], 1.0)
+        text = rb.draw_text(draws[0], {"flows": 50})
+        self.assertIn("ports 20000-20049", text)
+        self.assertIn("hash imbalance 2.00) 1.78x", text)
+
+    def test_points_that_lost_requests_do_not_count_toward_the_imbalance(self):
+        # Overloaded, the busiest socket drops and looks no busier than the rest.
+        runs = [run("pass", 0.4, 0, 100, [40, 20, 20, 20]),
+                run("pass", 0.9, 0, 100000, [25, 25, 25, 25], loss=10.0),
+                run("round_robin", 0.4, 0, 100, [25, 25, 25, 25]),
+                run("round_robin", 0.9, 0, 100, [25, 25, 25, 25])]
+        self.assertAlmostEqual(rb.per_draw(mix(runs), 1000, 1.0)[0]["imbalance"], 1.6)
+
+    def test_nothing_without_both_policies(self):
+        self.assertEqual(rb.per_draw(mix([run("sita", 0.5, 0, 100, [1, 1])]), 1000, 1.0), [])
+
+
+class Checks(unittest.TestCase):
+    def results(self, rr, hash_first, hash_last):
+        summary = {"round_robin": {"throughput_at_target_rps": rr, "get_p99_at_80_us": 5000.0},
+                   "pass": {"throughput_at_target_rps": hash_first,
+                            "throughput_at_target_last_crossing_rps": hash_last},
+                   "sita": {"get_p99_at_80_us": 500.0}, "scan_avoid": {"get_p99_at_80_us": 2000.0}}
+        return {"mixes": [{"mix": "99.5-0.5", "get_pct": 99.5, "target_us": 1000, "summary": summary,
+                           "pending": {}}]}
+
+    def test_round_robin_target_must_hold_against_both_crossings_of_the_hash(self):
+        met = {c[0].split(": ")[1]: c[3] for c in rb.checks(self.results(1800, 1000, 1000))}
+        self.assertTrue(met["round_robin throughput at GET p99 <= 1,000 us vs pass"])
+        met = {c[0].split(": ")[1]: c[3] for c in rb.checks(self.results(1800, 1000, 1100))}
+        self.assertFalse(met["round_robin throughput at GET p99 <= 1,000 us vs pass"])
+
+    def test_five_fold_cut_at_80_percent(self):
+        met = {c[0].split(": ")[1]: c[3] for c in rb.checks(self.results(1800, 1000, 1000))}
+        self.assertTrue(met["sita GET p99 at 80% load, cut vs round_robin"])
+        self.assertFalse(met["scan_avoid GET p99 at 80% load, cut vs round_robin"])
+
+
+class Capacity(unittest.TestCase):
+    def test_utilisation_capacity_from_cpu_per_request(self):
+        # 8 workers of 0.11 CPU, 11 us of CPU per request: 80,000 req/s keep them busy.
+        self.assertAlmostEqual(rb.utilisation_capacity(8, 0.11, cpu_s=1.1, answered=100000), 80000.0)
+
+    def test_nothing_answered_is_an_error_not_a_rate(self):
+        with self.assertRaises(RuntimeError):
+            rb.utilisation_capacity(8, 0.11, cpu_s=1.0, answered=0)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

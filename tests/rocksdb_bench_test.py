@@ -116,6 +116,11 @@ class Capacity(unittest.TestCase):
         # 8 workers of 0.11 CPU, 11 us of CPU per request: 80,000 req/s keep them busy.
         self.assertAlmostEqual(rb.utilisation_capacity(8, 0.11, cpu_s=1.1, answered=100000), 80000.0)
 
+    def test_the_table_says_how_100_percent_was_measured(self):
+        mix = {"capacity_ref": "round_robin", "capacity_how": "utilisation"}
+        self.assertEqual(rb.capacity_text(mix), "round_robin's workers keep their emulated cores busy")
+        self.assertEqual(rb.capacity_text(dict(mix, capacity_how="saturation")), "what round_robin sustains")
+
     def test_nothing_answered_is_an_error_not_a_rate(self):
         with self.assertRaises(RuntimeError):
             rb.utilisation_capacity(8, 0.11, cpu_s=1.0, answered=0)

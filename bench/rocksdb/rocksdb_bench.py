@@ -400,6 +400,10 @@ def healthy(args, res):
             g["late_sends_pct"] <= 1.0)
 
 
+# How a round's 100% load was measured (measure_capacity), as the log says it.
+CAPACITY_HOW = {"utilisation": "utilisation of the emulated cores", "saturation": "saturation"}
+
+
 def utilisation_capacity(workers, core_share, cpu_s, answered):
     """The rate at which `workers` cores of `core_share` CPU each are exactly busy, when
     `answered` requests cost the server `cpu_s` seconds of CPU."""
@@ -447,7 +451,7 @@ def measure_capacity(args, server, daemon, get_pct, cal, rnd, workers, core_shar
             probes.append({"offered_rps": rate, "cpu_per_request_us": cpu_s / answered * 1e6,
                            "capacity_rps": cap})
             rate = 0.75 * cap
-        return cap, "emulated cores' utilisation", est, probes
+        return cap, "utilisation", est, probes
 
     best = []
     for attempt in range(args.retries + 2):
@@ -518,14 +522,14 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
         rng = random.Random(args.seed + int(get_pct * 10))
         for rnd in range(args.rounds):
             # 100% is measured anew for every round, with the round's flows, just before
-            # its load points: on a shared machine the saturation rate drifts (51k to 62k
-            # req/s across sessions for the same server), and a load point is only "80%"
-            # of what the machine sustains at the time it runs.
+            # its load points: on a shared machine the server's speed drifts (its CPU per
+            # request moved from 11.2 to 12.6 us between two rounds of one run), and a load
+            # point is only "80%" of what the machine sustains at the time it runs.
             capacity, how, estimate, probes = use(ref, lambda srv: measure_capacity(
                 args, srv, daemon, get_pct, cal, rnd, workers, core_share))
             capacities.append(capacity)
             capacity_probes.append(probes)
-            log(f"  round {rnd}: 100% load ({ref}, {how}) {capacity:.0f} req/s"
+            log(f"  round {rnd}: 100% load ({ref}, {CAPACITY_HOW[how]}) {capacity:.0f} req/s"
                 + "".join(f"; probe at {p['offered_rps']:.0f} req/s: {p['cpu_per_request_us']:.2f} us "
                           f"of CPU per request" for p in probes)
                 + f" (calibration estimate {estimate:.0f})")
@@ -844,7 +848,7 @@ def markdown(results):
 
 
 def capacity_text(mix):
-    if mix.get("capacity_how", "").startswith("emulated"):
+    if mix.get("capacity_how") == "utilisation":
         return f"{mix['capacity_ref']}'s workers keep their emulated cores busy"
     return f"what {mix['capacity_ref']} sustains"
 
@@ -950,8 +954,9 @@ def main():
                     help="a SCAN yields its core about this often, 0 never: U or MIX:U,... (default 0: never)")
     ap.add_argument("--slice-us", dest="slice_us", type=int, default=0)
     ap.add_argument("--core-share", dest="core_share",
-                    help="each worker a SCHED_DEADLINE reservation of this fraction of a CPU, emulating a "
-                         "core per worker (0: off): F or MIX:F,... (default 99.5:0.11,50:0)")
+                    help="each worker a core of its own, emulated: paced to this fraction of a CPU "
+                         "(--core-deadline adds a SCHED_DEADLINE reservation; 0: off, the workers share "
+                         "the server CPUs): F or MIX:F,... (default 99.5:0.11,50:0)")
     ap.add_argument("--long-budget", dest="long_budget",
                     help="executors scan_avoid lets long requests hold at once (keep_free = workers - "
                          "this): N, 'sita' (as many as sita's long executors) or 0 (no limit, the talk's "

@@ -400,6 +400,19 @@ def healthy(args, res):
             g["late_sends_pct"] <= 1.0)
 
 
+def run_until_healthy(args, server, daemon, rate, get_pct, duration, seed, ports, what):
+    """run_load after the machine is quiet, repeated (same seed, same schedule) up to
+    --retries times while the run is not healthy. Returns (result, healthy)."""
+    for attempt in range(args.retries + 1):
+        wait_quiet(args, daemon)
+        res = run_load(args, server, daemon, rate, get_pct, duration, seed, ports)
+        ok = healthy(args, res)
+        if ok or attempt == args.retries:
+            return res, ok
+        log(f"    {what}: noisy run (others used {res['cpu']['foreign_cores']:.2f} cores, late sends "
+            f"{res['generator']['late_sends_pct']:.1f}%), again")
+
+
 # How a round's 100% load was measured (measure_capacity), as the log says it.
 CAPACITY_HOW = {"utilisation": "utilisation of the emulated cores", "saturation": "saturation"}
 
@@ -434,17 +447,11 @@ def measure_capacity(args, server, daemon, get_pct, cal, rnd, workers, core_shar
     est = 1e9 / per_req_ns
     ports = round_ports(args, rnd)
 
-    def healthy_run(rate, seed):
-        for attempt in range(args.retries + 1):
-            wait_quiet(args, daemon)
-            res = run_load(args, server, daemon, rate, get_pct, max(2.0, args.duration), seed + attempt, ports)
-            if healthy(args, res) or attempt == args.retries:
-                return res
-
     if core_share:
         probes, rate = [], 0.25 * est
         for step in range(2):
-            res = healthy_run(rate, 990 + 10 * step)
+            res, _ = run_until_healthy(args, server, daemon, rate, get_pct, max(2.0, args.duration),
+                                       990 + 10 * step, ports, f"capacity probe at {rate:.0f} req/s")
             # Every answer the server sent, warm-up and tail included (its CPU time covers them).
             cpu_s, answered = res["cpu"]["server_cpu_s"], sum(res.get("answers_by_worker") or [0])
             cap = utilisation_capacity(workers, core_share, cpu_s, answered)
@@ -538,18 +545,9 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
                 rng.shuffle(order)
                 seed = args.seed * 100000 + rnd * 1000 + li
                 for label in order:
-                    def one(srv):
-                        for attempt in range(args.retries + 1):
-                            wait_quiet(args, daemon)
-                            res = run_load(args, srv, daemon, load * capacity, get_pct, args.duration, seed,
-                                           round_ports(args, rnd))
-                            ok = healthy(args, res)
-                            if ok or attempt == args.retries:
-                                return res, ok
-                            log(f"    {label} @ {load:.0%}: noisy run (others used "
-                                f"{res['cpu']['foreign_cores']:.2f} cores, late sends "
-                                f"{res['generator']['late_sends_pct']:.1f}%), again")
-                    res, ok = use(label, one)
+                    res, ok = use(label, lambda srv: run_until_healthy(
+                        args, srv, daemon, load * capacity, get_pct, args.duration, seed,
+                        round_ports(args, rnd), f"{label} @ {load:.0%}"))
                     runs.append({"config": label, "load": load, "round": rnd, "seed": seed,
                                  "src_port_base": round_ports(args, rnd),
                                  "rate": load * capacity, "healthy": ok, "result": res})

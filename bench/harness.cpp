@@ -29,6 +29,8 @@
 #include <sstream>
 #include <thread>
 
+#include <syrup/syrup.h>
+
 namespace syrup_bench {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -176,19 +178,12 @@ int UdpGroup::open(size_t n) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  for (size_t i = 0; i < n; i++) {
-    Fd s(socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-    int one = 1;
-    if (!s || setsockopt(s.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) < 0 ||
-        bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
-      return errno_or(-EIO);
-    if (i == 0) {  // the first bind picks a free port; the others join its group
-      socklen_t al = sizeof addr;
-      if (getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr), &al) < 0) return errno_or(-EIO);
-      port_ = ntohs(addr.sin_port);
-    }
-    members_.push_back(std::move(s));
-  }
+  std::vector<int> fds(n);
+  if (int r = syr_open_reuseport_group(SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                                       reinterpret_cast<sockaddr*>(&addr), sizeof addr, fds.data(), n))
+    return r;
+  port_ = ntohs(addr.sin_port);
+  for (int fd : fds) members_.emplace_back(fd);
   client_.reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   if (!client_ || connect(client_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
     return errno_or(-EIO);

@@ -116,25 +116,21 @@ std::string Daemon::log() const {
 }
 
 UdpGroup::UdpGroup(int n, uint16_t port) : port_(port) {
-  for (int i = 0; i < n; i++) {
-    UniqueFd s(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    int one = 1, buf = 4 << 20;
-    setsockopt(s.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
-    setsockopt(s.get(), SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof buf);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(port_);
-    if (bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) {
-      ADD_FAILURE() << "bind: " << strerror(errno);
-      return;
-    }
-    if (port_ == 0) {
-      socklen_t l = sizeof a;
-      getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &l);
-      port_ = ntohs(a.sin_port);
-    }
-    socks_.push_back(std::move(s));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port_);
+  std::vector<int> fds(n);
+  if (int r = syr_open_reuseport_group(SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                                       reinterpret_cast<sockaddr*>(&a), sizeof a, fds.data(), n)) {
+    ADD_FAILURE() << "SO_REUSEPORT group: " << strerror(-r) << ": " << syr_last_error();
+    return;
+  }
+  port_ = ntohs(a.sin_port);
+  int buf = 4 << 20;
+  for (int fd : fds) {
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof buf);
+    socks_.emplace_back(fd);
   }
 }
 

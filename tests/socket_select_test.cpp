@@ -4,12 +4,16 @@
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
 #include <gtest/gtest.h>
+#include <net/if.h>
+#include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <thread>
 
@@ -288,25 +292,17 @@ TEST_F(SocketSelect, RemovingThePolicyRestoresTheKernelHash) {
 
 TEST_F(SocketSelect, TcpRoundRobinSpreadsConnectionsExactlyEvenly) {
   constexpr int kListeners = 3, kPer = 8;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> fds(kListeners);
+  ASSERT_EQ(syr_open_reuseport_group(SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                                     reinterpret_cast<sockaddr*>(&a), sizeof a, fds.data(), fds.size()),
+            0)
+      << syr_last_error();
   std::vector<UniqueFd> ls;
-  uint16_t port = 0;
-  for (int i = 0; i < kListeners; i++) {
-    UniqueFd s(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    int one = 1;
-    setsockopt(s.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(port);
-    ASSERT_EQ(bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    ASSERT_EQ(listen(s.get(), 64), 0);
-    socklen_t l = sizeof a;
-    getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &l);
-    port = ntohs(a.sin_port);
-    ls.push_back(std::move(s));
-  }
-  std::vector<int> fds;
-  for (auto& s : ls) fds.push_back(s.get());
+  for (int fd : fds) ls.emplace_back(fd);
+  for (int fd : fds) ASSERT_EQ(listen(fd, 64), 0);
   syr_deploy_opts o{.sz = sizeof o, .app = "socktest", .fds = fds.data(), .n_fds = fds.size()};
   int id = syr_deploy_policy(source_path("policies/round_robin.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
   ASSERT_GT(id, 0) << syr_last_error();
@@ -315,10 +311,6 @@ TEST_F(SocketSelect, TcpRoundRobinSpreadsConnectionsExactlyEvenly) {
   std::vector<UniqueFd> clients;
   for (int i = 0; i < kListeners * kPer; i++) {
     UniqueFd c(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(port);
     ASSERT_EQ(connect(c.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
     clients.push_back(std::move(c));
   }
@@ -332,6 +324,97 @@ TEST_F(SocketSelect, TcpRoundRobinSpreadsConnectionsExactlyEvenly) {
     }
   }
   EXPECT_EQ(accepted, std::vector<int>(kListeners, kPer));
+}
+
+// The executors' group must be the application's alone. Given port 0 with SO_REUSEPORT,
+// the kernel may hand out a port another group of the same user holds, and the socket
+// joins that group (Tenants.DeployAndExitCyclesLeakNothing once failed on it: a child's
+// group got the port of the test's own group). In a network namespace of its own, whose
+// ephemeral range is one port held by a group, syr_open_reuseport_group() fails with
+// EADDRINUSE instead; with a second port in the range, it gets that one every time.
+// A child process does it, so the namespace and its sysctl never touch the test's.
+TEST(ReuseportGroup, PortZeroNeverJoinsAnotherGroupOfTheSameUser) {
+  SYRUP_REQUIRE_ROOT();
+  pid_t c = fork();
+  ASSERT_GE(c, 0);
+  if (c == 0) {
+    auto die = [](int code, const std::string& why) {
+      fprintf(stderr, "child: %s\n", why.c_str());
+      _exit(code);
+    };
+    if (unshare(CLONE_NEWNET) != 0) die(10, std::string("unshare: ") + strerror(errno));
+    UniqueFd ctl(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    ifreq ifr{};
+    std::snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
+    ifr.ifr_flags = IFF_UP;
+    if (ioctl(ctl.get(), SIOCSIFFLAGS, &ifr) != 0) die(10, "lo up failed");
+    auto range = [&](const char* r) {
+      std::ofstream f("/proc/sys/net/ipv4/ip_local_port_range");
+      f << r << "\n";
+      f.close();
+      if (!f) die(10, std::string("cannot set ip_local_port_range to ") + r);
+    };
+    auto open_group = [](int type, int* fds, size_t n, uint16_t* port) {
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      int r = syr_open_reuseport_group(type, reinterpret_cast<sockaddr*>(&a), sizeof a, fds, n);
+      *port = ntohs(a.sin_port);
+      return r;
+    };
+    auto plain_port_zero_bind = [] {  // what the call replaces; the fd stays open
+      int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), one = 1;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      socklen_t l = sizeof a;
+      if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) return std::pair{fd, 0};
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l);
+      return std::pair{fd, static_cast<int>(ntohs(a.sin_port))};
+    };
+    for (int type : {SOCK_DGRAM, SOCK_STREAM}) {
+      const std::string proto = type == SOCK_DGRAM ? "udp" : "tcp";
+      range("40000 40000");
+      int held[3] = {-1, -1, -1};
+      uint16_t port = 0;
+      if (int r = open_group(type, held, 3, &port); r != 0 || port != 40000)
+        die(11, proto + ": the first group: " + strerror(-r) + " port " + std::to_string(port));
+      for (int fd : held) {
+        int v = 0;
+        socklen_t l = sizeof v;
+        sockaddr_in a{};
+        socklen_t al = sizeof a;
+        getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &v, &l);
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &al);
+        if (v != 1 || ntohs(a.sin_port) != 40000) die(11, proto + ": a member lacks SO_REUSEPORT or the port");
+      }
+      if (type == SOCK_DGRAM) {  // the kernel's behaviour the call guards against
+        auto [fd, p] = plain_port_zero_bind();
+        fprintf(stderr, "child: udp: a plain port-0 SO_REUSEPORT bind %s\n",
+                p == 40000 ? "joined the group on 40000" : "did not join the group");
+        close(fd);
+      }
+      int other[2] = {-1, -1};
+      int r = open_group(type, other, 2, &port);
+      if (r != -EADDRINUSE) die(12, proto + ": want EADDRINUSE with the only port held, got " + std::to_string(r));
+      if (other[0] != -1 || other[1] != -1) die(12, proto + ": fds written on failure");
+      if (std::string(syr_last_error()).find("no free port on 127.0.0.1") == std::string::npos)
+        die(12, proto + ": error text: " + syr_last_error());
+      range("40000 40001");
+      for (int i = 0; i < 20; i++) {
+        if ((r = open_group(type, other, 2, &port)) != 0 || port != 40001)
+          die(13, proto + ": round " + std::to_string(i) + ": " + strerror(-r) + " port " + std::to_string(port));
+        close(other[0]), close(other[1]);
+      }
+      for (int fd : held) close(fd);
+    }
+    _exit(0);
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(c, &st, 0), c);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "see the child's message above";
 }
 
 TEST_F(SocketSelect, UnmodifiedProcessByPidTakesItsSocketsInFdOrder) {

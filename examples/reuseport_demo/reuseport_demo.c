@@ -24,28 +24,6 @@
 
 #define MAX_WORKERS 64
 
-static int open_worker(uint16_t *port)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
-				 .sin_port = htons(*port) };
-	socklen_t l = sizeof(a);
-	int one = 1, buf = 4 << 20;
-	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-
-	if (fd < 0)
-		return -errno;
-	setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
-	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
-	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 ||
-	    getsockname(fd, (struct sockaddr *)&a, &l) < 0) {
-		int e = -errno;
-		close(fd);
-		return e;
-	}
-	*port = ntohs(a.sin_port);
-	return fd;
-}
-
 static void usage(void)
 {
 	fprintf(stderr, "usage: reuseport_demo [--workers N] [--requests N] [--long-every K] [--busy] [--linger S] POLICY.c\n");
@@ -76,15 +54,18 @@ int main(int argc, char **argv)
 	if (!policy || workers < 1 || workers > MAX_WORKERS || requests < 1 || long_every < 1)
 		usage();
 
-	int fds[MAX_WORKERS];
-	uint16_t port = 0;
-	for (int i = 0; i < workers; i++) {
-		fds[i] = open_worker(&port);
-		if (fds[i] < 0) {
-			fprintf(stderr, "reuseport_demo: socket: %s\n", strerror(-fds[i]));
-			return 1;
-		}
+	int fds[MAX_WORKERS], buf = 4 << 20;
+	struct sockaddr_in addr = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	/* A fresh port of its own; see syr_open_reuseport_group() for why not a plain bind. */
+	int err = syr_open_reuseport_group(SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
+					   (struct sockaddr *)&addr, sizeof(addr), fds, workers);
+	if (err) {
+		fprintf(stderr, "reuseport_demo: %s\n", syr_last_error());
+		return 1;
 	}
+	uint16_t port = ntohs(addr.sin_port);
+	for (int i = 0; i < workers; i++)
+		setsockopt(fds[i], SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
 
 	struct syr_deploy_opts opts = { .sz = sizeof(opts), .app = "reuseport_demo",
 					.fds = fds, .n_fds = (size_t)workers };

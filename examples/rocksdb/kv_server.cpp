@@ -546,29 +546,6 @@ void worker_main(Worker* w) {
   }
 }
 
-int open_socket(uint16_t* port) {
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -errno;
-  int one = 1, buf = FLAGS_rcvbuf;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
-  // SO_RCVBUFFORCE passes the rmem_max cap when we are root; otherwise the capped size.
-  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof buf) < 0)
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(*port);
-  socklen_t l = sizeof a;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l) < 0) {
-    int e = -errno;
-    close(fd);
-    return e;
-  }
-  *port = ntohs(a.sin_port);
-  return fd;
-}
-
 int map_hint(const char* name, syr_mapped_array* out) {
   int fd = syr_map_open_app(FLAGS_app.c_str(), name);
   if (fd < 0) return fd;  // the policy does not declare it
@@ -648,17 +625,25 @@ int main(int argc, char** argv) {
   g.scan_weight = static_cast<uint32_t>(std::max(1.0, FLAGS_scan_ratio + 0.5));
 
   // The whole group is bound before the policy is deployed.
-  uint16_t port = static_cast<uint16_t>(FLAGS_port);
-  std::vector<int> fds;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(FLAGS_port));
+  std::vector<int> fds(FLAGS_workers);
+  if (syr_open_reuseport_group(SOCK_DGRAM | SOCK_CLOEXEC, reinterpret_cast<sockaddr*>(&addr),
+                               sizeof addr, fds.data(), fds.size())) {
+    fprintf(stderr, "kv_server: %s\n", syr_last_error());
+    return 1;
+  }
+  uint16_t port = ntohs(addr.sin_port);
   for (int i = 0; i < FLAGS_workers; i++) {
+    int buf = FLAGS_rcvbuf;
+    // SO_RCVBUFFORCE passes the rmem_max cap when we are root; otherwise the capped size.
+    if (setsockopt(fds[i], SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof buf) < 0)
+      setsockopt(fds[i], SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
     auto w = std::make_unique<Worker>();
     w->idx = i;
-    w->fd = open_socket(&port);
-    if (w->fd < 0) {
-      fprintf(stderr, "kv_server: socket on port %u: %s\n", port, strerror(-w->fd));
-      return 1;
-    }
-    fds.push_back(w->fd);
+    w->fd = fds[i];
     g.workers.push_back(std::move(w));
   }
 

@@ -8,6 +8,8 @@
 
 #include <bpf/bpf.h>
 #include <errno.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -226,6 +228,84 @@ void syr_map_munmap(struct syr_mapped_array* arr) {
     munmap(arr->base, arr->mapped_len);
     arr->base = nullptr;
   }
+}
+
+// ---- SO_REUSEPORT groups ------------------------------------------------------------
+
+namespace {
+// A new socket of `type` bound to `addr`, SO_REUSEPORT set first if `reuseport`; the fd
+// or -errno.
+int bound_socket(int type, const sockaddr* addr, socklen_t len, bool reuseport) {
+  int fd = socket(addr->sa_family, type, 0);
+  if (fd < 0) return -errno;
+  int one = 1;
+  if ((reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) < 0) ||
+      bind(fd, addr, len) < 0) {
+    int e = -errno;
+    close(fd);
+    return e;
+  }
+  return fd;
+}
+
+std::string addr_text(const sockaddr* addr) {
+  char ip[INET6_ADDRSTRLEN] = "?";
+  if (addr->sa_family == AF_INET) {
+    auto* a = reinterpret_cast<const sockaddr_in*>(addr);
+    inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+    return std::string(ip) + ":" + std::to_string(ntohs(a->sin_port));
+  }
+  auto* a = reinterpret_cast<const sockaddr_in6*>(addr);
+  inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
+  return "[" + std::string(ip) + "]:" + std::to_string(ntohs(a->sin6_port));
+}
+}  // namespace
+
+int syr_open_reuseport_group(int type, struct sockaddr* addr, socklen_t addrlen, int* fds, size_t n) {
+  if (!addr || !fds || n == 0) return fail(-EINVAL, "addr and fds must be set and n at least 1");
+  in_port_t* port;
+  if (addr->sa_family == AF_INET && addrlen >= sizeof(sockaddr_in))
+    port = &reinterpret_cast<sockaddr_in*>(addr)->sin_port;
+  else if (addr->sa_family == AF_INET6 && addrlen >= sizeof(sockaddr_in6))
+    port = &reinterpret_cast<sockaddr_in6*>(addr)->sin6_port;
+  else
+    return fail(-EINVAL, "addr is neither a sockaddr_in nor a sockaddr_in6");
+  const bool pick = *port == 0;
+  int err = 0;
+  // Picking: a socket without SO_REUSEPORT is only given a port no socket holds. It is
+  // closed and the group binds that port; should another socket take the port in
+  // between, the group's bind fails with EADDRINUSE and a new port is picked.
+  for (int attempt = 0; attempt < 16; attempt++) {
+    if (pick) {
+      int probe = bound_socket(type, addr, addrlen, false);
+      if (probe < 0)
+        return fail(probe, "no free port on " + addr_text(addr) + ": " + std::strerror(-probe));
+      socklen_t l = addrlen;
+      int r = getsockname(probe, addr, &l) < 0 ? -errno : 0;
+      close(probe);
+      if (r) return fail(r, std::string("getsockname: ") + std::strerror(-r));
+    }
+    size_t i = 0;
+    for (; i < n; i++) {
+      int fd = bound_socket(type, addr, addrlen, true);
+      if (fd < 0) {
+        err = fd;
+        break;
+      }
+      fds[i] = fd;
+    }
+    if (i == n) {
+      g_last_error.clear();
+      return 0;
+    }
+    while (i > 0) close(fds[--i]);
+    std::string where = addr_text(addr);
+    if (pick) *port = 0;
+    if (!pick || err != -EADDRINUSE)
+      return fail(err, "SO_REUSEPORT socket on " + where + ": " + std::strerror(-err));
+  }
+  return fail(err, "every free port picked was taken before the group could bind it (" +
+                       addr_text(addr) + ")");
 }
 
 // ---- The thread hook -----------------------------------------------------------------

@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include <syrup/abi.h> /* SYR_PASS, SYR_DROP, SYR_MAX_EXECUTORS */
 
@@ -149,6 +150,21 @@ int syr_thread_unregister(void);
  * registered. */
 void syr_cs_enter(void);
 void syr_cs_exit(void);
+
+/*
+ * Opens the `n` sockets of one SO_REUSEPORT group, the executors of the socket-select
+ * hook: each of `type` (SOCK_DGRAM or SOCK_STREAM, SOCK_NONBLOCK/SOCK_CLOEXEC may be
+ * or-ed in), SO_REUSEPORT set, bound to `addr` (IPv4 or IPv6); fds[i] is executor i.
+ * With port 0 in `addr` the group gets a port no other socket holds, and the port is
+ * written back to `addr`. Use it instead of binding port 0 yourself: given port 0 with
+ * SO_REUSEPORT set, the kernel may pick a port another SO_REUSEPORT group of the same
+ * user already holds, and the socket joins that group, so the two share one policy and
+ * each other's traffic. (A group that binds port 0 while this call runs can still pick
+ * the port; only a fixed port or this call in every program rules that out.) TCP
+ * sockets still need listen(). Returns 0, or a negative errno with no socket left open.
+ */
+int syr_open_reuseport_group(int type, struct sockaddr *addr, socklen_t addrlen, int *fds,
+			     size_t n);
 
 /* Path of the control socket used: SYRUP_SOCKET from the environment, else
  * /run/syrup/syrupd.sock. */

@@ -335,16 +335,7 @@ int SocketSelectHook::make_target(const Caller& caller, proto::Message& req,
       err = "protocol must be 'udp' or 'tcp'";
       return -EINVAL;
     }
-    uid_t owner_uid = process_uid(pid);
-    if (owner_uid == static_cast<uid_t>(-1)) {
-      err = "no process " + std::to_string(pid);
-      return -ESRCH;
-    }
-    if (!caller.admin() && owner_uid != caller.uid) {
-      err = "process " + std::to_string(pid) + " belongs to uid " + std::to_string(owner_uid) +
-            ", not to the caller";
-      return -EPERM;
-    }
+    if (int r = check_target_process(caller, pid, err)) return r;
     if (int r = from_pid(pid, static_cast<uint16_t>(port), proto, ex, err)) return r;
     owner = pid;  // the scheduled process, not the tool that asked
   } else if (int r = from_fds(std::move(req.fds), ex, err)) {

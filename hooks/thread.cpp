@@ -51,12 +51,6 @@ bool wait_pidfd(int pidfd, int ms) {
   return poll(&pf, 1, ms) == 1;
 }
 
-uid_t process_uid(pid_t pid) {
-  struct stat st;
-  std::string p = "/proc/" + std::to_string(pid);
-  return stat(p.c_str(), &st) == 0 ? st.st_uid : static_cast<uid_t>(-1);
-}
-
 std::string agent_path() {
   if (const char* e = std::getenv("SYRUP_AGENT"); e && *e) return e;
   char buf[4096];
@@ -442,16 +436,7 @@ int ThreadHook::make_target(const Caller& caller, proto::Message& req, std::uniq
       err = "pid must be positive";
       return -EINVAL;
     }
-    uid_t owner_uid = process_uid(pid);
-    if (owner_uid == static_cast<uid_t>(-1)) {
-      err = "no process " + std::to_string(pid);
-      return -ESRCH;
-    }
-    if (!caller.admin() && owner_uid != caller.uid) {
-      err = "process " + std::to_string(pid) + " belongs to uid " + std::to_string(owner_uid) +
-            ", not to the caller";
-      return -EPERM;
-    }
+    if (int r = check_target_process(caller, pid, err)) return r;
   }
   // Scheduling classes of another process's threads: syrupd does it, as root, for the
   // caller's own process only (checked above).

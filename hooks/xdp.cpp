@@ -523,15 +523,7 @@ int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_
   owner = caller.pid;
   if (b.contains("pid")) {
     owner = b["pid"].get<pid_t>();
-    uid_t u = process_uid(owner);
-    if (owner <= 0 || u == static_cast<uid_t>(-1)) {
-      err = "no process " + std::to_string(owner);
-      return -ESRCH;
-    }
-    if (!caller.admin() && u != caller.uid) {
-      err = "process " + std::to_string(owner) + " belongs to uid " + std::to_string(u) + ", not to the caller";
-      return -EPERM;
-    }
+    if (int r = check_target_process(caller, owner, err)) return r;
   }
   if (!caller.admin()) {
     auto held = process_ports(owner);  // the caller's own process, or its --pid

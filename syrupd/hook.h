@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -43,6 +44,23 @@ struct Caller {
   bool in_admin_group = false;  // a member of syrupd's --admin_group
   bool admin() const { return uid == 0 || in_admin_group; }
 };
+
+// May `caller` name process `pid` as the one a policy schedules? It must exist and,
+// unless the caller is an admin, belong to the caller's uid. 0, or -ESRCH / -EPERM with
+// `err` saying which.
+inline int check_target_process(const Caller& caller, pid_t pid, std::string& err) {
+  uid_t owner_uid = pid > 0 ? process_uid(pid) : static_cast<uid_t>(-1);
+  if (owner_uid == static_cast<uid_t>(-1)) {
+    err = "no process " + std::to_string(pid);
+    return -ESRCH;
+  }
+  if (!caller.admin() && owner_uid != caller.uid) {
+    err = "process " + std::to_string(pid) + " belongs to uid " + std::to_string(owner_uid) +
+          ", not to the caller";
+    return -EPERM;
+  }
+  return 0;
+}
 
 // Helpers every packet policy may use: maps, time, random numbers, its CPU, bounded
 // loops, spin locks, ring buffers. No tracing, probing or packet-changing helpers.

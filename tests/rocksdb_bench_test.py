@@ -90,6 +90,22 @@ class PerDraw(unittest.TestCase):
         self.assertEqual(rb.per_draw(mix([run("sita", 0.5, 0, 100, [1, 1])]), 1000, 1.0), [])
 
 
+class Summary(unittest.TestCase):
+    def test_over_the_target_at_the_lowest_load_is_a_bound_not_zero(self):
+        runs = []
+        for load, p99 in ((0.2, 100.0), (0.5, 300.0), (0.8, 5000.0)):
+            runs.append(run("pass", load, 0, p99, [10, 10, 10, 10]))
+            runs.append(run("round_robin", load, 0, 2000.0 * load * 10, [10, 10, 10, 10]))
+        _, summary = rb.summarize(mix(runs), target_us=1000, max_loss=1.0)
+        rr, hs = summary["round_robin"], summary["pass"]
+        self.assertTrue(rr["over_target_at_lowest_load"])
+        self.assertFalse(hs["over_target_at_lowest_load"])
+        self.assertNotIn("throughput_at_target_vs_pass", rr)  # no 0.00x against pass
+        self.assertEqual(rb.throughput_at_target_text(rr), "<200")
+        self.assertTrue(rb.throughput_at_target_text(hs)[0].isdigit())
+        self.assertEqual(rb.throughput_at_target_text(dict(hs, target_not_crossed=True))[-1], "+")
+
+
 class Checks(unittest.TestCase):
     def results(self, rr, hash_first, hash_last):
         summary = {"round_robin": {"throughput_at_target_rps": rr, "get_p99_at_80_us": 5000.0},

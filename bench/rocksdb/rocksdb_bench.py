@@ -721,6 +721,10 @@ def summarize(mixres, target_us, max_loss):
             "throughput_at_target_rps": thr,
             "throughput_at_target_last_crossing_rps": throughput_at_target(rows, target_us, max_loss, True)[0],
             "target_not_crossed": end,
+            # Over the target already at the lowest load run: the throughput at the target
+            # is somewhere below that point's, not 0.
+            "over_target_at_lowest_load": not end and thr == 0.0,
+            "lowest_load_throughput_rps": rows[0]["throughput_rps"] if rows else 0.0,
             "get_p99_at_50_us": at_load(rows, 0.5, "get_p99_us"),
             "get_p99_at_80_us": at_load(rows, 0.8, "get_p99_us"),
             "scan_p99_at_80_us": at_load(rows, 0.8, "scan_p99_us"),
@@ -734,6 +738,8 @@ def summarize(mixres, target_us, max_loss):
         if "pending" in s or "pending" in base:
             continue
         for k in ("throughput_at_target_rps", "get_p99_at_50_us", "get_p99_at_80_us"):
+            if k == "throughput_at_target_rps" and s["over_target_at_lowest_load"]:
+                continue  # no number to divide, only a bound
             if s.get(k) is not None and base.get(k):
                 s[k.replace("_rps", "").replace("_us", "") + "_vs_pass"] = s[k] / base[k]
     return med, summary
@@ -832,7 +838,7 @@ def markdown(results):
             if "pending" in s:
                 lines.append(f"| {label} | {PENDING} | | | | | | |")
                 continue
-            thr = f"{s['throughput_at_target_rps']:,.0f}" + ("+" if s["target_not_crossed"] else "")
+            thr = throughput_at_target_text(s)
             r = lambda k: f"{s[k]:.2f}x" if s.get(k) is not None else "-"
             lines.append(f"| {label} | {thr} | {r('throughput_at_target_vs_pass')} | "
                          f"{fmt_us(s['get_p99_at_50_us'])} | {r('get_p99_at_50_vs_pass')} | "
@@ -843,6 +849,14 @@ def markdown(results):
             lines.append("round_robin vs pass in each round (one draw of the flows' source ports each): " +
                          "; ".join(draw_text(d, mix) for d in mix["draws"]) + "\n")
     return "\n".join(lines)
+
+
+def throughput_at_target_text(s):
+    """'12,345', '12,345+' (never crossed: at least the highest load's throughput) or
+    '<2,345' (over the target at the lowest load: below that load's throughput)."""
+    if s.get("over_target_at_lowest_load"):
+        return f"<{s['lowest_load_throughput_rps']:,.0f}"
+    return f"{s['throughput_at_target_rps']:,.0f}" + ("+" if s["target_not_crossed"] else "")
 
 
 def capacity_text(mix):
@@ -875,7 +889,7 @@ def small_table(results):
                 continue
             row = next(r for r in mix["points"][label] if abs(r["load"] - load) < 1e-9)
             lines.append(f"  {label:22s} {row['throughput_rps']:10,.0f}/s {fmt_us(row['get_p99_us']):>9s} us"
-                         f" {fmt_us(row['scan_p99_us']):>9s} us {s['throughput_at_target_rps']:13,.0f}/s")
+                         f" {fmt_us(row['scan_p99_us']):>9s} us {throughput_at_target_text(s):>13s}/s")
     return "\n".join(lines)
 
 

@@ -14,27 +14,14 @@
 #ifndef SYRUP_HOOK_SOCKET_SELECT_H
 #define SYRUP_HOOK_SOCKET_SELECT_H
 
+#include "hook_stats.bpf.h"
+
 struct {
 	__uint(type, BPF_MAP_TYPE_REUSEPORT_SOCKARRAY);
 	__type(key, __u32);
 	__type(value, __u64);
 	__uint(max_entries, SYR_MAX_EXECUTORS);
 } syr_executors SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__type(key, __u32);
-	__type(value, __u64);
-	__uint(max_entries, SYR_STAT_SLOTS);
-} syr_stats SEC(".maps");
-
-static __always_inline void syr_count(__u32 slot)
-{
-	__u64 *c = bpf_map_lookup_elem(&syr_stats, &slot);
-
-	if (c)
-		*c += 1; /* per-CPU slot: no atomic needed */
-}
 
 SEC("sk_reuseport")
 int syr_socket_select(struct sk_reuseport_md *md)

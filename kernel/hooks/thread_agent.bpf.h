@@ -19,6 +19,8 @@
 #ifndef SYRUP_HOOK_THREAD_AGENT_H
 #define SYRUP_HOOK_THREAD_AGENT_H
 
+#include "hook_stats.bpf.h"
+
 #define SYR_AGENT_BATCH 256
 
 struct syr_thread_slot {
@@ -38,21 +40,6 @@ struct {
 	__type(value, struct syr_thread_slot);
 	__uint(max_entries, SYR_AGENT_BATCH);
 } syr_executors SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__type(key, __u32);
-	__type(value, __u64);
-	__uint(max_entries, SYR_STAT_SLOTS);
-} syr_stats SEC(".maps");
-
-static __always_inline void syr_count(__u32 slot)
-{
-	__u64 *c = bpf_map_lookup_elem(&syr_stats, &slot);
-
-	if (c)
-		*c += 1;
-}
 
 static long syr_decide_one(__u32 i, void *unused)
 {

@@ -31,26 +31,12 @@
 #ifndef SYRUP_HOOK_THREAD_SCX_H
 #define SYRUP_HOOK_THREAD_SCX_H
 
+#include "hook_stats.bpf.h"
 #include "thread_scx_common.h"
 
 const volatile __u32 syr_scx_slot = 0;
 const volatile __u64 syr_scx_starve_ns = 1000000000ULL;
 const volatile __u32 syr_scx_direct_on = 1; /* the direct path of wakeups (below); SYRUP_SCX_DIRECT=0 */
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__type(key, __u32);
-	__type(value, __u64);
-	__uint(max_entries, SYR_STAT_SLOTS);
-} syr_stats SEC(".maps");
-
-static __always_inline void syr_count(__u32 slot)
-{
-	__u64 *c = bpf_map_lookup_elem(&syr_stats, &slot);
-
-	if (c)
-		*c += 1;
-}
 
 static __always_inline __u32 syr_scx_nr_cpus(void)
 {

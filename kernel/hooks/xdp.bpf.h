@@ -15,6 +15,8 @@
 #ifndef SYRUP_HOOK_XDP_H
 #define SYRUP_HOOK_XDP_H
 
+#include "hook_stats.bpf.h"
+
 #include <syrup/xdp_abi.h>
 
 struct {
@@ -45,21 +47,12 @@ struct {
 	__type(value, __u32);
 } syr_exec_cpu SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__type(key, __u32);
-	__type(value, __u64);
-	__uint(max_entries, SYR_STAT_SLOTS);
-} syr_stats SEC(".maps");
-
 const volatile __u32 syr_executor_kind = SYR_XDP_EXEC_CPU;
 
-static __always_inline int syr_count(__u32 slot, int action)
+/* Counts the answer in its slot and returns it. */
+static __always_inline int syr_counted(__u32 slot, int action)
 {
-	__u64 *c = bpf_map_lookup_elem(&syr_stats, &slot);
-
-	if (c)
-		*c += 1;
+	syr_count(slot);
 	return action;
 }
 
@@ -72,13 +65,13 @@ int syr_xdp(struct xdp_md *ctx)
 	void *end = (void *)(long)ctx->data_end;
 
 	if (!meta)
-		return syr_count(SYR_STAT_FALLBACK, XDP_PASS);
+		return syr_counted(SYR_STAT_FALLBACK, XDP_PASS);
 	__u32 off = meta->l4_off;
 	if (off > 512)
-		return syr_count(SYR_STAT_FALLBACK, XDP_PASS);
+		return syr_counted(SYR_STAT_FALLBACK, XDP_PASS);
 	void *l4 = data + off;
 	if (l4 > end)
-		return syr_count(SYR_STAT_FALLBACK, XDP_PASS);
+		return syr_counted(SYR_STAT_FALLBACK, XDP_PASS);
 
 	struct syr_input in = {
 		.data = l4,
@@ -92,11 +85,11 @@ int syr_xdp(struct xdp_md *ctx)
 	__u32 idx = syr_schedule(&in);
 
 	if (idx == SYR_DROP)
-		return syr_count(SYR_STAT_DROP, XDP_DROP);
+		return syr_counted(SYR_STAT_DROP, XDP_DROP);
 	if (idx == SYR_PASS)
-		return syr_count(SYR_STAT_PASS, XDP_PASS);
+		return syr_counted(SYR_STAT_PASS, XDP_PASS);
 	if (idx >= syr_num_executors || idx >= SYR_MAX_EXECUTORS)
-		return syr_count(SYR_STAT_FALLBACK, XDP_PASS);
+		return syr_counted(SYR_STAT_FALLBACK, XDP_PASS);
 
 	long act;
 	if (syr_executor_kind == SYR_XDP_EXEC_XSK) {
@@ -104,12 +97,12 @@ int syr_xdp(struct xdp_md *ctx)
 	} else {
 		__u32 *cpu = bpf_map_lookup_elem(&syr_exec_cpu, &idx);
 		if (!cpu)
-			return syr_count(SYR_STAT_FALLBACK, XDP_PASS);
+			return syr_counted(SYR_STAT_FALLBACK, XDP_PASS);
 		act = bpf_redirect_map(&syr_cpus, *cpu, XDP_PASS);
 	}
 	if (act != XDP_REDIRECT)
-		return syr_count(SYR_STAT_FALLBACK, (int)act);
-	return syr_count(SYR_STAT_EXECUTOR_BASE + idx, XDP_REDIRECT);
+		return syr_counted(SYR_STAT_FALLBACK, (int)act);
+	return syr_counted(SYR_STAT_EXECUTOR_BASE + idx, XDP_REDIRECT);
 }
 
 char _license[] SEC("license") = "Dual BSD/GPL";

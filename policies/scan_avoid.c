@@ -12,7 +12,12 @@
  * Counting when it steers (request type == long_type, a little-endian __u32 at byte
  * type_offset, as in sita) makes requests steered after a long one avoid its executor at
  * once, not only once the application starts it; counting, not setting a flag, keeps an
- * executor marked until the last long request queued there is done.
+ * executor marked until the last long request queued there is done. The price: a
+ * request counted here that never reaches the application (the kernel drops it at a
+ * full socket buffer; the application rejects it as malformed) must be taken off by the
+ * application too, or its executor stays marked for good. examples/rocksdb/kv_server
+ * takes it off when it rejects one, and clears the count of an executor that is idle
+ * with nothing queued at its socket.
  *
  * A long request never takes the last keep_free unmarked executors: while no more are
  * free it queues behind another long one (round robin over the marked executors), so

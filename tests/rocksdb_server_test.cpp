@@ -308,6 +308,71 @@ TEST_F(KvServer, ScanMarksItsWorkerInScanMapWhileItRuns) {
   EXPECT_EQ(s->child->stop(10000), 0);
 }
 
+// scan_avoid counts a SCAN when it steers it, before the server sees the datagram. A SCAN
+// that never reaches a worker must not leave its count behind, or scan_avoid avoids that
+// worker for good: a datagram of type SCAN the server rejects (truncated, oversized)
+// comes off at once; SCANs the kernel dropped at a full socket buffer (receive buffers
+// of a few datagrams, a burst of long SCANs) come off when their worker is idle.
+TEST_F(KvServer, CountsOfScansThatNeverReachAWorkerAreTakenOff) {
+  auto s = start_server(dir_->path() + "/db", "scan_avoid.c", "kvtest-lost", dir_->path() + "/lost.err",
+                        {"--rcvbuf=2048"});
+  ASSERT_NE(s->port, 0) << slurp(dir_->path() + "/lost.err");
+  int fd = syr_map_open_app("kvtest-lost", "scan_map");
+  ASSERT_GE(fd, 0) << syr_last_error();
+  syr_mapped_array m{};
+  ASSERT_EQ(syr_map_mmap(fd, &m), 0) << syr_last_error();
+  close(fd);
+  auto marks = [&] {
+    std::vector<uint64_t> v;
+    for (uint32_t i = 0; i < kWorkers; i++) v.push_back(syr_hint_get(&m, i));
+    return v;
+  };
+  const std::vector<uint64_t> none(kWorkers, 0);
+  KvClient c(s->port);
+  json before = server_totals(c);
+  ASSERT_TRUE(before.is_object());
+
+  // Rejected: SCAN-typed datagrams one byte short of a request, and oversized ones.
+  char req[64] = {};
+  uint32_t scan = htole32(KV_SCAN);
+  memcpy(req, &scan, 4);
+  std::string big(KV_MAX_DATAGRAM + 100, 'x');
+  memcpy(big.data(), &scan, 4);
+  for (int i = 0; i < 10; i++) {
+    ASSERT_TRUE(i % 2 ? c.send_raw(big.data(), big.size()) : c.send_raw(req, sizeof(kv_request) - 1));
+    auto r = c.recv_reply();
+    ASSERT_TRUE(r) << "rejected datagram " << i << " not answered";
+    EXPECT_EQ(r->hdr.status, KV_BAD_REQUEST);
+  }
+  EXPECT_EQ(marks(), none) << "the counts of rejected SCANs were left in scan_map";
+  json mid = server_totals(c);
+  ASSERT_TRUE(mid.is_object());
+  EXPECT_EQ(mid["scan_marks_cleared"].get<uint64_t>(), before["scan_marks_cleared"].get<uint64_t>())
+      << "rejects are taken off when rejected, not found idle later";
+
+  // Dropped: a burst of SCANs over every key (milliseconds each) into buffers of a few
+  // datagrams.
+  constexpr int kBurst = 200;
+  for (int i = 0; i < kBurst; i++) ASSERT_TRUE(c.send_req(KV_SCAN, 0, 1000 + i, kKeys));
+  int answered = 0;
+  while (c.recv_reply(3000)) answered++;
+  json after = server_totals(c);
+  ASSERT_TRUE(after.is_object());
+  uint64_t drops = after["kernel_drops"].get<uint64_t>() - mid["kernel_drops"].get<uint64_t>();
+  ASSERT_GT(drops, 0u) << "the burst did not overflow the receive buffers (" << answered << " answered)";
+  EXPECT_EQ(static_cast<uint64_t>(answered) + drops, static_cast<uint64_t>(kBurst));
+  // The STATS answer above came from an idle worker; the others may still be finishing.
+  std::vector<uint64_t> left;
+  for (int t = 0; t < 100 && (left = marks()) != none; t++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(left, none) << "counts of SCANs the kernel dropped were left in scan_map";
+  json fin = server_totals(c);
+  ASSERT_TRUE(fin.is_object());
+  EXPECT_GT(fin["scan_marks_cleared"].get<uint64_t>(), mid["scan_marks_cleared"].get<uint64_t>());
+  syr_map_munmap(&m);
+  EXPECT_EQ(s->child->stop(10000), 0);
+}
+
 TEST_F(KvServer, CoreShareGivesEachWorkerADeadlineReservationOfItsOwn) {
   // --core_share (the study's emulation of a core per worker): every worker thread runs
   // under SCHED_DEADLINE with runtime = share x period, and the server still answers.

@@ -8,8 +8,10 @@
 // - The policy comes from the server's own code (syr_deploy_policy, --policy), and the
 //   server writes the hints the shipped policies read through mmap'ed maps, if the policy
 //   declares them: scan_map[i] non-zero while worker i holds a SCAN (a count: scan_avoid
-//   adds one as it steers a SCAN, the worker takes one off when done; read by scan_avoid
-//   and by the thread policy get_first, which share it), and queue_len[i] = work
+//   adds one as it steers a SCAN, the worker takes one off when done, and off too for
+//   a SCAN that never reaches it -- rejected as malformed, or dropped by the kernel at a
+//   full socket buffer, found when the worker is idle; read by scan_avoid and by the
+//   thread policy get_first, which share it), and queue_len[i] = work
 //   waiting at worker i in GET units (least_loaded). A hint is one
 //   store; a policy without the map costs the server nothing.
 // - Requests (kv_proto.h): GET = RocksDB point lookup; SCAN = iterate scan_len keys,
@@ -193,6 +195,7 @@ struct Counters {
   std::atomic<uint64_t> served[4]{};   // by type: [0] unused, GET, SCAN, STATS
   std::atomic<uint64_t> busy_ns[4]{};  // service time by type (receive done -> reply sent)
   std::atomic<uint64_t> truncated{}, oversized{}, bad_type{}, not_found{}, db_errors{}, send_errors{};
+  std::atomic<uint64_t> scan_marks_cleared{};  // counts of SCANs that never arrived (scan_idle)
 };
 
 struct alignas(64) Worker {
@@ -274,7 +277,8 @@ json stats_json() {
   json ws = json::array();
   json tot = {{"get", 0}, {"scan", 0}, {"stats", 0}, {"truncated", 0}, {"oversized", 0},
               {"bad_type", 0}, {"not_found", 0}, {"db_errors", 0}, {"send_errors", 0},
-              {"kernel_drops", 0}, {"core_holds", 0}, {"get_ns", 0}, {"scan_ns", 0}};
+              {"kernel_drops", 0}, {"scan_marks_cleared", 0}, {"core_holds", 0}, {"get_ns", 0},
+              {"scan_ns", 0}};
   for (auto& w : g.workers) {
     auto& c = w->c;
     json j = {{"get", c.served[KV_GET].load()},
@@ -287,6 +291,7 @@ json stats_json() {
               {"db_errors", c.db_errors.load()},
               {"send_errors", c.send_errors.load()},
               {"kernel_drops", kernel_drops(w->fd)},
+              {"scan_marks_cleared", c.scan_marks_cleared.load()},
               {"core_holds", w->pacer.holds()},
               {"get_ns", c.busy_ns[KV_GET].load()},
               {"scan_ns", c.busy_ns[KV_SCAN].load()}};
@@ -308,6 +313,26 @@ void scan_end(const syr_mapped_array* m, uint32_t i) {
   uint64_t v = __atomic_load_n(p, __ATOMIC_RELAXED);
   while (v > 0 && !__atomic_compare_exchange_n(p, &v, v - 1, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
+}
+// A policy counts a SCAN by the type it reads (the datagram's first 4 bytes), before the
+// server sees the datagram. A datagram of that type the server rejects (truncated,
+// oversized) is no SCAN it serves, so the count comes off here.
+void scan_rejected(const Pending& p, uint32_t i) {
+  uint32_t type = 0;
+  if (!g.have_scan_map || p.len < sizeof type) return;
+  memcpy(&type, p.head, sizeof type);
+  if (le32toh(type) == KV_SCAN) scan_end(&g.scan_map, i);
+}
+// Worker i is idle: its FIFO is empty and its socket has nothing queued, so it holds no
+// SCAN, and a count left in scan_map[i] is of SCANs the policy steered here that never
+// arrived: the kernel dropped them at a full socket buffer. Left there, scan_avoid would
+// avoid this worker for good. Cleared, and counted. (A SCAN steered here between the
+// empty receive and this store arrives uncounted; serving it marks the worker anyway.)
+void scan_idle(Worker& w) {
+  auto* p = static_cast<uint64_t*>(syr_array_elem(&g.scan_map, w.idx));
+  uint64_t v = __atomic_load_n(p, __ATOMIC_RELAXED);
+  if (v && __atomic_compare_exchange_n(p, &v, 0, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    w.c.scan_marks_cleared.fetch_add(v, std::memory_order_relaxed);
 }
 
 // The thread hook: a worker registers itself as executor i of the application's thread
@@ -389,11 +414,13 @@ void handle(Worker& w, const Pending& p, size_t waiting) {
 
   if (p.oversized) {
     c.oversized.fetch_add(1, std::memory_order_relaxed);
+    scan_rejected(p, w.idx);
     r.status = KV_BAD_REQUEST;
     return reply(w, p, r, nullptr, 0);
   }
   if (p.len < sizeof(kv_request)) {
     c.truncated.fetch_add(1, std::memory_order_relaxed);
+    scan_rejected(p, w.idx);
     r.status = KV_BAD_REQUEST;
     return reply(w, p, r, nullptr, 0);
   }
@@ -528,7 +555,13 @@ void worker_main(Worker* w) {
 
   while (!g_stop.load(std::memory_order_relaxed)) {
     if (count == 0) {
-      int n = pull(true);
+      int n = 0;
+      // A mark while nothing is in the FIFO: a SCAN the policy counted is queued at the
+      // socket, or it never will be (scan_idle). Only then is the socket looked at first.
+      if (g.have_scan_map && syr_hint_get(&g.scan_map, w->idx) != 0 && (n = pull(false)) == 0 &&
+          !g_stop.load(std::memory_order_relaxed))
+        scan_idle(*w);
+      if (n == 0) n = pull(true);
       if (n < 0) {
         fprintf(stderr, "kv_server: worker %d: recvmmsg: %s\n", w->idx, strerror(-n));
         break;

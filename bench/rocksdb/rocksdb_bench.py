@@ -562,6 +562,11 @@ def sweep_mix(args, daemon, cal, get_pct, labels, loads, tag):
     for label, fin in finals.items():
         if fin.get("status") != 0 or not fin.get("policy_removed", False):
             log(f"  warning: kv_server {label} exited with status {fin.get('status')}")
+        lost = fin.get("stats", {}).get("total", {}).get("scan_marks_cleared", 0)
+        if lost:
+            # SCANs scan_avoid counted that never reached a worker (dropped at a full
+            # buffer): until the worker was next idle, they kept it marked busy.
+            log(f"  warning: kv_server {label}: {lost} scan_map count(s) of SCANs that never arrived were cleared")
     return {"mix": mix_name(get_pct), "get_pct": get_pct, "capacity_rps": statistics.median(capacities),
             "capacity_by_round_rps": capacities, "capacity_probes": capacity_probes,
             "capacity_how": how, "capacity_estimate_rps": estimate, "capacity_ref": ref, "workers": workers,

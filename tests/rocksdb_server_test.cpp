@@ -277,11 +277,8 @@ TEST_F(KvServer, ScanMarksItsWorkerInScanMapWhileItRuns) {
   auto s = start_server(dir_->path() + "/db", "scan_avoid.c", "kvtest-hints", dir_->path() + "/hints.err");
   ASSERT_NE(s->port, 0) << slurp(dir_->path() + "/hints.err");
   EXPECT_TRUE(s->ready["hints"]["scan_map"].get<bool>());
-  int fd = syr_map_open_app("kvtest-hints", "scan_map");
-  ASSERT_GE(fd, 0) << syr_last_error();
   syr_mapped_array m{};
-  ASSERT_EQ(syr_map_mmap(fd, &m), 0) << syr_last_error();
-  close(fd);
+  ASSERT_EQ(mmap_app_map("scan_map", &m, "kvtest-hints"), "");
   KvClient c(s->port);
   // Several tries: on a busy machine this thread may not run during one whole SCAN.
   bool seen = false;
@@ -317,11 +314,8 @@ TEST_F(KvServer, CountsOfScansThatNeverReachAWorkerAreTakenOff) {
   auto s = start_server(dir_->path() + "/db", "scan_avoid.c", "kvtest-lost", dir_->path() + "/lost.err",
                         {"--rcvbuf=2048"});
   ASSERT_NE(s->port, 0) << slurp(dir_->path() + "/lost.err");
-  int fd = syr_map_open_app("kvtest-lost", "scan_map");
-  ASSERT_GE(fd, 0) << syr_last_error();
   syr_mapped_array m{};
-  ASSERT_EQ(syr_map_mmap(fd, &m), 0) << syr_last_error();
-  close(fd);
+  ASSERT_EQ(mmap_app_map("scan_map", &m, "kvtest-lost"), "");
   auto marks = [&] {
     std::vector<uint64_t> v;
     for (uint32_t i = 0; i < kWorkers; i++) v.push_back(syr_hint_get(&m, i));

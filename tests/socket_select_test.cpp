@@ -596,10 +596,8 @@ TEST_F(SocketSelect, PoliciesOfOneAppShareMapsByName) {
   int idb = deploy("tests/policies/shares_scan_map.c", b, {}, "shareapp");
   ASSERT_GT(ida, 0) << syr_last_error();
   ASSERT_GT(idb, 0) << syr_last_error();
-  int fd = syr_map_open_app("shareapp", "scan_map");
-  ASSERT_GE(fd, 0) << syr_last_error();
   syr_mapped_array m{};
-  ASSERT_EQ(syr_map_mmap(fd, &m), 0) << syr_last_error();
+  ASSERT_EQ(mmap_app_map("scan_map", &m, "shareapp"), "");
   syr_hint_set(&m, 0, 1);  // one store steers both policies away from executor 0
   UdpClient ca(a.port()), cb(b.port());
   for (int i = 0; i < 20; i++) {
@@ -615,7 +613,6 @@ TEST_F(SocketSelect, PoliciesOfOneAppShareMapsByName) {
   for (int i = 0; i < 20; i++) cc.send_request(1, i);
   EXPECT_EQ(c.drain(), (std::vector<int>{10, 10}));
   syr_map_munmap(&m);
-  close(fd);
 }
 
 TEST_F(SocketSelect, SyrupctlDumpsMapsAndSumsStatsPerTenantAndHook) {

@@ -259,20 +259,17 @@ struct XskReceiver {
 // socket.
 TEST_F(Xdp, CrossLayerPairSharesTheWorkMapBetweenXdpAndSocketSelect) {
   if (libbpf_num_possible_cpus() < 2) GTEST_SKIP() << "needs two cores";
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, net_->host_ip.c_str(), &a.sin_addr);
+  a.sin_port = htons(9371);
+  std::vector<int> fds(2);
+  ASSERT_EQ(syr_open_reuseport_group(SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, reinterpret_cast<sockaddr*>(&a),
+                                     sizeof a, fds.data(), fds.size()),
+            0)
+      << syr_last_error();
   std::vector<UniqueFd> socks;
-  std::vector<int> fds;
-  for (int i = 0; i < 2; i++) {
-    UniqueFd s(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    int one = 1;
-    setsockopt(s.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    inet_pton(AF_INET, net_->host_ip.c_str(), &a.sin_addr);
-    a.sin_port = htons(9371);
-    ASSERT_EQ(bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    fds.push_back(s.get());
-    socks.push_back(std::move(s));
-  }
+  for (int fd : fds) socks.emplace_back(fd);
   syr_deploy_opts o{.sz = sizeof o, .app = "xlayer", .fds = fds.data(), .n_fds = fds.size()};
   int sid = syr_deploy_policy(source_path("policies/socket_local.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
   ASSERT_GT(sid, 0) << syr_last_error();

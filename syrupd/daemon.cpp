@@ -1108,50 +1108,52 @@ Daemon::Response Daemon::stats(const Caller& caller, const json& req) {
   return {ok({{"stats", arr}})};
 }
 
-Daemon::Response Daemon::map_open(const Caller& caller, const json& req) {
-  std::string app = req.value("app", std::string()), map = req.value("map", std::string());
-  for (auto [kind, v] : {std::pair{"application", &app}, std::pair{"map", &map}})
+// The map `req` names ("app", "map"), opened for `caller`: its fd and info, or the error
+// to answer (bad names, no such application or map, an application of someone else).
+std::optional<Daemon::Response> Daemon::open_app_map(const Caller& caller, const json& req, AppMap& out) {
+  out.app = req.value("app", std::string());
+  out.map = req.value("map", std::string());
+  for (auto [kind, v] : {std::pair{"application", &out.app}, std::pair{"map", &out.map}})
     if (std::string why = pins::validate_name(kind, *v); !why.empty())
-      return {proto::error_response(EINVAL, why)};
-  if (!app_owner_.count(app))
-    return {proto::error_response(ENOENT, "no application '" + app + "' (it has no deployed policy)")};
-  if (std::string why = may_use_app(caller, app); !why.empty())
-    return {proto::error_response(EPERM, why)};
-  std::string path = pins::app_map(app, map);
-  UniqueFd fd(bpf_obj_get(path.c_str()));
-  if (!fd)
-    return {proto::error_response(ENOENT, "application '" + app + "' has no map '" + map +
-                                              "' (maps exist while a deployed policy declares them)")};
-  bpf_map_info info{};
-  uint32_t len = sizeof info;
-  bpf_map_get_info_by_fd(fd.get(), &info, &len);
-  Response r{ok({{"map", map},
+      return Response{proto::error_response(EINVAL, why)};
+  if (!app_owner_.count(out.app))
+    return Response{proto::error_response(ENOENT, "no application '" + out.app + "' (it has no deployed policy)")};
+  if (std::string why = may_use_app(caller, out.app); !why.empty())
+    return Response{proto::error_response(EPERM, why)};
+  out.fd.reset(bpf_obj_get(pins::app_map(out.app, out.map).c_str()));
+  if (!out.fd)
+    return Response{proto::error_response(ENOENT, "application '" + out.app + "' has no map '" + out.map +
+                                                      "' (maps exist while a deployed policy declares them)")};
+  uint32_t len = sizeof out.info;
+  if (bpf_map_get_info_by_fd(out.fd.get(), &out.info, &len) != 0) {
+    int e = errno;
+    return Response{proto::error_response(e, "cannot read map '" + out.map + "': " + std::strerror(e))};
+  }
+  return std::nullopt;
+}
+
+Daemon::Response Daemon::map_open(const Caller& caller, const json& req) {
+  AppMap m;
+  if (auto err = open_app_map(caller, req, m)) return std::move(*err);
+  const bpf_map_info& info = m.info;
+  Response r{ok({{"map", m.map},
                  {"type", libbpf_bpf_map_type_str(static_cast<bpf_map_type>(info.type))},
                  {"key_size", info.key_size},
                  {"value_size", info.value_size},
                  {"max_entries", info.max_entries},
                  {"flags", info.map_flags}})};
-  r.fds.push_back(fd.get());
-  r.owned_fds.push_back(std::move(fd));
+  r.fds.push_back(m.fd.get());
+  r.owned_fds.push_back(std::move(m.fd));
   return r;
 }
 
 Daemon::Response Daemon::map_dump(const Caller& caller, const json& req) {
-  std::string app = req.value("app", std::string()), map = req.value("map", std::string());
   size_t limit = req.value("limit", 4096);
-  for (auto [kind, v] : {std::pair{"application", &app}, std::pair{"map", &map}})
-    if (std::string why = pins::validate_name(kind, *v); !why.empty())
-      return {proto::error_response(EINVAL, why)};
-  if (!app_owner_.count(app))
-    return {proto::error_response(ENOENT, "no application '" + app + "' (it has no deployed policy)")};
-  if (std::string why = may_use_app(caller, app); !why.empty())
-    return {proto::error_response(EPERM, why)};
-  UniqueFd fd(bpf_obj_get(pins::app_map(app, map).c_str()));
-  if (!fd)
-    return {proto::error_response(ENOENT, "application '" + app + "' has no map '" + map + "'")};
-  bpf_map_info info{};
-  uint32_t len = sizeof info;
-  bpf_map_get_info_by_fd(fd.get(), &info, &len);
+  AppMap m;
+  if (auto err = open_app_map(caller, req, m)) return std::move(*err);
+  const bpf_map_info& info = m.info;
+  const UniqueFd& fd = m.fd;
+  const std::string &app = m.app, &map = m.map;
   bool percpu = info.type == BPF_MAP_TYPE_PERCPU_ARRAY || info.type == BPF_MAP_TYPE_PERCPU_HASH ||
                 info.type == BPF_MAP_TYPE_LRU_PERCPU_HASH;
   size_t ncpu = percpu ? static_cast<size_t>(libbpf_num_possible_cpus()) : 1;

@@ -16,12 +16,14 @@
 //    declares the map.
 #pragma once
 
+#include <bpf/bpf.h>
 #include <sys/types.h>
 
 #include <chrono>
 #include <ctime>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -113,6 +115,12 @@ class Daemon {
   Response remove(const Caller& caller, const nlohmann::json& req);
   Response list(const Caller& caller);
   Response stats(const Caller& caller, const nlohmann::json& req);
+  struct AppMap {
+    std::string app, map;
+    UniqueFd fd;
+    bpf_map_info info{};
+  };
+  std::optional<Response> open_app_map(const Caller& caller, const nlohmann::json& req, AppMap& out);
   Response map_open(const Caller& caller, const nlohmann::json& req);
   Response map_dump(const Caller& caller, const nlohmann::json& req);
 

@@ -7,10 +7,12 @@
 #include <net/if.h>
 #include <sched.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -409,6 +411,52 @@ TEST(ReuseportGroup, PortZeroNeverJoinsAnotherGroupOfTheSameUser) {
       }
       for (int fd : held) close(fd);
     }
+    _exit(0);
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(c, &st, 0), c);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "see the child's message above";
+}
+
+// A group that cannot be completed -- here the process runs out of file descriptors in
+// the middle of it -- leaves nothing behind: -EMFILE, no socket open, and every fds[i]
+// -1, so a caller that closes what it was given closes nothing twice. A child process
+// does it, under a file limit of its own.
+TEST(ReuseportGroup, AGroupThatFailsMidwayLeavesNoSocketAndNoFdNumber) {
+  pid_t c = fork();
+  ASSERT_GE(c, 0);
+  if (c == 0) {
+    auto die = [](int code, const std::string& why) {
+      fprintf(stderr, "child: %s\n", why.c_str());
+      _exit(code);
+    };
+    auto open_fds = [] {
+      std::vector<int> fds;
+      for (auto& e : std::filesystem::directory_iterator("/proc/self/fd"))
+        fds.push_back(std::stoi(e.path().filename().string()));
+      return fds;  // the iterator's own fd included, alike every time
+    };
+    std::vector<int> before = open_fds();
+    int top = *std::max_element(before.begin(), before.end());
+    // Room for exactly the free numbers below top + 4: the holes and three more.
+    rlimit lim{static_cast<rlim_t>(top + 4), static_cast<rlim_t>(top + 4)};
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0) die(10, std::string("setrlimit: ") + strerror(errno));
+    size_t room = static_cast<size_t>(top + 4) - before.size() + 1;  // the iterator's fd is closed now
+    std::vector<int> fds(room + 4, 12345);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int r = syr_open_reuseport_group(SOCK_DGRAM | SOCK_CLOEXEC, reinterpret_cast<sockaddr*>(&a), sizeof a,
+                                     fds.data(), fds.size());
+    if (r != -EMFILE) die(11, "want -EMFILE from a group of " + std::to_string(fds.size()) + " with room for " +
+                                  std::to_string(room) + ", got " + std::to_string(r) + " (" + syr_last_error() + ")");
+    for (size_t i = 0; i < fds.size(); i++)
+      if (fds[i] != -1) die(12, "fds[" + std::to_string(i) + "] is " + std::to_string(fds[i]) + " after the failure");
+    if (std::string(syr_last_error()).find("SO_REUSEPORT socket on 127.0.0.1") == std::string::npos)
+      die(13, std::string("error text: ") + syr_last_error());
+    if (std::vector<int> after = open_fds(); after != before)
+      die(14, "open fds: " + std::to_string(before.size()) + " before, " + std::to_string(after.size()) + " after");
     _exit(0);
   }
   int st = 0;

@@ -14,6 +14,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -270,6 +271,8 @@ int syr_open_reuseport_group(int type, struct sockaddr* addr, socklen_t addrlen,
     port = &reinterpret_cast<sockaddr_in6*>(addr)->sin6_port;
   else
     return fail(-EINVAL, "addr is neither a sockaddr_in nor a sockaddr_in6");
+  // On failure the caller finds no fd number, not stale ones it might close twice.
+  std::fill(fds, fds + n, -1);
   const bool pick = *port == 0;
   int err = 0;
   // Picking: a socket without SO_REUSEPORT is only given a port no socket holds. It is
@@ -298,7 +301,10 @@ int syr_open_reuseport_group(int type, struct sockaddr* addr, socklen_t addrlen,
       g_last_error.clear();
       return 0;
     }
-    while (i > 0) close(fds[--i]);
+    for (; i > 0; i--) {
+      close(fds[i - 1]);
+      fds[i - 1] = -1;
+    }
     std::string where = addr_text(addr);
     if (pick) *port = 0;
     if (!pick || err != -EADDRINUSE)

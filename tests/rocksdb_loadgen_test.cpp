@@ -208,6 +208,7 @@ void until_clean(F attempt) {
     others = std::max(0.0, (machine_busy_s() - b0) - (own_cpu_s() - o0)) / wall;
     if (p.empty()) return;
     if (others <= 0.3) undisturbed_failure = true;
+    for (auto& s : p) fprintf(stderr, "attempt %d (others used %.2f cores): %s\n", i + 1, others, s.c_str());
   }
   if (!undisturbed_failure)
     GTEST_SKIP() << "other work used " << others << " cores during every attempt; timing checks need a quiet machine (last attempt: "
@@ -302,10 +303,21 @@ TEST(KvLoadgen, IdleSleepFreesTheCoreAndKeepsTheSchedule) {
     check_poisson_count(p, j["sent"].get<double>(), kRate * kT, "requests sent in the window");
     check(p, j["lost"].get<uint64_t>() == 0 && j["answered_ok"] == j["sent"], "answered " + j["answered_ok"].dump() +
                                                                                  " of " + j["sent"].dump());
-    // Waking 20 us ahead of each send: sends leave on time (a busy-polling generator is
-    // within a few us; a sleeping one without the early wake-up is ~50-60 us late).
-    double lag = j["generator"]["send_lag_p99_us"].get<double>();
-    check(p, lag <= 30, "send lag p99 " + num(lag) + " us");
+    // Waking 20 us ahead of each send and spinning to its time, most sends leave on the
+    // dot: without the early wake-up the median send would be as late as the median
+    // wake-up (~10 us on these VMs; ~55 us with the default timer slack). The tail is the
+    // machine's (a vCPU the host runs late delays a spinning generator too), so it is
+    // judged against the kernel's wake-ups in the same run: sleeping never makes a send
+    // later than the wake-up itself was.
+    const json& g = j["generator"];
+    double lag50 = g["send_lag_p50_us"].get<double>(), lag99 = g["send_lag_p99_us"].get<double>();
+    double wake50 = g["wake_late_p50_us"].get<double>(), wake99 = g["wake_late_p99_us"].get<double>();
+    check(p, g["sleeps"].get<double>() > 0.5 * kRate * kT, "slept before only " + g["sleeps"].dump() + " sends");
+    check(p, lag50 <= std::max(0.0, wake50 - 20) + 3,
+          "send lag p50 " + num(lag50) + " us with the kernel's wake-ups " + num(wake50) + " us late at p50");
+    check(p, lag99 <= wake99 + 10,
+          "send lag p99 " + num(lag99) + " us with the kernel's wake-ups " + num(wake99) + " us late at p99");
+    check(p, wake50 < 40, "wake-ups late by " + num(wake50) + " us at p50: the timer slack is not 1 ns");
     // A spinning generator uses its whole core for the run (~1.3 s of CPU here); asleep
     // between sends it needs a small part of it (the drain at the end still spins).
     check(p, cpu <= 0.5 * wall, "the generator used " + num(cpu) + " s of CPU in " + num(wall) + " s");

@@ -30,6 +30,8 @@
 // - Is the generator the bottleneck? It reports how late its sends were against their
 //   schedule (send_lag) and the share of its time spent in send/receive system calls
 //   (busy); both are in the JSON so a sweep can reject points where it could not keep up.
+//   With --idle_sleep_us it also reports how late the kernel woke it from the sleeps that
+//   ran to their end (wake_late): a send can only be late by what that exceeds W.
 //
 //   kv_loadgen --port P --rate R [--duration S] [--warmup S] [--get_pct 99.5] [--flows 50]
 //              [--keys N] [--cpu C] [--seed N] [--json FILE] [--verify] [--trace FILE.csv]
@@ -189,6 +191,7 @@ int main(int argc, char** argv) {
   std::vector<Sent> sent;
   sent.reserve(static_cast<size_t>(FLAGS_rate * total_s * 1.05 + 1024));
   kv::Histogram lat[4], lag;  // lat by type (KV_GET, KV_SCAN); lag of every send
+  kv::Histogram wake_late;    // --idle_sleep_us: past its end, each sleep that timed out
   std::vector<uint64_t> by_worker;
   const bool tracing = !FLAGS_trace.empty();
   std::vector<Trace> trace;
@@ -247,6 +250,10 @@ int main(int argc, char** argv) {
         uint64_t wait = due - t - idle_ns;
         timespec to{static_cast<time_t>(wait / 1000000000ULL), static_cast<long>(wait % 1000000000ULL)};
         n = epoll_pwait2(ep, evs, 64, &to, nullptr);
+        if (n == 0) {
+          uint64_t woke = now_ns();
+          wake_late.record(woke > t + wait ? woke - t - wait : 0);
+        }
       }
     }
     for (int i = 0; i < n; i++) {
@@ -337,6 +344,9 @@ int main(int argc, char** argv) {
         {"send_lag_p99_us", lag.percentile(99) / 1000.0},
         {"send_lag_max_us", lag.max() / 1000.0},
         {"late_sends_pct", sent.empty() ? 0.0 : 100.0 * late / sent.size()},
+        {"sleeps", wake_late.count()},
+        {"wake_late_p50_us", wake_late.percentile(50) / 1000.0},
+        {"wake_late_p99_us", wake_late.percentile(99) / 1000.0},
         {"busy_pct", 100.0 * busy_ns / static_cast<double>(end - start)}}}};
 
   fprintf(stderr,

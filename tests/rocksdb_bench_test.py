@@ -142,5 +142,44 @@ class Capacity(unittest.TestCase):
             rb.utilisation_capacity(8, 0.11, cpu_s=1.0, answered=0)
 
 
+class Drift(unittest.TestCase):
+    """A run whose server needed more CPU per request than the round's capacity probe ran
+    its emulated cores busier than its load point says (session 11: every GET p99 stall of
+    sita and scan_avoid at "70-80%" was a run at 85-94%)."""
+
+    class Args:
+        max_foreign, max_drift = 0.10, 0.05
+
+    def res(self, cost_us, foreign=0.0, late=0.0):
+        return {"cpu": {"foreign_cores": foreign, "server_cpu_per_request_us": cost_us},
+                "generator": {"late_sends_pct": late}}
+
+    def test_effective_load_scales_the_point_by_the_cost_against_the_probe(self):
+        self.assertAlmostEqual(rb.effective_load(0.8, self.res(13.2), 12.0), 0.88)
+        self.assertIsNone(rb.effective_load(0.8, self.res(None), 12.0))
+        self.assertIsNone(rb.effective_load(0.8, self.res(13.2), None))
+
+    def test_a_run_more_than_max_drift_busier_than_its_point_is_repeated_and_says_why(self):
+        why = rb.unhealthy(self.Args(), self.res(13.2), 0.8, 12.0)  # cores at 88%
+        self.assertEqual(len(why), 1)
+        self.assertIn("1.10x the probe's CPU per request", why[0])
+        self.assertIn("ran at 88%, not 80%", why[0])
+        self.assertEqual(rb.unhealthy(self.Args(), self.res(12.6), 0.8, 12.0), [])  # 84%: within 0.05
+        self.assertEqual(rb.unhealthy(self.Args(), self.res(9.0), 0.8, 12.0), [])  # faster: no harm
+
+    def test_low_loads_and_runs_without_a_probe_are_not_held_to_it(self):
+        # At 40% a worker wakes for fewer requests at a time and pays more per request.
+        self.assertEqual(rb.unhealthy(self.Args(), self.res(18.0), 0.4, 12.0), [])
+        self.assertEqual(rb.unhealthy(self.Args(), self.res(18.0), 0.8, None), [])
+        self.assertEqual(rb.unhealthy(self.Args(), self.res(18.0)), [])
+        off = self.Args()
+        off.max_drift = 0
+        self.assertEqual(rb.unhealthy(off, self.res(18.0), 0.8, 12.0), [])
+
+    def test_the_other_reasons_still_count(self):
+        why = rb.unhealthy(self.Args(), self.res(12.0, foreign=0.3, late=2.0), 0.8, 12.0)
+        self.assertEqual(why, ["others used 0.30 cores", "late sends 2.0%"])
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -168,8 +168,8 @@ class Drift(unittest.TestCase):
         self.assertEqual(rb.unhealthy(self.Args(), self.res(9.0), 0.8, 12.0), [])  # faster: no harm
 
     def test_low_loads_and_runs_without_a_probe_are_not_held_to_it(self):
-        # At 40% a worker wakes for fewer requests at a time and pays more per request.
-        self.assertEqual(rb.unhealthy(self.Args(), self.res(18.0), 0.4, 12.0), [])
+        # At 60% a worker wakes for fewer requests at a time and pays more per request.
+        self.assertEqual(rb.unhealthy(self.Args(), self.res(18.0), 0.6, 12.0), [])
         self.assertEqual(rb.unhealthy(self.Args(), self.res(18.0), 0.8, None), [])
         self.assertEqual(rb.unhealthy(self.Args(), self.res(18.0)), [])
         off = self.Args()

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <thread>
 
@@ -328,6 +329,26 @@ TEST_F(SocketSelect, TcpRoundRobinSpreadsConnectionsExactlyEvenly) {
   EXPECT_EQ(accepted, std::vector<int>(kListeners, kPer));
 }
 
+// Runs `body` in a forked child, so that what it changes (a network namespace and its
+// sysctls, a file limit) never touches the test process; the child reports a problem with
+// child_fails(code, why), which fails the test with that message.
+[[noreturn]] void child_fails(int code, const std::string& why) {
+  fprintf(stderr, "child: %s\n", why.c_str());
+  _exit(code);
+}
+void expect_child_passes(const std::function<void()>& body) {
+  pid_t c = fork();
+  ASSERT_GE(c, 0);
+  if (c == 0) {
+    body();
+    _exit(0);
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(c, &st, 0), c);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "see the child's message above";
+}
+
 // The executors' group must be the application's alone. Given port 0 with SO_REUSEPORT,
 // the kernel may hand out a port another group of the same user holds, and the socket
 // joins that group (Tenants.DeployAndExitCyclesLeakNothing once failed on it: a child's
@@ -337,24 +358,18 @@ TEST_F(SocketSelect, TcpRoundRobinSpreadsConnectionsExactlyEvenly) {
 // A child process does it, so the namespace and its sysctl never touch the test's.
 TEST(ReuseportGroup, PortZeroNeverJoinsAnotherGroupOfTheSameUser) {
   SYRUP_REQUIRE_ROOT();
-  pid_t c = fork();
-  ASSERT_GE(c, 0);
-  if (c == 0) {
-    auto die = [](int code, const std::string& why) {
-      fprintf(stderr, "child: %s\n", why.c_str());
-      _exit(code);
-    };
-    if (unshare(CLONE_NEWNET) != 0) die(10, std::string("unshare: ") + strerror(errno));
+  expect_child_passes([] {
+    if (unshare(CLONE_NEWNET) != 0) child_fails(10, std::string("unshare: ") + strerror(errno));
     UniqueFd ctl(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
     ifreq ifr{};
     std::snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
     ifr.ifr_flags = IFF_UP;
-    if (ioctl(ctl.get(), SIOCSIFFLAGS, &ifr) != 0) die(10, "lo up failed");
+    if (ioctl(ctl.get(), SIOCSIFFLAGS, &ifr) != 0) child_fails(10, "lo up failed");
     auto range = [&](const char* r) {
       std::ofstream f("/proc/sys/net/ipv4/ip_local_port_range");
       f << r << "\n";
       f.close();
-      if (!f) die(10, std::string("cannot set ip_local_port_range to ") + r);
+      if (!f) child_fails(10, std::string("cannot set ip_local_port_range to ") + r);
     };
     auto open_group = [](int type, int* fds, size_t n, uint16_t* port) {
       sockaddr_in a{};
@@ -381,7 +396,7 @@ TEST(ReuseportGroup, PortZeroNeverJoinsAnotherGroupOfTheSameUser) {
       int held[3] = {-1, -1, -1};
       uint16_t port = 0;
       if (int r = open_group(type, held, 3, &port); r != 0 || port != 40000)
-        die(11, proto + ": the first group: " + strerror(-r) + " port " + std::to_string(port));
+        child_fails(11, proto + ": the first group: " + strerror(-r) + " port " + std::to_string(port));
       for (int fd : held) {
         int v = 0;
         socklen_t l = sizeof v;
@@ -389,7 +404,7 @@ TEST(ReuseportGroup, PortZeroNeverJoinsAnotherGroupOfTheSameUser) {
         socklen_t al = sizeof a;
         getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &v, &l);
         getsockname(fd, reinterpret_cast<sockaddr*>(&a), &al);
-        if (v != 1 || ntohs(a.sin_port) != 40000) die(11, proto + ": a member lacks SO_REUSEPORT or the port");
+        if (v != 1 || ntohs(a.sin_port) != 40000) child_fails(11, proto + ": a member lacks SO_REUSEPORT or the port");
       }
       if (type == SOCK_DGRAM) {  // the kernel's behaviour the call guards against
         auto [fd, p] = plain_port_zero_bind();
@@ -399,24 +414,19 @@ TEST(ReuseportGroup, PortZeroNeverJoinsAnotherGroupOfTheSameUser) {
       }
       int other[2] = {-1, -1};
       int r = open_group(type, other, 2, &port);
-      if (r != -EADDRINUSE) die(12, proto + ": want EADDRINUSE with the only port held, got " + std::to_string(r));
-      if (other[0] != -1 || other[1] != -1) die(12, proto + ": fds written on failure");
+      if (r != -EADDRINUSE) child_fails(12, proto + ": want EADDRINUSE with the only port held, got " + std::to_string(r));
+      if (other[0] != -1 || other[1] != -1) child_fails(12, proto + ": fds written on failure");
       if (std::string(syr_last_error()).find("no free port on 127.0.0.1") == std::string::npos)
-        die(12, proto + ": error text: " + syr_last_error());
+        child_fails(12, proto + ": error text: " + syr_last_error());
       range("40000 40001");
       for (int i = 0; i < 20; i++) {
         if ((r = open_group(type, other, 2, &port)) != 0 || port != 40001)
-          die(13, proto + ": round " + std::to_string(i) + ": " + strerror(-r) + " port " + std::to_string(port));
+          child_fails(13, proto + ": round " + std::to_string(i) + ": " + strerror(-r) + " port " + std::to_string(port));
         close(other[0]), close(other[1]);
       }
       for (int fd : held) close(fd);
     }
-    _exit(0);
-  }
-  int st = 0;
-  ASSERT_EQ(waitpid(c, &st, 0), c);
-  ASSERT_TRUE(WIFEXITED(st));
-  EXPECT_EQ(WEXITSTATUS(st), 0) << "see the child's message above";
+  });
 }
 
 // A group that cannot be completed -- here the process runs out of file descriptors in
@@ -424,13 +434,7 @@ TEST(ReuseportGroup, PortZeroNeverJoinsAnotherGroupOfTheSameUser) {
 // -1, so a caller that closes what it was given closes nothing twice. A child process
 // does it, under a file limit of its own.
 TEST(ReuseportGroup, AGroupThatFailsMidwayLeavesNoSocketAndNoFdNumber) {
-  pid_t c = fork();
-  ASSERT_GE(c, 0);
-  if (c == 0) {
-    auto die = [](int code, const std::string& why) {
-      fprintf(stderr, "child: %s\n", why.c_str());
-      _exit(code);
-    };
+  expect_child_passes([] {
     auto open_fds = [] {
       std::vector<int> fds;
       for (auto& e : std::filesystem::directory_iterator("/proc/self/fd"))
@@ -441,7 +445,7 @@ TEST(ReuseportGroup, AGroupThatFailsMidwayLeavesNoSocketAndNoFdNumber) {
     int top = *std::max_element(before.begin(), before.end());
     // Room for exactly the free numbers below top + 4: the holes and three more.
     rlimit lim{static_cast<rlim_t>(top + 4), static_cast<rlim_t>(top + 4)};
-    if (setrlimit(RLIMIT_NOFILE, &lim) != 0) die(10, std::string("setrlimit: ") + strerror(errno));
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0) child_fails(10, std::string("setrlimit: ") + strerror(errno));
     size_t room = static_cast<size_t>(top + 4) - before.size() + 1;  // the iterator's fd is closed now
     std::vector<int> fds(room + 4, 12345);
     sockaddr_in a{};
@@ -449,20 +453,15 @@ TEST(ReuseportGroup, AGroupThatFailsMidwayLeavesNoSocketAndNoFdNumber) {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     int r = syr_open_reuseport_group(SOCK_DGRAM | SOCK_CLOEXEC, reinterpret_cast<sockaddr*>(&a), sizeof a,
                                      fds.data(), fds.size());
-    if (r != -EMFILE) die(11, "want -EMFILE from a group of " + std::to_string(fds.size()) + " with room for " +
+    if (r != -EMFILE) child_fails(11, "want -EMFILE from a group of " + std::to_string(fds.size()) + " with room for " +
                                   std::to_string(room) + ", got " + std::to_string(r) + " (" + syr_last_error() + ")");
     for (size_t i = 0; i < fds.size(); i++)
-      if (fds[i] != -1) die(12, "fds[" + std::to_string(i) + "] is " + std::to_string(fds[i]) + " after the failure");
+      if (fds[i] != -1) child_fails(12, "fds[" + std::to_string(i) + "] is " + std::to_string(fds[i]) + " after the failure");
     if (std::string(syr_last_error()).find("SO_REUSEPORT socket on 127.0.0.1") == std::string::npos)
-      die(13, std::string("error text: ") + syr_last_error());
+      child_fails(13, std::string("error text: ") + syr_last_error());
     if (std::vector<int> after = open_fds(); after != before)
-      die(14, "open fds: " + std::to_string(before.size()) + " before, " + std::to_string(after.size()) + " after");
-    _exit(0);
-  }
-  int st = 0;
-  ASSERT_EQ(waitpid(c, &st, 0), c);
-  ASSERT_TRUE(WIFEXITED(st));
-  EXPECT_EQ(WEXITSTATUS(st), 0) << "see the child's message above";
+      child_fails(14, "open fds: " + std::to_string(before.size()) + " before, " + std::to_string(after.size()) + " after");
+  });
 }
 
 TEST_F(SocketSelect, UnmodifiedProcessByPidTakesItsSocketsInFdOrder) {

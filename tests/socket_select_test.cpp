@@ -329,8 +329,8 @@ TEST_F(SocketSelect, TcpRoundRobinSpreadsConnectionsExactlyEvenly) {
   EXPECT_EQ(accepted, std::vector<int>(kListeners, kPer));
 }
 
-// Runs `body` in a forked child, so that what it changes (a network namespace and its
-// sysctls, a file limit) never touches the test process; the child reports a problem with
+// Runs `body` in a forked child, so that what it changes (its uid, a network namespace
+// and its sysctls, a file limit) never touches the test process; the child reports a problem with
 // child_fails(code, why), which fails the test with that message.
 [[noreturn]] void child_fails(int code, const std::string& why) {
   fprintf(stderr, "child: %s\n", why.c_str());
@@ -738,36 +738,26 @@ TEST_F(SocketSelect, PolicyIsRemovedWhenTheDeployingProcessExits) {
 
 TEST_F(SocketSelect, AnUnprivilegedApplicationDeploysAndWritesHintsWithoutCapabilities) {
   UdpGroup g(2);
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  expect_child_passes([&] {
     // Drop to nobody: no capabilities at all.
-    if (setgid(65534) || setuid(65534)) _exit(10);
+    if (setgid(65534) || setuid(65534)) child_fails(10, std::string("setuid nobody: ") + strerror(errno));
     auto fds = g.fds();
     syr_deploy_opts o{.sz = sizeof o, .app = "nobody-app", .fds = fds.data(), .n_fds = fds.size()};
     int id = syr_deploy_policy(source_path("policies/scan_avoid.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
-    if (id <= 0) {
-      fprintf(stderr, "deploy as nobody: %s\n", syr_last_error());
-      _exit(11);
-    }
+    if (id <= 0) child_fails(11, std::string("deploy as nobody: ") + syr_last_error());
     // By name of its application: a forked child would inherit the parent's syr_set_app().
     int fd = syr_map_open_app("nobody-app", "scan_map");
     syr_mapped_array m{};
-    if (fd < 0 || syr_map_mmap(fd, &m)) {
-      fprintf(stderr, "map as nobody: %s\n", syr_last_error());
-      _exit(12);
-    }
+    if (fd < 0 || syr_map_mmap(fd, &m)) child_fails(12, std::string("map as nobody: ") + syr_last_error());
     syr_hint_set(&m, 1, 1);
     UdpClient c(g.port());
     for (int i = 0; i < 10; i++) c.send_request(1, i);
     auto counts = g.drain();
-    if (counts != std::vector<int>{10, 0}) _exit(13);
-    _exit(syr_remove_policy(id) == 0 ? 0 : 14);
-  }
-  int st = 0;
-  waitpid(child, &st, 0);
-  ASSERT_TRUE(WIFEXITED(st));
-  EXPECT_EQ(WEXITSTATUS(st), 0) << "10: setuid, 11: deploy, 12: map, 13: routing, 14: remove";
+    if (counts != std::vector<int>{10, 0})
+      child_fails(13, "routing: " + std::to_string(counts[0]) + " and " + std::to_string(counts[1]) +
+                          " datagrams, want all 10 on socket 0");
+    if (syr_remove_policy(id) != 0) child_fails(14, std::string("remove as nobody: ") + syr_last_error());
+  });
 }
 
 // syrupd killed with SIGKILL under steady traffic and restarted: the program stays

@@ -487,7 +487,7 @@ def measure_capacity(args, server, daemon, get_pct, cal, rnd, workers, core_shar
                                        990 + 10 * step, ports, f"capacity probe at {rate:.0f} req/s")
             cpu_s, answered = res["cpu"]["server_cpu_s"], res["cpu"]["server_answers"]
             cap = utilisation_capacity(workers, core_share, cpu_s, answered)
-            probes.append({"offered_rps": rate, "cpu_per_request_us": cpu_s / answered * 1e6,
+            probes.append({"offered_rps": rate, "cpu_per_request_us": res["cpu"]["server_cpu_per_request_us"],
                            "capacity_rps": cap})
             rate = 0.75 * cap
         return cap, "utilisation", est, probes

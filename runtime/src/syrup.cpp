@@ -273,45 +273,39 @@ int syr_open_reuseport_group(int type, struct sockaddr* addr, socklen_t addrlen,
     return fail(-EINVAL, "addr is neither a sockaddr_in nor a sockaddr_in6");
   // On failure the caller finds no fd number, not stale ones it might close twice.
   std::fill(fds, fds + n, -1);
-  const bool pick = *port == 0;
-  int err = 0;
-  // Picking: a socket without SO_REUSEPORT is only given a port no socket holds. It is
-  // closed and the group binds that port; should another socket take the port in
-  // between, the group's bind fails with EADDRINUSE and a new port is picked.
-  for (int attempt = 0; attempt < 16; attempt++) {
-    if (pick) {
-      int probe = bound_socket(type, addr, addrlen, false);
-      if (probe < 0)
-        return fail(probe, "no free port on " + addr_text(addr) + ": " + std::strerror(-probe));
-      socklen_t l = addrlen;
-      int r = getsockname(probe, addr, &l) < 0 ? -errno : 0;
-      close(probe);
-      if (r) return fail(r, std::string("getsockname: ") + std::strerror(-r));
+  // Port 0: a placeholder without SO_REUSEPORT is given a port no socket holds (given
+  // port 0 with SO_REUSEPORT, the kernel would also consider ports of same-user groups).
+  // It then sets SO_REUSEPORT so that the group can bind beside it, and is closed once
+  // the group holds the port: the port is never free in between, so no retry is needed.
+  syrup::UniqueFd placeholder;
+  if (*port == 0) {
+    int fd = bound_socket(type, addr, addrlen, false);
+    if (fd < 0) return fail(fd, "no free port on " + addr_text(addr) + ": " + std::strerror(-fd));
+    placeholder.reset(fd);
+    socklen_t l = addrlen;
+    int one = 1;
+    if (getsockname(placeholder.get(), addr, &l) < 0 ||
+        setsockopt(placeholder.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) < 0) {
+      int e = -errno;
+      *port = 0;
+      return fail(e, "cannot hold a free port on " + addr_text(addr) + ": " + std::strerror(-e));
     }
-    size_t i = 0;
-    for (; i < n; i++) {
-      int fd = bound_socket(type, addr, addrlen, true);
-      if (fd < 0) {
-        err = fd;
-        break;
-      }
-      fds[i] = fd;
-    }
-    if (i == n) {
-      g_last_error.clear();
-      return 0;
-    }
-    for (; i > 0; i--) {
-      close(fds[i - 1]);
-      fds[i - 1] = -1;
-    }
-    std::string where = addr_text(addr);
-    if (pick) *port = 0;
-    if (!pick || err != -EADDRINUSE)
-      return fail(err, "SO_REUSEPORT socket on " + where + ": " + std::strerror(-err));
   }
-  return fail(err, "every free port picked was taken before the group could bind it (" +
-                       addr_text(addr) + ")");
+  for (size_t i = 0; i < n; i++) {
+    int fd = bound_socket(type, addr, addrlen, true);
+    if (fd < 0) {
+      std::string where = addr_text(addr);
+      for (size_t j = i; j > 0; j--) {
+        close(fds[j - 1]);
+        fds[j - 1] = -1;
+      }
+      if (placeholder) *port = 0;
+      return fail(fd, "SO_REUSEPORT socket on " + where + ": " + std::strerror(-fd));
+    }
+    fds[i] = fd;
+  }
+  g_last_error.clear();
+  return 0;
 }
 
 // ---- The thread hook -----------------------------------------------------------------

@@ -159,10 +159,10 @@ void syr_cs_exit(void);
  * written back to `addr`. Use it instead of binding port 0 yourself: given port 0 with
  * SO_REUSEPORT set, the kernel may pick a port another SO_REUSEPORT group of the same
  * user already holds, and the socket joins that group, so the two share one policy and
- * each other's traffic. (A group that binds port 0 while this call runs can still pick
- * the port; only a fixed port or this call in every program rules that out.) TCP
- * sockets still need listen(). Returns 0, or a negative errno with no socket left open
- * and every fds[i] set to -1.
+ * each other's traffic. (A program of the same user that binds port 0 with SO_REUSEPORT
+ * itself can still land on the group's port, during this call or later; only a fixed
+ * port or this call in every program rules that out.) TCP sockets still need listen().
+ * Returns 0, or a negative errno with no socket left open and every fds[i] set to -1.
  */
 int syr_open_reuseport_group(int type, struct sockaddr *addr, socklen_t addrlen, int *fds,
 			     size_t n);

@@ -129,7 +129,7 @@ int run_policy(const Env& env, const std::string& policy, Run& out) {
   }
   // The pin layout of syrupd (syrupd/pins.h): <root>/apps/<app>/policies/<id>/prog.
   std::string pin = env.bpffs_root + "/apps/" + env.app + "/policies/" + std::to_string(id) + "/prog";
-  Fd prog(bpf_obj_get(pin.c_str()));
+  UniqueFd prog(bpf_obj_get(pin.c_str()));
   int r;
   if (prog) {
     r = measure(group, prog.get(), env.datagrams, out);

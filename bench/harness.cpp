@@ -43,7 +43,7 @@ constexpr auto kDaemonStopTimeout = 5s;
 int errno_or(int fallback) { return errno ? -errno : fallback; }
 
 bool can_connect(const std::string& path) {
-  Fd s(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  UniqueFd s(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
@@ -153,7 +153,7 @@ void PrivateDaemon::stop() {
   bpffs_root_.clear();
 }
 
-int enable_bpf_stats(Fd& out) {
+int enable_bpf_stats(UniqueFd& out) {
   int fd = bpf_enable_stats(BPF_STATS_RUN_TIME);
   if (fd < 0) {
     int e = errno_or(fd);
@@ -202,20 +202,21 @@ uint64_t UdpGroup::total_received() const {
   return t;
 }
 
-void UdpGroup::drain() {
-  constexpr unsigned kBatch = 64;
-  char bufs[kBatch][64];
-  iovec iov[kBatch];
-  mmsghdr msgs[kBatch] = {};
-  for (unsigned i = 0; i < kBatch; i++) {
-    iov[i] = {bufs[i], sizeof bufs[i]};
-    msgs[i].msg_hdr.msg_iov = &iov[i];
-    msgs[i].msg_hdr.msg_iovlen = 1;
+RecvBatch::RecvBatch() {
+  for (unsigned i = 0; i < kSize; i++) {
+    iov_[i] = {bufs_[i], sizeof bufs_[i]};
+    msgs_[i].msg_hdr.msg_iov = &iov_[i];
+    msgs_[i].msg_hdr.msg_iovlen = 1;
   }
+}
+
+int RecvBatch::read(int fd) { return recvmmsg(fd, msgs_, kSize, MSG_DONTWAIT, nullptr); }
+
+void UdpGroup::drain() {
+  RecvBatch batch;
   for (size_t m = 0; m < members_.size(); m++) {
     int r;
-    while ((r = recvmmsg(members_[m].get(), msgs, kBatch, MSG_DONTWAIT, nullptr)) > 0)
-      received_[m] += static_cast<uint64_t>(r);
+    while ((r = batch.read(members_[m].get())) > 0) received_[m] += static_cast<uint64_t>(r);
   }
 }
 

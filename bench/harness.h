@@ -12,6 +12,8 @@
 // stderr.
 #pragma once
 
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -20,32 +22,11 @@
 #include <utility>
 #include <vector>
 
+#include "unique_fd.h"
+
 namespace syrup_bench {
 
-// A file descriptor closed with its owner.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) reset(std::exchange(o.fd_, -1));
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
+using syrup::UniqueFd;
 
 // What the benchmarks are run with (the command line, resolved).
 struct Env {
@@ -85,13 +66,30 @@ class PrivateDaemon {
 // Turns on run_cnt/run_time_ns accounting of BPF programs for as long as `out` is open
 // (BPF_ENABLE_STATS): the kernel turns it off by itself when the fd is closed, even if
 // the bench is killed, and the kernel.bpf_stats_enabled sysctl is never written.
-int enable_bpf_stats(Fd& out);
+int enable_bpf_stats(UniqueFd& out);
 
 struct ProgStats {
   uint64_t run_cnt = 0;
   uint64_t run_time_ns = 0;
 };
 int prog_stats(int prog_fd, ProgStats& out);
+
+// Room to read up to 64 datagrams of up to 64 bytes (the benches send 16) with one
+// recvmmsg, whose contents nobody looks at: receivers only count.
+class RecvBatch {
+ public:
+  static constexpr unsigned kSize = 64;
+  RecvBatch();
+  RecvBatch(const RecvBatch&) = delete;  // msgs_ points into the object itself
+  RecvBatch& operator=(const RecvBatch&) = delete;
+  // Datagrams read from `fd` without waiting, or -1 with errno.
+  int read(int fd);
+
+ private:
+  char bufs_[kSize][64];
+  iovec iov_[kSize];
+  mmsghdr msgs_[kSize] = {};
+};
 
 // `n` SO_REUSEPORT UDP sockets bound to 127.0.0.1 on a free port, and one client
 // socket connected to that port.
@@ -110,8 +108,8 @@ class UdpGroup {
   void drain();
   uint64_t total_received() const;
 
-  std::vector<Fd> members_;
-  Fd client_;
+  std::vector<UniqueFd> members_;
+  UniqueFd client_;
   uint16_t port_ = 0;
   uint32_t next_seq_ = 0;
   std::vector<uint64_t> received_;

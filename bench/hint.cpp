@@ -134,7 +134,7 @@ int run_hint(const Env& env, json& out) {
     return id;
   }
   int r = 0;
-  Fd map(syr_map_open_app(env.app.c_str(), "scan_map"));
+  UniqueFd map(syr_map_open_app(env.app.c_str(), "scan_map"));
   syr_mapped_array arr{};
   if (!map) {
     r = map.get();

@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
               report["machine"]["kernel"].get<std::string>().c_str(), sysconf(_SC_NPROCESSORS_ONLN),
               g_daemon.socket().c_str());
 
-  Fd stats;
+  UniqueFd stats;
   int failed = 0;
   for (auto& b : kBenchmarks) {
     if (!selected(b.name)) continue;

@@ -145,7 +145,7 @@ int run_xdp_cost(const Env& env, json& out) {
   std::string rr_path = env.policy_dir + "/round_robin.c", pass_path = env.policy_dir + "/pass.c";
   if (int id = deployed.deploy(rr_path, "xdp-cost-rr", net.host_if, kRrPort, cpus); id < 0) return id;
   if (int id = deployed.deploy(pass_path, "xdp-cost-pass", net.host_if, kPassPort, cpus); id < 0) return id;
-  Fd root;
+  UniqueFd root;
   if (int r = open_root(env, net.host_if, root)) return r;
   Handwritten hw;
   if (int r = hw.load(env.handwritten_xdp_obj, kRrPort, cpus)) return r;
@@ -276,7 +276,7 @@ int run_xdp_scale(const Env& env, json& out) {
   Deployed targets, fillers;
   if (int id = targets.deploy(rr_path, "xdp-scale-solo", a.host_if, kRrPort, cpus); id < 0) return id;
   if (int id = targets.deploy(rr_path, "xdp-scale-0000", b.host_if, kRrPort, cpus); id < 0) return id;
-  Fd root_a, root_b;
+  UniqueFd root_a, root_b;
   if (int r = open_root(env, a.host_if, root_a)) return r;
   if (int r = open_root(env, b.host_if, root_b)) return r;
 

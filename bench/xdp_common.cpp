@@ -195,7 +195,7 @@ int Deployed::remove_all() {
   return first;
 }
 
-int open_root(const Env& env, const std::string& ifname, Fd& out) {
+int open_root(const Env& env, const std::string& ifname, UniqueFd& out) {
   std::string p = pin(env, ifname, "prog");
   out.reset(bpf_obj_get(p.c_str()));
   if (out) return 0;
@@ -205,7 +205,7 @@ int open_root(const Env& env, const std::string& ifname, Fd& out) {
 }
 
 uint64_t root_stat(const Env& env, const std::string& ifname, uint32_t slot) {
-  Fd map(bpf_obj_get(pin(env, ifname, "syr_xdp_root_stats").c_str()));
+  UniqueFd map(bpf_obj_get(pin(env, ifname, "syr_xdp_root_stats").c_str()));
   if (!map) return 0;
   std::vector<uint64_t> v(static_cast<size_t>(libbpf_num_possible_cpus()));
   uint64_t sum = 0;

@@ -68,7 +68,7 @@ class Deployed {
 };
 
 // The root program syrupd attached to `ifname` (its pin <bpffs_root>/xdp/<ifname>/prog).
-int open_root(const Env& env, const std::string& ifname, Fd& out);
+int open_root(const Env& env, const std::string& ifname, UniqueFd& out);
 // Sum over CPUs of one slot (SYR_XDP_ROOT_*) of the root's syr_xdp_root_stats.
 uint64_t root_stat(const Env& env, const std::string& ifname, uint32_t slot);
 

@@ -134,17 +134,10 @@ class Blast {
   }
   void recv_loop(int fd, int cpu) {
     pin_to(cpu);
-    char bufs[kBatch][64];
-    iovec iov[kBatch];
-    mmsghdr msgs[kBatch] = {};
-    for (unsigned i = 0; i < kBatch; i++) {
-      iov[i] = {bufs[i], sizeof bufs[i]};
-      msgs[i].msg_hdr.msg_iov = &iov[i];
-      msgs[i].msg_hdr.msg_iovlen = 1;
-    }
+    RecvBatch batch;
     pollfd p{fd, POLLIN, 0};
     while (!stop_recv_.load(std::memory_order_relaxed)) {
-      int r = recvmmsg(fd, msgs, kBatch, MSG_DONTWAIT, nullptr);
+      int r = batch.read(fd);
       if (r > 0) received_.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
       else poll(&p, 1, 10);
     }
@@ -179,7 +172,7 @@ int run_xdp_pps(const Env& env, json& out) {
   if (int r = hw.load(env.handwritten_xdp_obj, kPort, cpus)) return r;
 
   // Receiver on the host end, sender in the peer namespace (one flow).
-  Fd rx(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  UniqueFd rx(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   int buf = 4 << 20;
   sockaddr_in host{}, peer{};
   host.sin_family = peer.sin_family = AF_INET;
@@ -198,7 +191,7 @@ int run_xdp_pps(const Env& env, json& out) {
     std::fprintf(stderr, "syrup_bench: sender socket in %s: %s\n", net.ns.c_str(), std::strerror(-sfd));
     return sfd;
   }
-  Fd tx(sfd);
+  UniqueFd tx(sfd);
   if (bind(tx.get(), reinterpret_cast<sockaddr*>(&peer), sizeof peer) < 0 ||
       connect(tx.get(), reinterpret_cast<sockaddr*>(&host), sizeof host) < 0) {
     int e = errno;

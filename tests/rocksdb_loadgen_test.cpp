@@ -30,18 +30,13 @@
 
 #include "harness.h"
 #include "histogram.h"
+#include "kv_clock.h"
 #include "kv_proto.h"
 
 namespace syrup::test {
 namespace {
 
 using nlohmann::json;
-
-uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
-}
 
 // One FIFO worker with a fixed service time per type; optionally never answers request
 // ids that are multiples of `drop_every`.
@@ -96,7 +91,7 @@ class FixedServer {
       m.msg_control = ctrl;
       m.msg_controllen = sizeof ctrl;
       ssize_t n = recvmsg(fd_, &m, 0);
-      uint64_t t0 = now_ns();
+      uint64_t t0 = kv_now_ns();
       if (n < static_cast<ssize_t>(sizeof(kv_request))) continue;
       uint64_t arrived = 0;
       for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
@@ -116,7 +111,7 @@ class FixedServer {
       uint64_t id = le64toh(q.id);
       if (drop_every_ && id % drop_every_ == 0) continue;
       uint64_t service = le32toh(q.type) == KV_SCAN ? scan_ns_ : get_ns_;
-      while (now_ns() - t0 < service) {
+      while (kv_now_ns() - t0 < service) {
       }
       kv_response r{};
       r.status = htole32(KV_OK);
@@ -264,7 +259,10 @@ TEST(KvLoadgen, RateAndLatencyMatchAnMD1QueueWithAKnownServiceTime) {
 
 TEST(KvLoadgen, LatencyIsAccountedPerRequestType) {
   // 80% GETs of 50 us, 20% SCANs of 600 us, 300 req/s: load under 5%, so each type's
-  // median is its own service time plus the round trip.
+  // median is its own service time plus the round trip. The round trip is the host's (the
+  // idle server's wake-up: 50-150 us on this VM, depending on the moment), so the checks
+  // are that no median is below its service time, that the medians are 550 us apart (the
+  // round trip is common to both), and that the round trip stays under 350 us.
   until_clean([&] {
     Problems p;
     FixedServer srv(50000, 600000);
@@ -276,8 +274,10 @@ TEST(KvLoadgen, LatencyIsAccountedPerRequestType) {
     check(p, j["types"]["get"]["n"].get<double>() == gets, "GETs recorded != GETs sent");
     check(p, j["types"]["scan"]["n"].get<double>() == scans, "SCANs recorded != SCANs sent");
     double g50 = j["types"]["get"]["p50_us"].get<double>(), s50 = j["types"]["scan"]["p50_us"].get<double>();
-    check(p, g50 >= 50 && g50 <= 150, "GET p50 " + num(g50) + " us, want [50, 150]");
-    check(p, s50 >= 600 && s50 <= 700, "SCAN p50 " + num(s50) + " us, want [600, 700]");
+    check(p, g50 >= 50 && g50 <= 400, "GET p50 " + num(g50) + " us, want [50, 400]");
+    check(p, s50 >= 600, "SCAN p50 " + num(s50) + " us, want at least 600");
+    check(p, std::fabs((s50 - g50) - 550) <= 50,
+          "SCAN p50 - GET p50 = " + num(s50 - g50) + " us, want 550 +- 50 (GET p50 " + num(g50) + ", SCAN p50 " + num(s50) + ")");
     return p;
   });
 }

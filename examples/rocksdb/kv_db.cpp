@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cmath>
 #include <vector>
 
@@ -21,6 +20,7 @@
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
 
+#include "kv_clock.h"
 #include "kv_proto.h"
 
 namespace kv {
@@ -29,12 +29,6 @@ namespace {
 // The key that records what was loaded. "0..." sorts before every "k..." key, so no SCAN
 // ever reaches it.
 const char kMetaKey[] = "0meta:keys";
-
-uint64_t now_ns() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
 
 rocksdb::Options make_options(const std::shared_ptr<rocksdb::Cache>& cache) {
   rocksdb::Options o;
@@ -185,11 +179,11 @@ int Db::calibrate(double ratio, Calibration* out) const {
   std::vector<double> rounds;
   for (int r = 0; r < 7; r++) {
     const int n = 5000;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = kv_now_ns();
     for (int i = 0; i < n; i++) {
       if (get(kv_mix64(&rng) % keys_, buf, sizeof buf, &len, &dig) == 0) sink += dig;
     }
-    rounds.push_back(static_cast<double>(now_ns() - t0) / n);
+    rounds.push_back(static_cast<double>(kv_now_ns() - t0) / n);
   }
   out->get_ns = median_of(rounds);
 
@@ -198,9 +192,9 @@ int Db::calibrate(double ratio, Calibration* out) const {
   rounds.clear();
   for (int r = 0; r < 7; r++) {
     uint32_t vis;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = kv_now_ns();
     scan(kv_mix64(&rng) % (keys_ - long_n + 1), long_n, &vis, &dig);
-    rounds.push_back(static_cast<double>(now_ns() - t0));
+    rounds.push_back(static_cast<double>(kv_now_ns() - t0));
     sink += dig;
   }
   double long_ns = median_of(rounds);
@@ -208,9 +202,9 @@ int Db::calibrate(double ratio, Calibration* out) const {
   for (int r = 0; r < 7; r++) {
     const int n = 2000;
     uint32_t vis;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = kv_now_ns();
     for (int i = 0; i < n; i++) scan(kv_mix64(&rng) % keys_, 1, &vis, &dig);
-    rounds.push_back(static_cast<double>(now_ns() - t0) / n);
+    rounds.push_back(static_cast<double>(kv_now_ns() - t0) / n);
     sink += dig;
   }
   out->scan_base_ns = median_of(rounds);
@@ -233,12 +227,12 @@ int Db::calibrate(double ratio, Calibration* out) const {
   char msg[sizeof(kv_response) + KV_VALUE_LEN] = {};
   for (int r = 0; r < 7; r++) {
     const int n = 1000;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = kv_now_ns();
     for (int i = 0; i < n; i++) {
       sendto(a, msg, sizeof(kv_request), 0, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
       recv(b, msg, sizeof msg, 0);
     }
-    rounds.push_back(static_cast<double>(now_ns() - t0) / n);
+    rounds.push_back(static_cast<double>(kv_now_ns() - t0) / n);
   }
   ::close(a);
   ::close(b);
@@ -252,9 +246,9 @@ int Db::calibrate(double ratio, Calibration* out) const {
   rounds.clear();
   for (int r = 0; r < 9; r++) {
     uint32_t vis;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = kv_now_ns();
     scan(kv_mix64(&rng) % (keys_ - std::min<uint64_t>(keys_, out->scan_len) + 1), out->scan_len, &vis, &dig);
-    rounds.push_back(static_cast<double>(now_ns() - t0));
+    rounds.push_back(static_cast<double>(kv_now_ns() - t0));
     sink += dig;
   }
   out->scan_ns = median_of(rounds);

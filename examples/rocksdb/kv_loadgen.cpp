@@ -59,6 +59,7 @@
 #include <nlohmann/json.hpp>
 
 #include "histogram.h"
+#include "kv_clock.h"
 #include "kv_proto.h"
 
 DEFINE_int32(port, 0, "server UDP port on 127.0.0.1");
@@ -88,12 +89,6 @@ DEFINE_string(trace, "",
 namespace {
 
 using nlohmann::json;
-
-uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
-}
 
 // What the generator remembers of each request (index = id).
 struct Sent {
@@ -202,7 +197,7 @@ int main(int argc, char** argv) {
   const double get_frac = FLAGS_get_pct / 100.0;
 
   uint64_t errors = 0, bad_digest = 0, unknown = 0, send_errors = 0, late = 0, busy_ns = 0;
-  uint64_t start = now_ns() + 1000000;  // 1 ms to settle
+  uint64_t start = kv_now_ns() + 1000000;  // 1 ms to settle
   const uint64_t measure_from = start + static_cast<uint64_t>(FLAGS_warmup * 1e9);
   const uint64_t measure_to = measure_from + static_cast<uint64_t>(FLAGS_duration * 1e9);
   const uint64_t send_until = measure_to + static_cast<uint64_t>(FLAGS_tail * 1e9);
@@ -213,7 +208,7 @@ int main(int argc, char** argv) {
   uint64_t drain_deadline = 0;
 
   for (;;) {
-    uint64_t now = now_ns();
+    uint64_t now = kv_now_ns();
     // Send everything that is due.
     while (next <= static_cast<double>(now) && static_cast<uint64_t>(next) < send_until) {
       uint64_t sched = static_cast<uint64_t>(next);
@@ -229,9 +224,9 @@ int main(int argc, char** argv) {
       q.id = htole64(id);
       q.stamp = htole64(sched);
       int fd = flows[kv_mix64(&rng) % flows.size()];
-      uint64_t t0 = now_ns();
+      uint64_t t0 = kv_now_ns();
       if (send(fd, &q, sizeof q, 0) != sizeof q) send_errors++;
-      uint64_t t1 = now_ns();
+      uint64_t t1 = kv_now_ns();
       busy_ns += t1 - t0;
       lag.record(t0 - sched);
       if (t0 - sched > 50000) late++;
@@ -245,13 +240,13 @@ int main(int argc, char** argv) {
     // shortly before the next send is due).
     int n = epoll_wait(ep, evs, 64, 0);
     if (n == 0 && idle_ns && static_cast<uint64_t>(next) < send_until) {
-      uint64_t due = static_cast<uint64_t>(next), t = now_ns();
+      uint64_t due = static_cast<uint64_t>(next), t = kv_now_ns();
       if (due > t + 2 * idle_ns) {
         uint64_t wait = due - t - idle_ns;
         timespec to{static_cast<time_t>(wait / 1000000000ULL), static_cast<long>(wait % 1000000000ULL)};
         n = epoll_pwait2(ep, evs, 64, &to, nullptr);
         if (n == 0) {
-          uint64_t woke = now_ns();
+          uint64_t woke = kv_now_ns();
           wake_late.record(woke > t + wait ? woke - t - wait : 0);
         }
       }
@@ -259,9 +254,9 @@ int main(int argc, char** argv) {
     for (int i = 0; i < n; i++) {
       int fd = flows[evs[i].data.u32];
       for (;;) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = kv_now_ns();
         ssize_t len = recv(fd, buf, sizeof buf, 0);
-        uint64_t t1 = now_ns();
+        uint64_t t1 = kv_now_ns();
         if (len < 0) break;
         busy_ns += t1 - t0;
         if (static_cast<size_t>(len) < sizeof(kv_response)) {
@@ -307,7 +302,7 @@ int main(int argc, char** argv) {
       if (measured_answered >= measured_sent || now > drain_deadline) break;
     }
   }
-  uint64_t end = now_ns();
+  uint64_t end = kv_now_ns();
 
   // Requests of the measurement window that never got an answer, by type.
   uint64_t lost[4] = {}, sent_by_type[4] = {};

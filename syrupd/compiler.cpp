@@ -36,7 +36,9 @@ std::vector<std::string> clang_flags(const CompilerConfig& c, const std::string&
 }
 
 // Runs argv, returns exit status (or -errno), with stdout+stderr collected in `output`.
-int run(const std::vector<std::string>& argv, std::string& output, int timeout_ms) {
+// A set `*cancel` kills it (-ECANCELED).
+int run(const std::vector<std::string>& argv, std::string& output, int timeout_ms,
+        const std::atomic<bool>* cancel = nullptr) {
   int pipefd[2];
   if (pipe2(pipefd, O_CLOEXEC) < 0) return -errno;
   UniqueFd rd(pipefd[0]), wr(pipefd[1]);
@@ -56,18 +58,19 @@ int run(const std::vector<std::string>& argv, std::string& output, int timeout_m
 
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   char buf[4096];
-  bool timed_out = false;
+  bool timed_out = false, canceled = false;
   for (;;) {
     int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                     deadline - std::chrono::steady_clock::now())
                                     .count());
-    if (left <= 0) {
-      timed_out = true;
+    canceled = cancel && cancel->load();
+    if (left <= 0 || canceled) {
+      timed_out = !canceled;
       kill(pid, SIGKILL);
       break;
     }
     pollfd p{rd.get(), POLLIN, 0};
-    int pr = poll(&p, 1, left);
+    int pr = poll(&p, 1, cancel ? std::min(left, 100) : left);
     if (pr < 0 && errno == EINTR) continue;
     if (pr <= 0) continue;
     ssize_t n = read(rd.get(), buf, sizeof buf);
@@ -81,6 +84,10 @@ int run(const std::vector<std::string>& argv, std::string& output, int timeout_m
   if (timed_out) {
     output += "\nsyrupd: the policy compiler did not finish in time and was stopped\n";
     return -ETIMEDOUT;
+  }
+  if (canceled) {
+    output += "\nsyrupd: the policy compiler was stopped: syrupd is shutting down\n";
+    return -ECANCELED;
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
@@ -118,7 +125,9 @@ int Compiler::init(const CompilerConfig& cfg, std::string& error) {
     return -ENOENT;
   }
   std::string version;
-  int r = run({cfg_.clang, "--version"}, version, 10000);
+  // As long as a compile may take: on a loaded machine (or an emulated one) starting
+  // clang alone can take seconds.
+  int r = run({cfg_.clang, "--version"}, version, cfg_.timeout_ms);
   if (r != 0) {
     error = "'" + cfg_.clang + " --version' failed: " + version;
     return -ENOEXEC;
@@ -148,26 +157,36 @@ int Compiler::init(const CompilerConfig& cfg, std::string& error) {
   return 0;
 }
 
-CompileResult Compiler::compile(const CompileJob& job) {
-  CompileResult res;
+std::string Compiler::object_path(const CompileJob& job, std::string* tu_out) const {
   // The display name is used verbatim in a #line directive: keep it a plain string.
   std::string shown;
   for (char c : job.display_name) shown += (c == '"' || c == '\\' || c == '\n') ? '_' : c;
   if (shown.empty()) shown = "policy.c";
-
   std::string tu = job.wrapper.empty()
                        ? "#line 1 \"" + shown + "\"\n" + job.source
                        : "#include <syrup/policy.h>\n#line 1 \"" + shown + "\"\n" + job.source +
                              "\n#include \"" + job.wrapper + "\"\n";
   std::string key = sha256_hex(identity_ + '\0' + job.hook_define + '\0' + tu);
-  std::string obj = cfg_.cache_dir + "/obj/" + key + ".o";
+  if (tu_out) *tu_out = std::move(tu);
+  return cfg_.cache_dir + "/obj/" + key + ".o";
+}
+
+bool Compiler::cached(const CompileJob& job) const {
+  return access(object_path(job, nullptr).c_str(), R_OK) == 0;
+}
+
+CompileResult Compiler::compile(const CompileJob& job) {
+  CompileResult res;
+  std::string tu;
+  std::string obj = object_path(job, &tu);
   if (access(obj.c_str(), R_OK) == 0) {
     res.object_path = obj;
     res.cached = true;
     return res;
   }
-
-  std::string src = cfg_.cache_dir + "/src/" + key + ".c";
+  // Names of this compile's own: another thread may be compiling the same source.
+  std::string unique = "." + std::to_string(getpid()) + "." + std::to_string(seq_++);
+  std::string src = cfg_.cache_dir + "/src/" + fs::path(obj).stem().string() + unique + ".c";
   {
     std::ofstream out(src, std::ios::binary | std::ios::trunc);
     out << tu;
@@ -177,11 +196,11 @@ CompileResult Compiler::compile(const CompileJob& job) {
       return res;
     }
   }
-  std::string tmp = obj + ".tmp." + std::to_string(getpid());
+  std::string tmp = obj + ".tmp" + unique;
   auto argv = clang_flags(cfg_, job.hook_define);
   argv.insert(argv.begin(), cfg_.clang);
   argv.insert(argv.end(), {"-c", src, "-o", tmp});
-  int r = run(argv, res.diagnostics, cfg_.timeout_ms);
+  int r = run(argv, res.diagnostics, cfg_.timeout_ms, &cancel_);
   unlink(src.c_str());
   if (r != 0) {
     unlink(tmp.c_str());

@@ -13,6 +13,8 @@
 // a temporary name and renamed, so a reader never sees a partial object.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 namespace syrup {
@@ -45,12 +47,23 @@ class Compiler {
   // Checks the compiler and headers exist and computes their identity. 0 or -errno,
   // with `error` saying what is missing.
   int init(const CompilerConfig& cfg, std::string& error);
+  // Safe to call from several threads at once (syrupd's compile workers and its main
+  // thread): every compile writes its source and object under names of its own.
   CompileResult compile(const CompileJob& job);
+  // Whether `job`'s object is in the cache: compile() would return it without clang.
+  bool cached(const CompileJob& job) const;
+  // While on, running compiles are killed and new ones fail, with -ECANCELED (shutdown).
+  void cancel(bool on) { cancel_ = on; }
   const CompilerConfig& config() const { return cfg_; }
 
  private:
+  // The translation unit of `job` and its object's path in the cache.
+  std::string object_path(const CompileJob& job, std::string* tu) const;
+
   CompilerConfig cfg_;
   std::string identity_;  // digest of compiler version, flags and headers
+  std::atomic<bool> cancel_{false};
+  std::atomic<uint64_t> seq_{0};  // makes temporary names unique per compile
 };
 
 // Hex SHA-256 of `data`.

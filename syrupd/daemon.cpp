@@ -72,6 +72,26 @@ std::string hex(const unsigned char* p, size_t n) {
   return s;
 }
 
+// The maps pinned under an application's directory, as its quotas count them: how many,
+// and their memory (key + value bytes times entries). Quota checks and metrics agree.
+struct MapUsage {
+  size_t maps = 0;
+  uint64_t bytes = 0;
+};
+MapUsage pinned_map_usage(const std::string& app) {
+  MapUsage u;
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(pins::app_maps_dir(app), ec)) {
+    UniqueFd m(bpf_obj_get(e.path().c_str()));
+    bpf_map_info info{};
+    uint32_t len = sizeof info;
+    if (!m || bpf_map_get_info_by_fd(m.get(), &info, &len)) continue;
+    u.maps++;
+    u.bytes += uint64_t{info.key_size + info.value_size} * info.max_entries;
+  }
+  return u;
+}
+
 json as_number(const unsigned char* p, size_t n) {
   switch (n) {
     case 1: return p[0];
@@ -199,7 +219,13 @@ int Daemon::init(const DaemonConfig& cfg) {
   sigprocmask(SIG_BLOCK, &mask, nullptr);
   signal_fd_.reset(signalfd(-1, &mask, SFD_CLOEXEC));
   epoll_fd_.reset(epoll_create1(EPOLL_CLOEXEC));
-  for (int fd : {listen_fd_.get(), signal_fd_.get()}) {
+  // The workers start with the signals blocked, as they now are: SIGTERM must reach the
+  // signalfd, not end the process on a worker thread.
+  if ((r = compile_pool_.start(compiler_, cfg_.compile_workers))) {
+    log(LogLevel::kError, "cannot start the compile workers: %s", std::strerror(-r));
+    return r;
+  }
+  for (int fd : {listen_fd_.get(), signal_fd_.get(), compile_pool_.event_fd()}) {
     epoll_event ev{EPOLLIN, {.fd = fd}};
     epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev);
   }
@@ -279,6 +305,8 @@ int Daemon::run() {
         // Its request (or end of stream) came: the error it was sent has been delivered.
         epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
         rejected_.erase(fd);
+      } else if (fd == compile_pool_.event_fd()) {
+        resume_parked();
       } else if (fd == metrics_refresh_fd_) {
         uint64_t n;
         if (read(fd, &n, sizeof n) == sizeof n) publish_metrics();
@@ -288,6 +316,14 @@ int Daemon::run() {
     }
     if (stop) break;
   }
+  // Parked deploys are answered, not left hanging: their compiles are stopped.
+  compile_pool_.stop();
+  for (auto& [ticket, p] : parked_) {
+    Response resp{proto::error_response(ECANCELED, "syrupd is shutting down; the policy was not deployed")};
+    totals_.error("deploy", ECANCELED);
+    answer(p.fd, resp);
+  }
+  parked_.clear();
   if (cfg_.remove_on_exit) {
     std::vector<int> ids;
     for (auto& [id, p] : policies_) ids.push_back(id);
@@ -366,7 +402,9 @@ int Daemon::sweep_clients() {
   }
   auto idle = std::chrono::seconds(cfg_.client_idle_timeout_s);
   for (auto it = clients_.begin(); it != clients_.end();) {
-    if (cfg_.client_idle_timeout_s && it->second.last + idle <= now) {
+    if (it->second.parked) {
+      ++it;
+    } else if (cfg_.client_idle_timeout_s && it->second.last + idle <= now) {
       log(LogLevel::kDebug, "closing a connection of uid %u idle for %u s", it->second.uid, cfg_.client_idle_timeout_s);
       epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, it->first, nullptr);
       if (it->second.uid != 0) unprivileged_clients_--;
@@ -381,14 +419,51 @@ int Daemon::sweep_clients() {
   return static_cast<int>(std::clamp<long long>(ms, 1, 60000));
 }
 
+void Daemon::drop_client(int fd) {
+  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  auto it = clients_.find(fd);
+  if (it == clients_.end()) return;
+  if (it->second.uid != 0) unprivileged_clients_--;
+  clients_.erase(it);
+}
+
+void Daemon::answer(int fd, Response& resp) {
+  if (auto it = clients_.find(fd); it != clients_.end()) it->second.last = std::chrono::steady_clock::now();
+  if (proto::send_message(fd, resp.body, resp.fds)) drop_client(fd);
+}
+
+void Daemon::park(int fd, const Caller& caller, proto::Message req, std::unique_ptr<Deferred> d) {
+  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  clients_[fd].parked = true;
+  uint64_t ticket = next_ticket_++;
+  log(LogLevel::kDebug, "pid %d uid %u: deploy parked while %s compiles (ticket %llu)", caller.pid, caller.uid,
+      d->job.display_name.c_str(), static_cast<unsigned long long>(ticket));
+  compile_pool_.submit(ticket, caller.uid, d->job);
+  parked_.emplace(ticket, Parked{fd, caller, std::move(req), std::move(d)});
+}
+
+void Daemon::resume_parked() {
+  for (auto& done : compile_pool_.take_done()) {
+    auto it = parked_.find(done.ticket);
+    if (it == parked_.end()) continue;
+    Parked p = std::move(it->second);
+    parked_.erase(it);
+    p.deferred->result = std::move(done.result);
+    resumed_ = std::move(p.deferred);
+    Response resp = handle(p.caller, p.req, true);
+    resumed_.reset();
+    auto c = clients_.find(p.fd);
+    if (c == clients_.end()) continue;
+    c->second.parked = false;
+    answer(p.fd, resp);
+    if (!clients_.count(p.fd)) continue;  // the send failed
+    epoll_event ev{EPOLLIN, {.fd = p.fd}};
+    if (epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, p.fd, &ev) < 0) drop_client(p.fd);
+  }
+}
+
 void Daemon::serve_client(int fd) {
-  auto drop = [&] {
-    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
-    auto it = clients_.find(fd);
-    if (it == clients_.end()) return;
-    if (it->second.uid != 0) unprivileged_clients_--;
-    clients_.erase(it);
-  };
+  auto drop = [&] { drop_client(fd); };
   clients_[fd].last = std::chrono::steady_clock::now();
   ucred cred{};
   socklen_t cl = sizeof cred;
@@ -414,7 +489,7 @@ void Daemon::serve_client(int fd) {
   proto::Message req;
   std::string why;
   // The whole frame within kRecvTimeoutSec: a client trickling bytes cannot hold the
-  // (single-threaded) daemon longer than that per request.
+  // main thread longer than that per request.
   int r = proto::recv_message(fd, req, &why, kRecvTimeoutSec * 1000);
   if (r == -ENODATA) return drop();
   if (r == -ETIMEDOUT) {
@@ -428,19 +503,34 @@ void Daemon::serve_client(int fd) {
     if (r == -EPROTO) proto::send_message(fd, proto::error_response(EPROTO, "bad request: " + why));
     return drop();  // the stream cannot be resynchronised
   }
+  // A deploy's target takes the request's descriptors; a parked deploy runs again with
+  // these copies.
+  std::vector<UniqueFd> copies;
+  for (auto& f : req.fds) copies.emplace_back(fcntl(f.get(), F_DUPFD_CLOEXEC, 0));
+  may_park_ = true;
   Response resp = handle(caller, req);
-  if (auto it = clients_.find(fd); it != clients_.end()) it->second.last = std::chrono::steady_clock::now();
-  if (proto::send_message(fd, resp.body, resp.fds)) drop();
+  may_park_ = false;
+  if (resp.park) {
+    for (auto& f : copies)
+      if (!f) {
+        Response busy{proto::error_response(EMFILE, "syrupd is out of descriptors; retry later")};
+        totals_.error("deploy", EMFILE);
+        return answer(fd, busy);
+      }
+    req.fds = std::move(copies);
+    return park(fd, caller, std::move(req), std::move(resp.park));
+  }
+  answer(fd, resp);
 }
 
-Daemon::Response Daemon::handle(const Caller& caller, proto::Message& req) {
+Daemon::Response Daemon::handle(const Caller& caller, proto::Message& req, bool resumed) {
   Response r;
   try {
-    r = dispatch(caller, req);
+    r = dispatch(caller, req, resumed);
   } catch (const std::exception& e) {  // a request of the wrong shape never ends syrupd
     r = {proto::error_response(EINVAL, std::string("malformed request: ") + e.what())};
   }
-  if (!r.body.value("ok", false)) {
+  if (!r.park && !r.body.value("ok", false)) {
     // Only known operations become metric labels (a client cannot grow the label set).
     static const std::set<std::string> kOps = {"ping", "deploy", "remove", "list", "stats", "map_open", "map_dump"};
     const json& op = req.body.is_object() && req.body.contains("op") ? req.body["op"] : json();
@@ -450,11 +540,11 @@ Daemon::Response Daemon::handle(const Caller& caller, proto::Message& req) {
   return r;
 }
 
-Daemon::Response Daemon::dispatch(const Caller& caller, proto::Message& req) {
+Daemon::Response Daemon::dispatch(const Caller& caller, proto::Message& req, bool resumed) {
   const json& b = req.body;
   std::string op = b.contains("op") && b["op"].is_string() ? b["op"].get<std::string>() : "";
   log(LogLevel::kDebug, "pid %d uid %u: %s", caller.pid, caller.uid, op.c_str());
-  if (!admit_request(caller))
+  if (!resumed && !admit_request(caller))
     return {proto::error_response(EAGAIN, "uid " + std::to_string(caller.uid) +
                                               " is over its limit of requests per second (" +
                                               std::to_string(rate_for(caller.uid)) + "); retry later")};
@@ -481,6 +571,8 @@ std::string Daemon::may_use_app(const Caller& caller, const std::string& app) co
 }
 
 Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool enforce_quotas) {
+  // A resumed deploy makes every check again, with the compile its first run waited for.
+  std::unique_ptr<Deferred> resumed = std::move(resumed_);
   const json& b = req.body;
   auto str = [&](const char* k) {
     return b.contains(k) && b[k].is_string() ? b[k].get<std::string>() : std::string();
@@ -551,7 +643,17 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
     old = p.get();
   }
 
-  CompileResult cr = compiler_.compile({source, source_name, hi->compile_define(), hi->wrapper()});
+  CompileJob job{source, source_name, hi->compile_define(), hi->wrapper()};
+  CompileResult cr;
+  if (resumed) {
+    cr = std::move(resumed->result);
+  } else if (may_park_ && !compiler_.cached(job)) {
+    Response parked;
+    parked.park = std::make_unique<Deferred>(Deferred{std::move(job), std::move(target), {}});
+    return parked;
+  } else {
+    cr = compiler_.compile(job);
+  }
   if (cr.err) {
     std::string first;
     if (auto pos = cr.diagnostics.find("error:"); pos != std::string::npos) {
@@ -689,17 +791,9 @@ std::string Daemon::check_quota(const std::string& app, const Policy* replaced, 
     uint32_t len = sizeof info;
     if (bpf_prog_get_info_by_fd(p->loaded->prog_fd(), &info, &len) == 0) insns += info.xlated_prog_len / 8;
   }
-  size_t maps = fp.new_maps.size();
-  uint64_t bytes = fp.new_map_bytes;
-  std::error_code ec;
-  for (auto& e : fs::directory_iterator(pins::app_maps_dir(app), ec)) {
-    UniqueFd m(bpf_obj_get(e.path().c_str()));
-    bpf_map_info info{};
-    uint32_t len = sizeof info;
-    if (!m || bpf_map_get_info_by_fd(m.get(), &info, &len)) continue;
-    maps++;
-    bytes += uint64_t{info.key_size + info.value_size} * info.max_entries;
-  }
+  MapUsage pinned = pinned_map_usage(app);
+  size_t maps = fp.new_maps.size() + pinned.maps;
+  uint64_t bytes = fp.new_map_bytes + pinned.bytes;
   const config::Tenant* tenant = config_.tenant(app);
   auto over = [&](const char* what, uint64_t have, uint64_t limit) {
     std::string flag = what == std::string("bytes of maps") ? "map_bytes" : what;
@@ -826,15 +920,9 @@ void Daemon::publish_metrics() {
     t.policies++;
   }
   for (auto& [app, t] : tenants) {
-    std::error_code ec;
-    for (auto& e : fs::directory_iterator(pins::app_maps_dir(app), ec)) {
-      UniqueFd m(bpf_obj_get(e.path().c_str()));
-      bpf_map_info info{};
-      uint32_t len = sizeof info;
-      if (!m || bpf_map_get_info_by_fd(m.get(), &info, &len)) continue;
-      t.maps++;
-      t.map_bytes += uint64_t{info.key_size + info.value_size} * info.max_entries;
-    }
+    MapUsage pinned = pinned_map_usage(app);
+    t.maps = pinned.maps;
+    t.map_bytes = pinned.bytes;
     t.quotas = quotas_for(app).limits();
     s.tenants.push_back(t);
   }

@@ -1,10 +1,13 @@
 // syrupd's core: the control socket, the registry of deployed policies, and the request
 // handlers (docs/protocol.md).
 //
-// Design: one thread, one epoll loop over the listening socket, client connections, a
-// signalfd and one pidfd per policy owner. Requests are served one at a time, so the
-// registry needs no locks; a slow client cannot wedge the loop for longer than the
-// receive timeout. Invariants the registry keeps:
+// Design: one main thread, one epoll loop over the listening socket, client connections,
+// a signalfd, one pidfd per policy owner and the compile workers' eventfd. Requests are
+// served one at a time on the main thread, so the registry needs no locks; only clang
+// runs elsewhere (compile_pool.h): a deploy whose object is not cached is parked while a
+// worker compiles it, then runs again from the start, every check included. A slow
+// client cannot wedge the loop for longer than the receive timeout. Invariants the
+// registry keeps:
 //  - every registered policy is loaded, pinned and attached; a deploy that fails at any
 //    step leaves the kernel and bpffs as they were, and the policy already deployed on
 //    that group keeps running;
@@ -28,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "compile_pool.h"
 #include "compiler.h"
 #include "config.h"
 #include "metrics.h"
@@ -83,6 +87,9 @@ struct DaemonConfig {
   unsigned client_idle_timeout_s = 60;
   // --agent_cpus: where the thread hook's user-space agents run (empty: where syrupd may).
   std::vector<int> agent_cpus;
+  // --compile_workers: threads compiling parked deploys (docs/protocol.md, "Connection
+  // model").
+  unsigned compile_workers = 2;
 };
 
 class Daemon {
@@ -93,22 +100,43 @@ class Daemon {
   int run();
 
  private:
+  // A deploy that waits for its compile.
+  struct Deferred {
+    CompileJob job;
+    // The first run's target, kept until the resumed run has made its own, so that a
+    // hook-wide root it holds (an interface's XDP dispatcher) is not detached meanwhile.
+    std::unique_ptr<Target> first_target;
+    CompileResult result;  // the worker's compile
+  };
   struct Response {
     nlohmann::json body;
     std::vector<int> fds;  // borrowed: valid until the response is sent
     std::vector<UniqueFd> owned_fds;
+    // Set by a deploy that may park and whose object is not cached.
+    std::unique_ptr<Deferred> park;
   };
 
   void accept_client();
   void serve_client(int fd);
+  // Sends `resp` on client `fd`; a failed send closes the connection.
+  void answer(int fd, Response& resp);
+  // Parks client `fd`'s deploy while a worker compiles `job`: syrupd reads nothing more
+  // from the connection until it has answered.
+  void park(int fd, const Caller& caller, proto::Message req, std::unique_ptr<Deferred> d);
+  // Runs the parked deploys whose compiles finished, and answers them.
+  void resume_parked();
+  // Closes client `fd`'s connection.
+  void drop_client(int fd);
   // Answers a connection over --max_clients with an error and closes it soon after.
   void reject_client(int fd, uid_t uid);
   // Closes idle connections and rejected ones whose grace time is over; returns the
   // epoll timeout (ms) until the next sweep is due, -1 when none is.
   int sweep_clients();
 
-  Response handle(const Caller& caller, proto::Message& req);  // dispatch + error totals
-  Response dispatch(const Caller& caller, proto::Message& req);
+  // dispatch + error totals. `resumed`: a parked deploy run again, which already counted
+  // against the request rate.
+  Response handle(const Caller& caller, proto::Message& req, bool resumed = false);
+  Response dispatch(const Caller& caller, proto::Message& req, bool resumed);
   // `enforce_quotas`: whether the application's quotas apply. Requests: unless the caller
   // is an admin. --config entries: always (the file's quotas bind its own entries too).
   Response deploy(const Caller& caller, proto::Message& req, bool enforce_quotas);
@@ -159,11 +187,25 @@ class Daemon {
 
   DaemonConfig cfg_;
   Compiler compiler_;
+  CompilePool compile_pool_;  // after compiler_: destroyed (joined) before it
+  struct Parked {
+    int fd;
+    Caller caller;
+    proto::Message req;
+    std::unique_ptr<Deferred> deferred;
+  };
+  std::map<uint64_t, Parked> parked_;  // by compile ticket
+  uint64_t next_ticket_ = 1;
+  // Per request: whether deploy() may park (a client's request, not a --config entry or a
+  // resumed deploy), and what a resumed deploy continues from.
+  bool may_park_ = false;
+  std::unique_ptr<Deferred> resumed_;
   UniqueFd listen_fd_, epoll_fd_, signal_fd_, lock_fd_;
   struct Conn {
     UniqueFd fd;
     uid_t uid = 0;
     std::chrono::steady_clock::time_point last;  // accepted, or its last request served
+    bool parked = false;  // a deploy of it is parked: not in epoll, never idle
   };
   std::map<int, Conn> clients_;
   size_t unprivileged_clients_ = 0;  // of clients_, those whose uid is not 0

@@ -105,7 +105,11 @@ class Hook {
   virtual std::set<int> allowed_helpers() const { return {}; }
   virtual bool allows_kfuncs() const { return true; }
   // Builds the target of a deploy request, checking `caller` may use it; `owner` is set to
-  // the process whose exit ends the policy. 0 or -errno with `err`.
+  // the process whose exit ends the policy. 0 or -errno with `err`. A target may be
+  // destroyed without being installed, also after other requests ran (its deploy was
+  // parked for a compile and runs again with a new target): until installed it schedules
+  // nothing (it may hold descriptors, or a hook-wide root such as an interface's XDP
+  // dispatcher, which passes what no installed policy claims).
   virtual int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
                           pid_t& owner, std::string& err) = 0;
   // A policy directory left by a syrupd that did not shut down: release what it holds.

@@ -22,6 +22,9 @@ DEFINE_string(kernel_dir, "",
               "directory with include/syrup/policy.h and hooks/*.bpf.h (default: the source "
               "tree's kernel/ when run from a build tree, else the installed copy)");
 DEFINE_string(cache_dir, "/var/cache/syrup", "where compiled policy objects are cached by content");
+DEFINE_uint32(compile_workers, 2,
+              "threads compiling policies; a deploy waiting for clang holds up no other request "
+              "(1 to 64)");
 DEFINE_string(log_level, "info", "debug, info, warn or error");
 DEFINE_uint64(max_source_bytes, 1 << 20, "largest policy source accepted, in bytes");
 DEFINE_string(state_file, "",
@@ -122,6 +125,11 @@ int main(int argc, char** argv) {
   }
   cfg.max_clients = FLAGS_max_clients;
   cfg.client_idle_timeout_s = FLAGS_client_idle_timeout_s;
+  if (FLAGS_compile_workers < 1 || FLAGS_compile_workers > 64) {
+    std::fprintf(stderr, "syrupd: --compile_workers must be 1 to 64\n");
+    return 2;
+  }
+  cfg.compile_workers = FLAGS_compile_workers;
   if (FLAGS_metrics_port > 65535) {
     std::fprintf(stderr, "syrupd: --metrics_port must be at most 65535\n");
     return 2;

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -113,6 +114,69 @@ std::string Daemon::log() const {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/syrup-test-XXXXXX";
+  if (mkdtemp(tmpl)) path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  if (!path_.empty()) fs::remove_all(path_, ec);
+}
+
+std::string slow_clang(const std::string& dir, double secs) {
+  std::string path = dir + "/slow-clang";
+  std::ofstream f(path);
+  f << "#!/bin/sh\n"
+       "case \" $* \" in *\" -c \"*) exec /usr/bin/python3 -c 'import os, sys, time; time.sleep("
+    << secs << "); os.execv(sys.argv[1], sys.argv[1:])' /usr/bin/clang-19 \"$@\";; esac\n"
+               "exec /usr/bin/clang-19 \"$@\"\n";
+  f.close();
+  chmod(path.c_str(), 0755);
+  return path;
+}
+
+std::string uncached_source(const std::string& rel) {
+  static std::atomic<int> n{0};
+  std::ifstream in(source_path(rel));
+  std::stringstream ss;
+  ss << in.rdbuf() << "\n// " << getpid() << " " << ++n << " "
+     << std::chrono::steady_clock::now().time_since_epoch().count() << "\n";
+  return ss.str();
+}
+
+bool log_says(const Daemon& d, const std::string& what, size_t n, int ms) {
+  auto count = [&] {
+    std::string text = d.log();
+    size_t k = 0;
+    for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) k++;
+    return k;
+  };
+  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (count() < n) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+Daemon* start_suite_daemon() {
+  if (geteuid() != 0) return nullptr;
+  auto* d = new Daemon();
+  d->start();
+  return d;
+}
+
+void stop_suite_daemon(Daemon*& daemon) {
+  if (!daemon) return;
+  int status = daemon->terminate();  // keeps the log, with what syrupd said on the way out
+  std::string log = daemon->log();
+  EXPECT_EQ(status, 0) << "syrupd did not exit cleanly; the end of its log:\n"
+                       << log.substr(log.size() > 4000 ? log.size() - 4000 : 0);
+  delete daemon;  // removes its directory and bpffs root
+  daemon = nullptr;
 }
 
 UdpGroup::UdpGroup(int n, uint16_t port) : port_(port) {

@@ -52,6 +52,38 @@ class Daemon {
   std::string dir_, socket_, bpffs_root_;
 };
 
+// A directory under /tmp for one test, removed with everything in it by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// For deploys that wait for their compile (docs/protocol.md, "Connection model"): a clang
+// for `--clang` that takes `secs` longer to compile (not to print its version) -- the
+// real compiler, run by a python3 process that sleeps first and then becomes it, so
+// killing that one process stops the compile -- written into `dir`; the source of `rel`
+// with a comment no other call adds, so the cache does not have its object; and the
+// line syrupd logs (at debug level) when it parks a deploy.
+std::string slow_clang(const std::string& dir, double secs);
+std::string uncached_source(const std::string& rel);
+inline const std::string kParkedLog = "deploy parked while";
+// Waits up to `ms` for `d`'s log to say `what` `n` times.
+bool log_says(const Daemon& d, const std::string& what, size_t n, int ms);
+
+// One syrupd for a whole test suite (from SetUpTestSuite): nullptr unless we are root,
+// since the suite's tests skip then.
+Daemon* start_suite_daemon();
+// From TearDownTestSuite: stops it, expecting a clean exit (the end of its log if not),
+// and deletes it.
+void stop_suite_daemon(Daemon*& daemon);
+
 // A veth pair made for one test: `host_if` in this network namespace with 10.250.N.1/30,
 // its peer in a new namespace `ns` with 10.250.N.2/30 (checksum offload off, so frames
 // carry complete checksums after an XDP redirect). Removed in the destructor.

@@ -1,9 +1,9 @@
-// What the RocksDB example's tests share: a temporary directory, a child process whose
-// stdout is read line by line, and a UDP client speaking kv_proto.h.
+// What the RocksDB example's tests share: a child process whose stdout is read line by
+// line, and a UDP client speaking kv_proto.h.
 //
-// Design: everything is RAII so a failing assertion still cleans up -- the directory is
-// removed, a child still running gets SIGTERM and then SIGKILL (a kv_server killed that
-// way loses its policy too: syrupd removes a policy when its owner process exits).
+// Design: everything is RAII so a failing assertion still cleans up -- a child still
+// running gets SIGTERM and then SIGKILL (a kv_server killed that way loses its policy
+// too: syrupd removes a policy when its owner process exits).
 #pragma once
 
 #include <arpa/inet.h>
@@ -24,28 +24,11 @@
 #include <thread>
 #include <vector>
 
+#include "harness.h"
 #include "kv_proto.h"
 #include "unique_fd.h"
 
 namespace syrup::test {
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/syrup-kvtest-XXXXXX";
-    if (mkdtemp(tmpl)) path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // A child process with its stdout on a pipe (stderr goes to `errfile` if given).
 class Child {

@@ -28,19 +28,69 @@
 namespace syrup::test {
 namespace {
 
+// Steady traffic for tests/policies/by_key.c (and its twin by_key_v2.c), which send key k
+// to socket k % sockets: requests with keys 0..n-1 from one client, a pause every 64,
+// while a receiver drains every socket and the test changes what serves the group.
+class ByKeyTraffic {
+ public:
+  struct Result {
+    int total = 0;      // datagrams received
+    int misrouted = 0;  // of those, on another socket than key % sockets
+  };
+  ByKeyTraffic(UdpGroup& g, uint32_t n, std::chrono::microseconds pause)
+      : g_(g), got_(g.size()), receiver_([this] {
+          while (!done_.load()) {
+            collect(0);
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+          }
+        }),
+        sender_([this, n, pause] {
+          UdpClient c(g_.port());
+          for (uint32_t k = 0; k < n; k++) {
+            c.send_request(1, k);
+            if (k % 64 == 0) std::this_thread::sleep_for(pause);
+          }
+        }) {}
+  ~ByKeyTraffic() { stop(); }
+  // Waits for the last send, collects what is still queued and says where it all went.
+  Result finish() {
+    stop();
+    collect(100);
+    Result r;
+    for (size_t i = 0; i < got_.size(); i++)
+      for (auto& p : got_[i]) {
+        uint32_t key;
+        memcpy(&key, p.data() + 4, 4);
+        r.total++;
+        r.misrouted += key % got_.size() != i;
+      }
+    return r;
+  }
+
+ private:
+  void stop() {
+    if (sender_.joinable()) sender_.join();
+    if (!receiver_.joinable()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the last datagrams in flight
+    done_ = true;
+    receiver_.join();
+  }
+  void collect(int wait_ms) {
+    std::vector<std::vector<std::string>> p;
+    g_.drain(&p, wait_ms);
+    for (size_t i = 0; i < got_.size(); i++)
+      for (auto& s : p[i]) got_[i].push_back(std::move(s));
+  }
+  UdpGroup& g_;
+  std::vector<std::vector<std::string>> got_;  // payloads per socket
+  std::atomic<bool> done_{false};
+  std::thread receiver_, sender_;
+};
+
 class SocketSelect : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    if (geteuid() != 0) return;
-    daemon_ = new Daemon();
-    daemon_->start();
-  }
-  static void TearDownTestSuite() {
-    if (!daemon_) return;
-    EXPECT_EQ(daemon_->stop(), 0) << "syrupd did not exit cleanly";
-    delete daemon_;
-    daemon_ = nullptr;
-  }
+  static void SetUpTestSuite() { daemon_ = start_suite_daemon(); }
+  static void TearDownTestSuite() { stop_suite_daemon(daemon_); }
   void SetUp() override { SYRUP_REQUIRE_ROOT(); }
   void TearDown() override {
     for (int id : ids_) syr_remove_policy(id);
@@ -578,27 +628,7 @@ TEST_F(SocketSelect, LiveSwapUnderSteadyTrafficLosesAndMisroutesNothing) {
   UdpGroup g(kSockets);
   ASSERT_GT(deploy("tests/policies/by_key.c", g), 0) << syr_last_error();
 
-  std::atomic<bool> done{false};
-  std::vector<std::vector<std::string>> got(kSockets);
-  std::vector<int> counts(kSockets);
-  std::thread receiver([&] {
-    while (!done.load()) {
-      std::vector<std::vector<std::string>> p;
-      auto c = g.drain(&p, 0);
-      for (int i = 0; i < kSockets; i++) {
-        counts[i] += c[i];
-        for (auto& s : p[i]) got[i].push_back(std::move(s));
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  });
-  std::thread sender([&] {
-    UdpClient c(g.port());
-    for (uint32_t k = 0; k < kDatagrams; k++) {
-      c.send_request(1, k);
-      if (k % 64 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  });
+  ByKeyTraffic traffic(g, kDatagrams, std::chrono::microseconds(50));
   // Swap back and forth between two different programs with the same mapping.
   int swaps = 0;
   for (int i = 0; i < 8; i++) {
@@ -607,31 +637,10 @@ TEST_F(SocketSelect, LiveSwapUnderSteadyTrafficLosesAndMisroutesNothing) {
     if (id <= 0) break;
     swaps++;
   }
-  sender.join();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  done = true;
-  receiver.join();
-  {
-    std::vector<std::vector<std::string>> rest;
-    auto c = g.drain(&rest, 100);
-    for (int i = 0; i < kSockets; i++) {
-      counts[i] += c[i];
-      for (auto& p : rest[i]) got[i].push_back(std::move(p));
-    }
-  }
-  int total = 0, misrouted = 0;
-  for (int i = 0; i < kSockets; i++) {
-    EXPECT_EQ(got[i].size(), static_cast<size_t>(counts[i]));
-    total += counts[i];
-    for (auto& p : got[i]) {
-      uint32_t key;
-      memcpy(&key, p.data() + 4, 4);
-      misrouted += key % kSockets != static_cast<uint32_t>(i);
-    }
-  }
+  ByKeyTraffic::Result r = traffic.finish();
   EXPECT_EQ(swaps, 8);
-  EXPECT_EQ(total, kDatagrams) << "datagrams lost during live swaps";
-  EXPECT_EQ(misrouted, 0);
+  EXPECT_EQ(r.total, kDatagrams) << "datagrams lost during live swaps";
+  EXPECT_EQ(r.misrouted, 0);
   std::string out;
   run_cmd(build_bin("syrupctl") + " --json list", out);
   EXPECT_EQ(nlohmann::json::parse(out).size(), 1u) << "replaced policies must be retired: " << out;
@@ -775,48 +784,13 @@ TEST(SocketSelectRestart, SigkillUnderTrafficLosesNothingAndTheRestartAdopts) {
   std::string before;
   ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json list", before), 0);
 
-  std::atomic<bool> done{false};
-  std::vector<std::vector<std::string>> got(kSockets);
-  std::thread receiver([&] {
-    while (!done.load()) {
-      std::vector<std::vector<std::string>> p;
-      g.drain(&p, 0);
-      for (int i = 0; i < kSockets; i++)
-        for (auto& s : p[i]) got[i].push_back(std::move(s));
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  });
-  std::thread sender([&] {
-    UdpClient c(g.port());
-    for (uint32_t k = 0; k < kDatagrams; k++) {
-      c.send_request(1, k);
-      if (k % 64 == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-  });
+  ByKeyTraffic traffic(g, kDatagrams, std::chrono::microseconds(100));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   d.crash();
   d.start(d.bpffs_root());
-  sender.join();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  done = true;
-  receiver.join();
-  {
-    std::vector<std::vector<std::string>> rest;
-    g.drain(&rest, 100);
-    for (int i = 0; i < kSockets; i++)
-      for (auto& p : rest[i]) got[i].push_back(std::move(p));
-  }
-
-  int total = 0, misrouted = 0;
-  for (int i = 0; i < kSockets; i++)
-    for (auto& p : got[i]) {
-      uint32_t key;
-      memcpy(&key, p.data() + 4, 4);
-      total++;
-      misrouted += key % kSockets != static_cast<uint32_t>(i);
-    }
-  EXPECT_EQ(total, kDatagrams) << "datagrams lost across the restart";
-  EXPECT_EQ(misrouted, 0);
+  ByKeyTraffic::Result r = traffic.finish();
+  EXPECT_EQ(r.total, kDatagrams) << "datagrams lost across the restart";
+  EXPECT_EQ(r.misrouted, 0);
   EXPECT_NE(d.log().find("adopted 1 policies"), std::string::npos) << d.log();
   std::string after;
   ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json list", after), 0);

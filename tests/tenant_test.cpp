@@ -4,11 +4,16 @@
 #include <bpf/bpf.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -447,6 +452,149 @@ TEST_F(Tenants, LeftoverMapPinsOfACrashedDaemonAreRemovedAtStart) {
   EXPECT_EQ(list[0]["id"], id);
   EXPECT_EQ(syr_remove_policy(id), 0) << syr_last_error();
   EXPECT_FALSE(fs::exists(d_.bpffs_root() + "/apps/stray"));
+}
+
+// ---- Compiles off the main thread (docs/protocol.md, "Connection model") -------------
+
+int deploy_source_on(const UdpGroup& g, const std::string& src, const char* app) {
+  auto fds = g.fds();
+  syr_deploy_opts o{.sz = sizeof o, .app = app, .fds = fds.data(), .n_fds = fds.size()};
+  return syr_deploy_policy_source(src.data(), src.size(), "slow.c", SYR_HOOK_SOCKET_SELECT, &o);
+}
+
+// A deploy waiting for clang holds up nobody: another user's ping and cached deploy are
+// answered meanwhile, root takes the very group the parked deploy is for, and when the
+// compile ends the parked deploy is checked again and refused with EBUSY; the group keeps
+// the policy that took it.
+TEST_F(Tenants, AParkedCompileHoldsUpNoOtherRequestAndIsCheckedAgainAfterIt) {
+  EXPECT_EQ(d_.stop(), 0);
+  TempDir dir;
+  d_.start("", {"--clang=" + slow_clang(dir.path(), 3), "--compile_workers=1"});
+  UdpGroup g(2);
+  int warm = deploy_on(g, "policies/round_robin.c", "fastapp");  // cached from here on
+  ASSERT_GT(warm, 0) << syr_last_error();
+  ASSERT_EQ(syr_remove_policy(warm), 0) << syr_last_error();
+
+  std::atomic<bool> slow_done{false};
+  int slow_r = 0;
+  std::string slow_err;
+  std::thread slow([&] {
+    slow_r = deploy_source_on(g, uncached_source("tests/policies/by_key.c"), "slowapp");
+    slow_err = syr_last_error();
+    slow_done = true;
+  });
+  bool parked = log_says(d_, kParkedLog, 1, 5000);
+  auto parked_at = std::chrono::steady_clock::now();
+  json b;
+  int fast = 0;
+  bool slow_done_meanwhile = false;
+  if (parked) {
+    b = as_user(kUidB, [&] {
+      UdpGroup mine(2);
+      int id = deploy_on(mine, "policies/round_robin.c", "bapp");
+      return json{{"ping", ping(d_.socket())}, {"deploy", result(id)}};
+    });
+    fast = deploy_on(g, "policies/round_robin.c", "fastapp");
+    slow_done_meanwhile = slow_done.load();
+  }
+  double meanwhile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - parked_at).count();
+  slow.join();
+  ASSERT_TRUE(parked) << d_.log();
+
+  EXPECT_EQ(b["ping"].value("ok", false), true) << b.dump();
+  EXPECT_GT(b["deploy"]["r"].get<int>(), 0) << b.dump();
+  EXPECT_GT(fast, 0) << syr_last_error();
+  EXPECT_FALSE(slow_done_meanwhile) << "the other requests took " << meanwhile_s
+                                    << " s: they waited for the 3 s compile";
+  EXPECT_EQ(slow_r, -EBUSY) << slow_err;
+  EXPECT_NE(slow_err.find("is scheduled by application 'fastapp'"), std::string::npos) << slow_err;
+  UdpClient c(g.port());
+  for (int i = 0; i < 20; i++) c.send_request(1, i);
+  EXPECT_EQ(g.drain(), (std::vector<int>{10, 10})) << "the group must keep round_robin";
+}
+
+// With one worker, a user with three compiles queued delays another user's by one
+// compile, not three: workers take the users' compiles in turn.
+TEST_F(Tenants, CompilesAreTakenFromTheUsersInTurn) {
+  EXPECT_EQ(d_.stop(), 0);
+  for (const char* bad : {"0", "65"}) {
+    std::string out;
+    EXPECT_EQ(run_cmd(build_bin("syrupd") + " --compile_workers=" + bad, out), 2) << out;
+    EXPECT_NE(out.find("syrupd: --compile_workers must be 1 to 64"), std::string::npos) << out;
+  }
+  TempDir dir;
+  d_.start("", {"--clang=" + slow_clang(dir.path(), 1), "--compile_workers=1"});
+  auto now_ns = [] { return std::chrono::steady_clock::now().time_since_epoch().count(); };
+  json a;
+  std::thread ta([&] {
+    a = as_user(kUidA, [&] {
+      json out = json::array();
+      std::vector<std::thread> ts;
+      std::mutex mu;
+      for (int i = 0; i < 3; i++)
+        ts.emplace_back([&, i] {
+          UdpGroup g(2);
+          std::string app = "qa" + std::to_string(i);
+          int r = deploy_source_on(g, uncached_source("policies/round_robin.c"), app.c_str());
+          std::lock_guard lk(mu);
+          out.push_back({{"r", r}, {"err", syr_last_error()}, {"t", now_ns()}});
+        });
+      for (auto& t : ts) t.join();
+      return out;
+    });
+  });
+  bool queued = log_says(d_, kParkedLog, 3, 5000);
+  json b;
+  if (queued)
+    b = as_user(kUidB, [&] {
+      UdpGroup g(2);
+      int r = deploy_source_on(g, uncached_source("policies/round_robin.c"), "qb");
+      return json{{"r", r}, {"err", syr_last_error()}, {"t", now_ns()}};
+    });
+  ta.join();
+  ASSERT_TRUE(queued) << d_.log();
+  ASSERT_TRUE(a.is_array() && a.size() == 3u) << a.dump();
+  ASSERT_GT(b.value("r", 0), 0) << b.dump();
+  int after_b = 0;
+  for (auto& x : a) {
+    EXPECT_GT(x.value("r", 0), 0) << x.dump();
+    after_b += x.value("t", int64_t{0}) > b.value("t", int64_t{0});
+  }
+  EXPECT_EQ(after_b, 2) << "user B's compile must come right after the one of A's that was running: "
+                        << a.dump() << " " << b.dump();
+}
+
+// SIGTERM while a deploy is parked: the compile is stopped, the caller is answered
+// ECANCELED with the reason, and syrupd exits cleanly at once, leaving no compiler behind.
+TEST_F(Tenants, AParkedDeployIsAnsweredWhenSyrupdStops) {
+  EXPECT_EQ(d_.stop(), 0);
+  TempDir dir;
+  std::string clang = slow_clang(dir.path(), 20);
+  d_.start("", {"--clang=" + clang});
+  UdpGroup g(2);
+  int r = 0;
+  std::string err;
+  std::thread t([&] {
+    r = deploy_source_on(g, uncached_source("tests/policies/by_key.c"), "stopapp");
+    err = syr_last_error();
+  });
+  bool parked = log_says(d_, kParkedLog, 1, 5000);
+  auto t0 = std::chrono::steady_clock::now();
+  int status = d_.terminate();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  t.join();
+  ASSERT_TRUE(parked) << d_.log();
+  EXPECT_EQ(status, 0) << d_.log();
+  EXPECT_LT(secs, 5.0) << "syrupd waited for the compiler";
+  EXPECT_EQ(r, -ECANCELED) << err;
+  EXPECT_NE(err.find("syrupd is shutting down; the policy was not deployed"), std::string::npos) << err;
+  // Its compilers are the ones that name its cache, in the directory of its socket.
+  std::string dir_of_daemon = std::filesystem::path(d_.socket()).parent_path().string();
+  for (auto& e : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream cl(e.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(cl)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(cmd.find(dir_of_daemon), std::string::npos) << "a compiler outlived syrupd: " << e.path();
+  }
 }
 
 }  // namespace

@@ -292,11 +292,6 @@ int helper_main(int argc, char** argv) {
 
 class ScxBase : public ::testing::Test {
  protected:
-  static Daemon* start_daemon() {
-    auto* d = new Daemon();
-    d->start();
-    return d;
-  }
   void SetUp() override {
     SYRUP_REQUIRE_ROOT();
     if (!have_sched_ext())
@@ -359,17 +354,11 @@ class SchedExt : public ScxBase {
     if (geteuid() != 0 || !have_sched_ext()) return;
     setenv("SYRUP_SCX_TIMEOUT_MS", "3000", 1);
     unsetenv("SYRUP_SCX_STARVE_MS");
-    daemon_ = start_daemon();
+    daemon_ = start_suite_daemon();
   }
   static void TearDownTestSuite() {
     if (!daemon_) return;
-    // SIGTERM first and the log read once it exited: what it printed on the way out.
-    if (daemon_->pid() > 0) kill(daemon_->pid(), SIGTERM);
-    wait_for([&] { return read_line("/proc/" + std::to_string(daemon_->pid()) + "/stat").find(") Z") != std::string::npos; }, 5000);
-    std::string log = daemon_->log();
-    EXPECT_EQ(daemon_->stop(), 0) << "syrupd did not exit cleanly:\n" << log.substr(log.size() > 3000 ? log.size() - 3000 : 0);
-    delete daemon_;
-    daemon_ = nullptr;
+    stop_suite_daemon(daemon_);
     EXPECT_NE(read_line("/sys/kernel/sched_ext/state"), "enabled") << "syrupd left its scheduler attached";
   }
   Daemon* daemon() const override { return daemon_; }
@@ -736,13 +725,10 @@ class SchedExtNoGuard : public ScxBase {
     if (geteuid() != 0 || !have_sched_ext()) return;
     setenv("SYRUP_SCX_TIMEOUT_MS", "2000", 1);
     setenv("SYRUP_SCX_STARVE_MS", "0", 1);
-    daemon_ = start_daemon();
+    daemon_ = start_suite_daemon();
   }
   static void TearDownTestSuite() {
-    if (!daemon_) return;
-    EXPECT_EQ(daemon_->stop(), 0);
-    delete daemon_;
-    daemon_ = nullptr;
+    stop_suite_daemon(daemon_);
     unsetenv("SYRUP_SCX_TIMEOUT_MS");
     unsetenv("SYRUP_SCX_STARVE_MS");
   }

@@ -216,18 +216,8 @@ std::string fmt(const std::vector<double>& v) {
 
 class ThreadHook : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    if (geteuid() != 0) return;
-    daemon_ = new Daemon();
-    daemon_->start();
-  }
-  static void TearDownTestSuite() {
-    if (!daemon_) return;
-    std::string log = daemon_->log();
-    EXPECT_EQ(daemon_->stop(), 0) << "syrupd did not exit cleanly:\n" << log;
-    delete daemon_;
-    daemon_ = nullptr;
-  }
+  static void SetUpTestSuite() { daemon_ = start_suite_daemon(); }
+  static void TearDownTestSuite() { stop_suite_daemon(daemon_); }
   void SetUp() override {
     SYRUP_REQUIRE_ROOT();
     if (ncpus() < 2) GTEST_SKIP() << "needs 2 cores (one for the scheduled threads, one for the rest)";

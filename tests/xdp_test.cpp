@@ -483,6 +483,43 @@ TEST_F(Xdp, RemovingTheLastPolicyDetachesAndLeavesTheInterfaceAsItWas) {
   EXPECT_EQ(drain(s.get()).size(), 5u);
 }
 
+// A deploy parked for its compile makes the target checks again when it resumes: a port
+// another application claimed meanwhile is refused (EBUSY), and the claim stays with the
+// application that took it, whose policy goes on counting the port's packets.
+TEST_F(Xdp, APortClaimedWhileADeployCompilesIsRefusedWhenItResumes) {
+  EXPECT_EQ(daemon_.stop(), 0);
+  TempDir dir;
+  daemon_.start("", {"--clang=" + slow_clang(dir.path(), 3)});
+  int warm = deploy("tests/policies/xdp_count.c", "warm", {9361});  // cached from here on
+  ASSERT_GT(warm, 0) << syr_last_error();
+  ASSERT_EQ(syr_remove_policy(warm), 0) << syr_last_error();
+  ids_.clear();
+
+  int slow_r = 0;
+  std::string slow_err;
+  std::thread slow([&] {
+    std::string src = uncached_source("tests/policies/xdp_count.c");
+    std::vector<uint16_t> ports = {9362};
+    syr_deploy_opts o{.sz = sizeof o, .app = "slowxdp", .ifname = net_->host_if.c_str(), .ports = ports.data(),
+                      .n_ports = ports.size()};
+    slow_r = syr_deploy_policy_source(src.data(), src.size(), "xdp_count.c", SYR_HOOK_XDP, &o);
+    slow_err = syr_last_error();
+  });
+  bool parked = log_says(daemon_, kParkedLog, 1, 5000);
+  int fast = parked ? deploy("tests/policies/xdp_count.c", "fastxdp", {9362}) : 0;
+  slow.join();
+  if (slow_r > 0) ids_.push_back(slow_r);
+  ASSERT_TRUE(parked) << daemon_.log();
+  ASSERT_GT(fast, 0) << syr_last_error();
+  EXPECT_EQ(slow_r, -EBUSY) << slow_err;
+  EXPECT_NE(slow_err.find("is scheduled by application 'fastxdp'"), std::string::npos) << slow_err;
+  UniqueFd s(udp_server(net_->host_ip, 9362));
+  UniqueFd peer(net_->peer_udp());
+  for (int i = 0; i < 12; i++) send_to(peer.get(), net_->host_ip, 9362, 1, i);
+  EXPECT_EQ(drain(s.get()).size(), 12u);
+  EXPECT_EQ(map_u64("fastxdp", "seen", 0), 12u);
+}
+
 TEST_F(Xdp, CrashedDaemonIsAdoptedOrItsLeftoverRemovedAndAForeignProgramIsRefused) {
   ASSERT_GT(deploy("policies/pass.c", "crash", {9361}), 0) << syr_last_error();
   uint32_t leftover = attached_xdp_prog(net_->host_if);

@@ -1,0 +1,90 @@
+#include "compile_pool.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <utility>
+
+namespace syrup {
+
+int CompilePool::start(Compiler& compiler, unsigned workers) {
+  compiler_ = &compiler;
+  event_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!event_fd_) return -errno;
+  stopping_ = false;
+  for (unsigned i = 0; i < workers; i++) workers_.emplace_back([this] { work(); });
+  return 0;
+}
+
+void CompilePool::submit(uint64_t ticket, uid_t uid, CompileJob job) {
+  {
+    std::lock_guard lk(mu_);
+    queued_[uid].push_back({ticket, std::move(job)});
+  }
+  cv_.notify_one();
+}
+
+std::vector<CompilePool::Done> CompilePool::take_done() {
+  uint64_t n;
+  while (read(event_fd_.get(), &n, sizeof n) == sizeof n) {
+  }
+  std::lock_guard lk(mu_);
+  return std::exchange(done_, {});
+}
+
+size_t CompilePool::pending() const {
+  std::lock_guard lk(mu_);
+  size_t n = running_;
+  for (auto& [uid, q] : queued_) n += q.size();
+  return n;
+}
+
+bool CompilePool::next_locked(Job& out) {
+  if (queued_.empty()) return false;
+  auto it = served_any_ ? queued_.upper_bound(last_uid_) : queued_.begin();
+  if (it == queued_.end()) it = queued_.begin();
+  out = std::move(it->second.front());
+  it->second.pop_front();
+  last_uid_ = it->first;
+  served_any_ = true;
+  if (it->second.empty()) queued_.erase(it);
+  return true;
+}
+
+void CompilePool::work() {
+  for (;;) {
+    Job j;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stopping_ || !queued_.empty(); });
+      if (stopping_) return;
+      next_locked(j);
+      running_++;
+    }
+    CompileResult r = compiler_->compile(j.job);
+    {
+      std::lock_guard lk(mu_);
+      running_--;
+      done_.push_back({j.ticket, std::move(r)});
+    }
+    uint64_t one = 1;
+    (void)!write(event_fd_.get(), &one, sizeof one);
+  }
+}
+
+void CompilePool::stop() {
+  if (workers_.empty()) return;
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+    queued_.clear();
+  }
+  cv_.notify_all();
+  if (compiler_) compiler_->cancel(true);
+  for (auto& t : workers_) t.join();
+  workers_.clear();
+  if (compiler_) compiler_->cancel(false);
+}
+
+}  // namespace syrup

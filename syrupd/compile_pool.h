@@ -1,0 +1,73 @@
+// Compile workers: clang runs for parked deploys off syrupd's main thread, so one
+// caller's compile does not hold up every other connection (docs/protocol.md,
+// "Connection model").
+//
+// Design: the main thread submits a job with the caller's uid and a ticket; worker
+// threads take jobs from the uids in turn (the uids with queued jobs in ascending order,
+// starting after the last one served; each uid's jobs in submission order), run
+// Compiler::compile and put the result on the done list, then write the eventfd the main
+// loop polls. Invariants: a worker touches nothing but the Compiler (whose cache files
+// get names of their own per compile) and this object's queues under its mutex; the
+// main thread alone submits and takes results; stop() kills running compilers, drops
+// what is queued and joins the workers before it returns.
+#pragma once
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "compiler.h"
+#include "unique_fd.h"
+
+namespace syrup {
+
+class CompilePool {
+ public:
+  struct Done {
+    uint64_t ticket;
+    CompileResult result;
+  };
+  CompilePool() = default;
+  CompilePool(const CompilePool&) = delete;
+  CompilePool& operator=(const CompilePool&) = delete;
+  ~CompilePool() { stop(); }
+
+  // Starts `workers` threads compiling with `compiler`. 0 or -errno.
+  int start(Compiler& compiler, unsigned workers);
+  // Readable (an eventfd) when take_done() has results.
+  int event_fd() const { return event_fd_.get(); }
+  void submit(uint64_t ticket, uid_t uid, CompileJob job);
+  std::vector<Done> take_done();
+  // Jobs queued or compiling.
+  size_t pending() const;
+  void stop();
+
+ private:
+  struct Job {
+    uint64_t ticket;
+    CompileJob job;
+  };
+  void work();
+  // The next job in turn; false if none. Caller holds mu_.
+  bool next_locked(Job& out);
+
+  Compiler* compiler_ = nullptr;
+  UniqueFd event_fd_;
+  std::vector<std::thread> workers_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::map<uid_t, std::deque<Job>> queued_;
+  uid_t last_uid_ = 0;
+  bool served_any_ = false;
+  size_t running_ = 0;
+  std::vector<Done> done_;
+};
+
+}  // namespace syrup

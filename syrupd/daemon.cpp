@@ -92,6 +92,19 @@ MapUsage pinned_map_usage(const std::string& app) {
   return u;
 }
 
+// A deploy request's policy name (shown in list) and the file name its diagnostics show:
+// "name" and "source_name", each standing in for the other, else "policy.c".
+void policy_names(const json& b, std::string& name, std::string& source_name) {
+  auto str = [&](const char* k) {
+    return b.contains(k) && b[k].is_string() ? b[k].get<std::string>() : std::string();
+  };
+  name = str("name");
+  source_name = str("source_name");
+  if (name.empty()) name = source_name.empty() ? "policy.c" : source_name;
+  if (source_name.empty()) source_name = name;
+  if (auto slash = name.rfind('/'); slash != std::string::npos) name = name.substr(slash + 1);
+}
+
 json as_number(const unsigned char* p, size_t n) {
   switch (n) {
     case 1: return p[0];
@@ -444,6 +457,13 @@ void Daemon::park(int fd, const Caller& caller, proto::Message req, std::unique_
 
 void Daemon::resume_parked() {
   for (auto& done : compile_pool_.take_done()) {
+    if (config_warming_.erase(done.ticket)) {
+      if (config_warming_.empty()) {
+        apply_config();
+        changed();
+      }
+      continue;
+    }
     auto it = parked_.find(done.ticket);
     if (it == parked_.end()) continue;
     Parked p = std::move(it->second);
@@ -578,10 +598,8 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
     return b.contains(k) && b[k].is_string() ? b[k].get<std::string>() : std::string();
   };
   std::string hook = str("hook"), app = str("app"), source = str("source");
-  std::string name = str("name"), source_name = str("source_name");
-  if (name.empty()) name = source_name.empty() ? "policy.c" : source_name;
-  if (source_name.empty()) source_name = name;
-  if (auto slash = name.rfind('/'); slash != std::string::npos) name = name.substr(slash + 1);
+  std::string name, source_name;
+  policy_names(b, name, source_name);
 
   Hook* hi = nullptr;
   for (auto& h : hooks_)
@@ -955,8 +973,34 @@ void Daemon::reload_config() {
     return;
   }
   config_ = std::move(next);
-  apply_config();
-  changed();
+  warm_config();
+}
+
+void Daemon::warm_config() {
+  config_warming_.clear();  // a reload during another's compiles starts over
+  std::vector<config::Applied> current;
+  for (auto& [id, p] : policies_)
+    if (!p->config_identity.empty()) current.push_back({p->config_identity, p->config_hash, id});
+  for (auto& d : config::plan(config_, current).to_deploy) {
+    const json& b = d.entry.request;
+    for (auto& h : hooks_) {
+      if (!b.contains("hook") || b["hook"] != h->name() || !b.contains("source")) continue;
+      std::string name, source_name;
+      policy_names(b, name, source_name);
+      CompileJob job{b["source"].get<std::string>(), source_name, h->compile_define(), h->wrapper()};
+      if (compiler_.cached(job)) continue;
+      uint64_t ticket = next_ticket_++;
+      config_warming_.insert(ticket);
+      compile_pool_.submit(ticket, d.entry.uid, std::move(job));
+    }
+  }
+  if (config_warming_.empty()) {
+    apply_config();
+    changed();
+    return;
+  }
+  log(LogLevel::kInfo, "SIGHUP: compiling %zu policies of %s before applying it", config_warming_.size(),
+      cfg_.config_path.c_str());
 }
 
 void Daemon::apply_config(bool retry) {

@@ -165,6 +165,11 @@ class Daemon {
   void publish_metrics();
   // --config: load at start, reload on SIGHUP, deploy/remove only what changed.
   void reload_config();
+  // SIGHUP: the sources the new file would deploy that are not cached compile on the
+  // workers first, while requests are served; the file is applied once they all have
+  // (a failed compile is not cached: applying compiles it again, on the main thread, to
+  // report its diagnostics against its entry). At start the file is applied at once.
+  void warm_config();
   // `retry`: only the entries in config_waiting_, quietly (a retry that finds the process
   // still missing logs at debug level and changes no totals).
   void apply_config(bool retry = false);
@@ -200,6 +205,7 @@ class Daemon {
   // resumed deploy), and what a resumed deploy continues from.
   bool may_park_ = false;
   std::unique_ptr<Deferred> resumed_;
+  std::set<uint64_t> config_warming_;  // tickets of the reloaded file's compiles
   UniqueFd listen_fd_, epoll_fd_, signal_fd_, lock_fd_;
   struct Conn {
     UniqueFd fd;

@@ -165,6 +165,42 @@ TEST(Config, AppliedAtStartReloadedOnSighupOnlyWhatChangedAndExported) {
 // naming the file, the entry's line and key, the limit and where the limit is written;
 // the other entries (of that tenant and of others) are applied; raising the quota and
 // reloading deploys it.
+// SIGHUP with a policy not in the cache: it compiles on a worker while syrupd serves
+// requests (a ping, a list that does not show it yet), and the file is applied once it
+// has compiled.
+TEST(Config, AReloadCompilesOffTheMainThreadAndAppliesWhenCompiled) {
+  SYRUP_REQUIRE_ROOT();
+  UdpGroup g(2);
+  TempDir dir;
+  std::string policy = dir.path() + "/rr_warm.c", yaml = dir.path() + "/syrup.yaml";
+  std::ofstream(policy) << uncached_source("policies/round_robin.c");
+  auto write_yaml = [&](bool entry) {
+    std::ofstream f(yaml, std::ios::trunc);
+    f << "version: 1\ntenants:\n  - name: cfgwarm\n    uid: 0\n    policies:" << (entry ? "\n" : " []\n");
+    if (entry)
+      f << "      - name: rr\n        hook: socket-select\n        policy: " << policy << "\n        pid: " << getpid()
+        << "\n        port: " << g.port() << "\n";
+  };
+  write_yaml(false);
+  Daemon d;
+  d.start("", {"--config=" + yaml, "--clang=" + slow_clang(dir.path(), 3)});
+  write_yaml(true);
+  kill(d.pid(), SIGHUP);
+  ASSERT_TRUE(wait_log(d, "SIGHUP: compiling 1 policies of " + yaml + " before applying it", 1)) << d.log();
+  std::string out;
+  EXPECT_EQ(run_cmd(build_bin("syrupctl") + " ping", out), 0) << out;
+  json during = list_policies();
+  bool applied_during = d.log().find("applied " + yaml + ": 1 deployed") != std::string::npos;
+  ASSERT_TRUE(wait_log(d, "applied " + yaml + ": 1 deployed", 1)) << d.log();
+  EXPECT_TRUE(during.is_array() && during.empty()) << "the file was applied before its compile ended: " << during.dump();
+  EXPECT_FALSE(applied_during) << d.log();
+  EXPECT_EQ(listed_names(), (std::vector<std::string>{"cfgwarm/rr"})) << d.log();
+  UdpClient c(g.port());
+  for (int i = 0; i < 20; i++) c.send_request(1, i);
+  EXPECT_EQ(g.drain(), (std::vector<int>{10, 10}));
+  EXPECT_EQ(d.stop(), 0);
+}
+
 TEST(Config, TenantQuotasBindTheFilesEntriesAndTheRestStillApplies) {
   SYRUP_REQUIRE_ROOT();
   UdpGroup small(2), big(2), other(2);

@@ -33,23 +33,15 @@ std::vector<CompilePool::Done> CompilePool::take_done() {
   return std::exchange(done_, {});
 }
 
-size_t CompilePool::pending() const {
-  std::lock_guard lk(mu_);
-  size_t n = running_;
-  for (auto& [uid, q] : queued_) n += q.size();
-  return n;
-}
-
-bool CompilePool::next_locked(Job& out) {
-  if (queued_.empty()) return false;
+CompilePool::Job CompilePool::next_locked() {
   auto it = served_any_ ? queued_.upper_bound(last_uid_) : queued_.begin();
   if (it == queued_.end()) it = queued_.begin();
-  out = std::move(it->second.front());
+  Job out = std::move(it->second.front());
   it->second.pop_front();
   last_uid_ = it->first;
   served_any_ = true;
   if (it->second.empty()) queued_.erase(it);
-  return true;
+  return out;
 }
 
 void CompilePool::work() {
@@ -59,13 +51,11 @@ void CompilePool::work() {
       std::unique_lock lk(mu_);
       cv_.wait(lk, [&] { return stopping_ || !queued_.empty(); });
       if (stopping_) return;
-      next_locked(j);
-      running_++;
+      j = next_locked();
     }
     CompileResult r = compiler_->compile(j.job);
     {
       std::lock_guard lk(mu_);
-      running_--;
       done_.push_back({j.ticket, std::move(r)});
     }
     uint64_t one = 1;

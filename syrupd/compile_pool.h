@@ -44,8 +44,6 @@ class CompilePool {
   int event_fd() const { return event_fd_.get(); }
   void submit(uint64_t ticket, uid_t uid, CompileJob job);
   std::vector<Done> take_done();
-  // Jobs queued or compiling.
-  size_t pending() const;
   void stop();
 
  private:
@@ -54,19 +52,18 @@ class CompilePool {
     CompileJob job;
   };
   void work();
-  // The next job in turn; false if none. Caller holds mu_.
-  bool next_locked(Job& out);
+  // The next job in turn, from a non-empty queue. Caller holds mu_.
+  Job next_locked();
 
   Compiler* compiler_ = nullptr;
   UniqueFd event_fd_;
   std::vector<std::thread> workers_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
   std::map<uid_t, std::deque<Job>> queued_;
   uid_t last_uid_ = 0;
   bool served_any_ = false;
-  size_t running_ = 0;
   std::vector<Done> done_;
 };
 

@@ -451,7 +451,8 @@ void Daemon::park(int fd, const Caller& caller, proto::Message req, std::unique_
   uint64_t ticket = next_ticket_++;
   log(LogLevel::kDebug, "pid %d uid %u: deploy parked while %s compiles (ticket %llu)", caller.pid, caller.uid,
       d->job.display_name.c_str(), static_cast<unsigned long long>(ticket));
-  compile_pool_.submit(ticket, caller.uid, d->job);
+  compile_pool_.submit(ticket, caller.uid, std::move(d->job));
+  req.fds = std::move(d->fds);
   parked_.emplace(ticket, Parked{fd, caller, std::move(req), std::move(d)});
 }
 
@@ -523,23 +524,10 @@ void Daemon::serve_client(int fd) {
     if (r == -EPROTO) proto::send_message(fd, proto::error_response(EPROTO, "bad request: " + why));
     return drop();  // the stream cannot be resynchronised
   }
-  // A deploy's target takes the request's descriptors; a parked deploy runs again with
-  // these copies.
-  std::vector<UniqueFd> copies;
-  for (auto& f : req.fds) copies.emplace_back(fcntl(f.get(), F_DUPFD_CLOEXEC, 0));
   may_park_ = true;
   Response resp = handle(caller, req);
   may_park_ = false;
-  if (resp.park) {
-    for (auto& f : copies)
-      if (!f) {
-        Response busy{proto::error_response(EMFILE, "syrupd is out of descriptors; retry later")};
-        totals_.error("deploy", EMFILE);
-        return answer(fd, busy);
-      }
-    req.fds = std::move(copies);
-    return park(fd, caller, std::move(req), std::move(resp.park));
-  }
+  if (resp.park) return park(fd, caller, std::move(req), std::move(resp.park));
   answer(fd, resp);
 }
 
@@ -601,9 +589,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   std::string name, source_name;
   policy_names(b, name, source_name);
 
-  Hook* hi = nullptr;
-  for (auto& h : hooks_)
-    if (hook == h->name()) hi = h.get();
+  Hook* hi = hook_named(hook);
   if (!hi) {
     bool known = std::find(std::begin(kHookNames), std::end(kHookNames), hook) != std::end(kHookNames);
     return {known ? proto::error_response(EOPNOTSUPP, "the " + hook + " hook is not available in this syrupd yet")
@@ -636,6 +622,18 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   }
   bool persist = b.value("persist", false);
 
+  // Whether this run parks for its compile is known before the target takes the
+  // request's descriptors: only then are they copied, for the resumed run.
+  CompileJob job{source, source_name, hi->compile_define(), hi->wrapper()};
+  std::unique_ptr<Deferred> parking;
+  if (!resumed && may_park_ && !compiler_.cached(job)) {
+    parking = std::make_unique<Deferred>();
+    for (auto& f : req.fds) {
+      parking->fds.emplace_back(fcntl(f.get(), F_DUPFD_CLOEXEC, 0));
+      if (!parking->fds.back()) return {proto::error_response(EMFILE, "syrupd is out of descriptors; retry later")};
+    }
+  }
+
   std::unique_ptr<Target> target;
   std::string err;
   pid_t owner = caller.pid;
@@ -661,13 +659,14 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
     old = p.get();
   }
 
-  CompileJob job{source, source_name, hi->compile_define(), hi->wrapper()};
   CompileResult cr;
   if (resumed) {
     cr = std::move(resumed->result);
-  } else if (may_park_ && !compiler_.cached(job)) {
+  } else if (parking) {
+    parking->job = std::move(job);
+    parking->first_target = std::move(target);
     Response parked;
-    parked.park = std::make_unique<Deferred>(Deferred{std::move(job), std::move(target), {}});
+    parked.park = std::move(parking);
     return parked;
   } else {
     cr = compiler_.compile(job);
@@ -976,23 +975,32 @@ void Daemon::reload_config() {
   warm_config();
 }
 
-void Daemon::warm_config() {
-  config_warming_.clear();  // a reload during another's compiles starts over
+Hook* Daemon::hook_named(const std::string& name) const {
+  for (auto& h : hooks_)
+    if (h->name() == name) return h.get();
+  return nullptr;
+}
+
+std::vector<config::Applied> Daemon::config_applied() const {
   std::vector<config::Applied> current;
   for (auto& [id, p] : policies_)
     if (!p->config_identity.empty()) current.push_back({p->config_identity, p->config_hash, id});
-  for (auto& d : config::plan(config_, current).to_deploy) {
+  return current;
+}
+
+void Daemon::warm_config() {
+  config_warming_.clear();  // a reload during another's compiles starts over
+  for (auto& d : config::plan(config_, config_applied()).to_deploy) {
     const json& b = d.entry.request;
-    for (auto& h : hooks_) {
-      if (!b.contains("hook") || b["hook"] != h->name() || !b.contains("source")) continue;
-      std::string name, source_name;
-      policy_names(b, name, source_name);
-      CompileJob job{b["source"].get<std::string>(), source_name, h->compile_define(), h->wrapper()};
-      if (compiler_.cached(job)) continue;
-      uint64_t ticket = next_ticket_++;
-      config_warming_.insert(ticket);
-      compile_pool_.submit(ticket, d.entry.uid, std::move(job));
-    }
+    Hook* h = b.contains("hook") && b["hook"].is_string() ? hook_named(b["hook"].get<std::string>()) : nullptr;
+    if (!h || !b.contains("source") || !b["source"].is_string()) continue;
+    std::string name, source_name;
+    policy_names(b, name, source_name);
+    CompileJob job{b["source"].get<std::string>(), source_name, h->compile_define(), h->wrapper()};
+    if (compiler_.cached(job)) continue;
+    uint64_t ticket = next_ticket_++;
+    config_warming_.insert(ticket);
+    compile_pool_.submit(ticket, d.entry.uid, std::move(job));
   }
   if (config_warming_.empty()) {
     apply_config();
@@ -1004,10 +1012,7 @@ void Daemon::warm_config() {
 }
 
 void Daemon::apply_config(bool retry) {
-  std::vector<config::Applied> current;
-  for (auto& [id, p] : policies_)
-    if (!p->config_identity.empty()) current.push_back({p->config_identity, p->config_hash, id});
-  config::Plan plan = config::plan(config_, current);
+  config::Plan plan = config::plan(config_, config_applied());
   if (retry) {
     // Only what waits for its process; the rest of the plan is the next reload's.
     std::erase_if(plan.to_deploy, [&](const config::PlannedDeploy& d) { return !config_waiting_.count(d.entry.identity); });
@@ -1132,9 +1137,7 @@ void Daemon::adopt_state() {
     pol->created = s.value("created", time_t{0});
     pol->config_identity = s.value("config_identity", std::string());
     pol->config_hash = s.value("config_hash", std::string());
-    Hook* hook = nullptr;
-    for (auto& h : hooks_)
-      if (pol->hook == h->name()) hook = h.get();
+    Hook* hook = hook_named(pol->hook);
     std::string err;
     int r = hook ? 0 : -EOPNOTSUPP;
     if (!hook) err = "unknown hook '" + pol->hook + "'";

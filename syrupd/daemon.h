@@ -102,7 +102,10 @@ class Daemon {
  private:
   // A deploy that waits for its compile.
   struct Deferred {
-    CompileJob job;
+    CompileJob job;  // handed to the workers when parked
+    // Copies of the request's descriptors, made before the first run's target took them:
+    // the resumed run's request carries them.
+    std::vector<UniqueFd> fds;
     // The first run's target, kept until the resumed run has made its own, so that a
     // hook-wide root it holds (an interface's XDP dispatcher) is not detached meanwhile.
     std::unique_ptr<Target> first_target;
@@ -123,6 +126,10 @@ class Daemon {
   // Parks client `fd`'s deploy while a worker compiles `job`: syrupd reads nothing more
   // from the connection until it has answered.
   void park(int fd, const Caller& caller, proto::Message req, std::unique_ptr<Deferred> d);
+  // The hook of that name, or nullptr.
+  Hook* hook_named(const std::string& name) const;
+  // The live policies deployed from --config: identity, content hash, id.
+  std::vector<config::Applied> config_applied() const;
   // Runs the parked deploys whose compiles finished, and answers them.
   void resume_parked();
   // Closes client `fd`'s connection.

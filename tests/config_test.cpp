@@ -48,18 +48,6 @@ std::string http_get(uint16_t port, const std::string& path) {
   return out;
 }
 
-// Waits until syrupd's log has `count` lines containing `what`.
-bool wait_log(const Daemon& d, const std::string& what, int count) {
-  for (int i = 0; i < 300; i++) {
-    std::string log = d.log();
-    int n = 0;
-    for (size_t p = log.find(what); p != std::string::npos; p = log.find(what, p + 1)) n++;
-    if (n >= count) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
-}
-
 // A file removed however the test ends.
 struct TempFile {
   std::string path;
@@ -117,7 +105,7 @@ TEST(Config, AppliedAtStartReloadedOnSighupOnlyWhatChangedAndExported) {
   // Add an entry: the first is left alone (same id), the second is deployed.
   write_yaml(true);
   kill(d.pid(), SIGHUP);
-  ASSERT_TRUE(wait_log(d, "applied " + yaml, 2)) << d.log();
+  ASSERT_TRUE(log_says(d, "applied " + yaml, 2, 6000)) << d.log();
   l = list_policies();
   ASSERT_EQ(l.size(), 2u) << l.dump();
   EXPECT_EQ(l[0]["id"], rr_id) << "an unchanged entry must not be redeployed";
@@ -126,7 +114,7 @@ TEST(Config, AppliedAtStartReloadedOnSighupOnlyWhatChangedAndExported) {
   // A broken file: the error names file, line and key; nothing changes.
   write_yaml(true, true, "      - name: broken\n        hook: socket-select\n        port: 70000\n");
   kill(d.pid(), SIGHUP);
-  ASSERT_TRUE(wait_log(d, "the running configuration stays", 1)) << d.log();
+  ASSERT_TRUE(log_says(d, "the running configuration stays", 1, 6000)) << d.log();
   EXPECT_NE(d.log().find(yaml + ":"), std::string::npos) << d.log();
   EXPECT_EQ(list_policies().size(), 2u);
 
@@ -141,7 +129,7 @@ TEST(Config, AppliedAtStartReloadedOnSighupOnlyWhatChangedAndExported) {
   // Removing an entry removes its policy; the kernel's hash is back on that group.
   write_yaml(true, false);
   kill(d.pid(), SIGHUP);
-  ASSERT_TRUE(wait_log(d, "applied " + yaml, 3)) << d.log();
+  ASSERT_TRUE(log_says(d, "applied " + yaml, 3, 6000)) << d.log();
   l = list_policies();
   ASSERT_EQ(l.size(), 1u) << l.dump();
   EXPECT_EQ(l[0]["name"], "hash");
@@ -186,12 +174,12 @@ TEST(Config, AReloadCompilesOffTheMainThreadAndAppliesWhenCompiled) {
   d.start("", {"--config=" + yaml, "--clang=" + slow_clang(dir.path(), 3)});
   write_yaml(true);
   kill(d.pid(), SIGHUP);
-  ASSERT_TRUE(wait_log(d, "SIGHUP: compiling 1 policies of " + yaml + " before applying it", 1)) << d.log();
+  ASSERT_TRUE(log_says(d, "SIGHUP: compiling 1 policies of " + yaml + " before applying it", 1, 6000)) << d.log();
   std::string out;
   EXPECT_EQ(run_cmd(build_bin("syrupctl") + " ping", out), 0) << out;
   json during = list_policies();
   bool applied_during = d.log().find("applied " + yaml + ": 1 deployed") != std::string::npos;
-  ASSERT_TRUE(wait_log(d, "applied " + yaml + ": 1 deployed", 1)) << d.log();
+  ASSERT_TRUE(log_says(d, "applied " + yaml + ": 1 deployed", 1, 6000)) << d.log();
   EXPECT_TRUE(during.is_array() && during.empty()) << "the file was applied before its compile ended: " << during.dump();
   EXPECT_FALSE(applied_during) << d.log();
   EXPECT_EQ(listed_names(), (std::vector<std::string>{"cfgwarm/rr"})) << d.log();
@@ -256,7 +244,7 @@ TEST(Config, TenantQuotasBindTheFilesEntriesAndTheRestStillApplies) {
   json before = list_policies();
   write_yaml("2MiB");
   kill(d.pid(), SIGHUP);
-  ASSERT_TRUE(wait_log(d, "applied " + yaml.path, 2)) << d.log();
+  ASSERT_TRUE(log_says(d, "applied " + yaml.path, 2, 6000)) << d.log();
   EXPECT_EQ(listed_names(), (std::vector<std::string>{"capped/big", "capped/small", "other/rr"})) << d.log();
   EXPECT_NE(d.log().find("1 deployed, 0 removed, 2 unchanged, 0 failed"), std::string::npos) << d.log();
   for (auto& p : list_policies())

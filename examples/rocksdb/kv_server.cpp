@@ -67,6 +67,7 @@
 #include <linux/sock_diag.h>
 #include <nlohmann/json.hpp>
 
+#include "kv_clock.h"
 #include "kv_db.h"
 #include "kv_proto.h"
 #include "sched_attr.h"  // hooks/: the one struct sched_attr of the tree
@@ -107,13 +108,7 @@ using nlohmann::json;
 
 std::atomic<bool> g_stop{false};
 
-uint64_t clock_ns(clockid_t clock) {
-  timespec ts;
-  clock_gettime(clock, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
-}
-uint64_t now_ns() { return clock_ns(CLOCK_MONOTONIC); }
-uint64_t thread_cpu_ns() { return clock_ns(CLOCK_THREAD_CPUTIME_ID); }
+uint64_t thread_cpu_ns() { return kv_clock_ns(CLOCK_THREAD_CPUTIME_ID); }
 
 // The other half of the --core_share emulation: a worker never runs far ahead of its
 // emulated core, so it never owes the kernel much.
@@ -151,13 +146,13 @@ class CorePacer {
   // After a blocking receive returned: the emulated core was idle until now.
   void on_wakeup() {
     if (!on()) return;
-    rebase(now_ns());
+    rebase(kv_now_ns());
   }
 
   // Between requests and after every key of a SCAN.
   void step() {
     if (!on()) return;
-    uint64_t now = now_ns();
+    uint64_t now = kv_now_ns();
     if (now < next_check_) return;
     double emulated = static_cast<double>(thread_cpu_ns() - cpu_base_) / share_;
     double ahead = emulated - static_cast<double>(now - wall_base_);
@@ -172,7 +167,7 @@ class CorePacer {
     until.tv_nsec = static_cast<long>(t % 1000000000ULL);
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, nullptr) == EINTR) {
     }
-    rebase(now_ns());
+    rebase(kv_now_ns());
   }
   uint64_t holds() const { return holds_.load(std::memory_order_relaxed); }
 
@@ -399,7 +394,7 @@ void reply(Worker& w, const Pending& p, kv_response& r, const void* body, uint32
 }
 
 void handle(Worker& w, const Pending& p, size_t waiting) {
-  uint64_t t0 = now_ns();
+  uint64_t t0 = kv_now_ns();
   kv_request q{};
   memcpy(&q, p.head, std::min<size_t>(p.len, sizeof q));
   q.type = le32toh(q.type);
@@ -483,7 +478,7 @@ void handle(Worker& w, const Pending& p, size_t waiting) {
   }
   if (g.have_queue_len) syr_hint_set(&g.queue_len, w.idx, waiting);
   c.served[q.type].fetch_add(1, std::memory_order_relaxed);
-  c.busy_ns[q.type].fetch_add(now_ns() - t0, std::memory_order_relaxed);
+  c.busy_ns[q.type].fetch_add(kv_now_ns() - t0, std::memory_order_relaxed);
 }
 
 void worker_main(Worker* w) {
@@ -624,7 +619,7 @@ int main(int argc, char** argv) {
 
   std::string err;
   bool loaded = false;
-  uint64_t t0 = now_ns();
+  uint64_t t0 = kv_now_ns();
   kv::DbConfig cfg;
   cfg.path = FLAGS_db;
   cfg.keys = FLAGS_keys;
@@ -634,7 +629,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   fprintf(stderr, "kv_server: %s %s (%llu keys) in %.1f s\n", loaded ? "loaded" : "opened",
-          FLAGS_db.c_str(), static_cast<unsigned long long>(FLAGS_keys), (now_ns() - t0) / 1e9);
+          FLAGS_db.c_str(), static_cast<unsigned long long>(FLAGS_keys), (kv_now_ns() - t0) / 1e9);
 
   json cal_json;
   g.scan_len = FLAGS_scan_len;

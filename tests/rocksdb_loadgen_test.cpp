@@ -150,8 +150,8 @@ class FixedServer {
       r.id = q.id;
       r.stamp = q.stamp;
       sendto(fd_, &r, sizeof r, 0, reinterpret_cast<sockaddr*>(&from), fl);
-      done_ = kv_now_ns();
       std::lock_guard lk(mu_);
+      done_ = kv_now_ns();
       stall(done_, t0 + service);
     }
   }

@@ -80,7 +80,16 @@ class FixedServer {
   // than 100 requests found it idle (a server that is never idle).
   double wake_mean_us() {
     std::lock_guard lk(mu_);
-    return wake_n_ >= 100 ? static_cast<double>(wake_sum_ns_) / static_cast<double>(wake_n_) / 1e3 : 0;
+    return wakes_.size() >= 100 ? static_cast<double>(wake_sum_ns_) / static_cast<double>(wakes_.size()) / 1e3 : 0;
+  }
+  // The same wake-ups' 99th percentile (0 when fewer than 100).
+  double wake_p99_us() {
+    std::lock_guard lk(mu_);
+    if (wakes_.size() < 100) return 0;
+    std::vector<uint64_t> w = wakes_;
+    auto at = w.begin() + static_cast<std::ptrdiff_t>(w.size() * 99 / 100);
+    std::nth_element(w.begin(), at, w.end());
+    return static_cast<double>(*at) / 1e3;
   }
   // How long the server stood still with work to do, in all, counting only stalls over
   // kStallNs (a slow wake-up, a gap before it started a queued request, or time past the
@@ -133,8 +142,9 @@ class FixedServer {
         flows_.insert(ntohs(from.sin_port));
         uint64_t arrived_mono = arrived - realtime_minus_mono_;
         if (arrived && arrived_mono >= done_) {
-          wake_sum_ns_ += t0 > arrived_mono ? t0 - arrived_mono : 0;
-          wake_n_++;
+          uint64_t wake = t0 > arrived_mono ? t0 - arrived_mono : 0;
+          wake_sum_ns_ += wake;
+          wakes_.push_back(wake);
         }
         if (arrived) stall(t0, std::max(arrived_mono, done_));
         if (!first_) first_ = t0;
@@ -169,7 +179,8 @@ class FixedServer {
   std::mutex mu_;
   std::vector<uint64_t> arrivals_;
   std::set<uint16_t> flows_;
-  uint64_t realtime_minus_mono_ = 0, done_ = 0, wake_sum_ns_ = 0, wake_n_ = 0, stalled_ns_ = 0, stall_max_ns_ = 0, first_ = 0;
+  std::vector<uint64_t> wakes_;  // of the idle server, ns
+  uint64_t realtime_minus_mono_ = 0, done_ = 0, wake_sum_ns_ = 0, stalled_ns_ = 0, stall_max_ns_ = 0, first_ = 0;
 };
 
 // Runs kv_loadgen against `port`; its JSON result.
@@ -252,34 +263,41 @@ double own_cpu_s() {
 }
 
 // Runs `attempt` (a fresh server and generator run each time) until it finds no problem,
-// at most 3 times. The timing checks need the two cores to themselves: while an attempt
+// at most 5 times. The timing checks need the two cores to themselves: while an attempt
 // runs, the CPU time of everything else on the machine is measured, and an attempt that
 // fails while others used more than 0.3 of a core, or while the host ran the server late
-// (judge_server), is counted as disturbed, not as a failure. A bug shows in undisturbed
-// attempts too and fails the test; if every attempt was disturbed (a busy shared machine
-// or a slow host) the test is skipped, saying so.
+// (judge_server), is counted as disturbed, not as a failure; the next one waits 2 s, to
+// give a slow episode of the host time to pass (they last from seconds to minutes). A bug
+// shows in undisturbed attempts too and fails the test; if every attempt was disturbed (a
+// busy shared machine or a slow host) the test is skipped, saying so.
 template <typename F>
 void until_clean(F attempt) {
-  Problems p;
+  Problems p, undisturbed;
   double others = 0;
   bool undisturbed_failure = false;
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 5; i++) {
     auto t0 = std::chrono::steady_clock::now();
     double b0 = machine_busy_s(), o0 = own_cpu_s();
     p = attempt();
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     others = std::max(0.0, (machine_busy_s() - b0) - (own_cpu_s() - o0)) / wall;
     if (p.empty()) return;
-    if (others <= 0.3 && p.host_late.empty()) undisturbed_failure = true;
+    bool disturbed = others > 0.3 || !p.host_late.empty();
     for (auto& s : p.found)
       fprintf(stderr, "attempt %d (others used %.2f cores%s%s): %s\n", i + 1, others, p.host_late.empty() ? "" : "; ",
               p.host_late.c_str(), s.c_str());
+    if (!disturbed) {
+      undisturbed_failure = true;
+      undisturbed = p;
+    } else if (i < 4) {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+    }
   }
   if (!undisturbed_failure)
     GTEST_SKIP() << "every attempt was disturbed (last: others used " << others << " cores"
                  << (p.host_late.empty() ? "" : "; " + p.host_late)
                  << "); timing checks need a quiet machine (last attempt: " << p.found.front() << ")";
-  for (auto& s : p.found) ADD_FAILURE() << s;
+  for (auto& s : undisturbed.found) ADD_FAILURE() << s;
 }
 
 TEST(KvLoadgen, RateAndLatencyMatchAnMD1QueueWithAKnownServiceTime) {
@@ -379,24 +397,30 @@ TEST(KvLoadgen, IdleSleepFreesTheCoreAndKeepsTheSchedule) {
     // Waking 20 us ahead of each send and spinning to its time, most sends leave on the
     // dot: without the early wake-up the median send would be as late as the median
     // wake-up (~10 us on these VMs; ~55 us with the default timer slack). The tail is the
-    // machine's, so it is judged side by side: the same run without sleeping (right after,
-    // on the same server) shows what the machine does to a generator that never sleeps,
-    // and the kernel's wake-ups in the sleeping run what sleeping adds. Sleeping never
-    // makes a send later than the two together. (Quiet: sleeping p99 33-61 us, wake-ups
-    // 47-75 us, spinning 5-12 us.)
+    // machine's, so it is judged side by side. Sleeping adds the host's wake-ups: those
+    // of the generator's sleeps that ran to their end (reported by the generator), and
+    // those of sleeps a response ended, which the generator cannot time; the idle
+    // server's wake-ups in the same run, from the kernel's arrival stamp, are wake-ups of
+    // that kind. The same generator without sleeping (right after, on the same server)
+    // shows what the machine does to one that never sleeps. Sleeping never makes a send
+    // later than the two together. (Quiet: sleeping p99 33-103 us, timed wake-ups 47-104
+    // us, spinning 5-23 us.)
+    double srv_wake99 = srv.wake_p99_us();
     json spin = loadgen(srv.port(), "--rate=2000 --duration=1 --warmup=0.2 --tail=0.1 --get_pct=100 --drain_ms=300");
     if (!spin.is_object()) return Problems{"no result without --idle_sleep_us"};
     const json& g = j["generator"];
     double lag50 = g["send_lag_p50_us"].get<double>(), lag99 = g["send_lag_p99_us"].get<double>();
     double wake50 = g["wake_late_p50_us"].get<double>(), wake99 = g["wake_late_p99_us"].get<double>();
     double spin99 = spin["generator"]["send_lag_p99_us"].get<double>();
-    std::printf("  send lag p99: %.1f us sleeping (wake-ups %.1f us late at p99), %.1f us spinning\n", lag99, wake99, spin99);
+    std::printf("  send lag p99: %.1f us sleeping (wake-ups at p99: timed %.1f us, the server's %.1f us), %.1f us spinning\n",
+                lag99, wake99, srv_wake99, spin99);
     check(p, g["sleeps"].get<double>() > 0.5 * kRate * kT, "slept before only " + g["sleeps"].dump() + " sends");
     check(p, lag50 <= std::max(0.0, wake50 - 20) + 3,
           "send lag p50 " + num(lag50) + " us with the kernel's wake-ups " + num(wake50) + " us late at p50");
-    check(p, lag99 <= wake99 + spin99 + 10,
-          "send lag p99 " + num(lag99) + " us with the kernel's wake-ups " + num(wake99) +
-              " us late at p99 and the generator's send lag without sleeping " + num(spin99) + " us at p99");
+    check(p, lag99 <= std::max(wake99, srv_wake99) + spin99 + 10,
+          "send lag p99 " + num(lag99) + " us with wake-ups at p99 " + num(wake99) + " us late (timed) and " +
+              num(srv_wake99) + " us (the server's), and the generator's send lag without sleeping " + num(spin99) +
+              " us at p99");
     check(p, wake50 < 40, "wake-ups late by " + num(wake50) + " us at p50: the timer slack is not 1 ns");
     // A spinning generator uses its whole core for the run (~1.3 s of CPU here); asleep
     // between sends it needs a small part of it (the drain at the end still spins).

@@ -20,7 +20,7 @@ int CompilePool::start(Compiler& compiler, unsigned workers) {
 void CompilePool::submit(uint64_t ticket, uid_t uid, CompileJob job) {
   {
     std::lock_guard lk(mu_);
-    queued_[uid].push_back({ticket, std::move(job)});
+    queued_[uid].push_back({ticket, std::move(job), std::chrono::steady_clock::now()});
   }
   cv_.notify_one();
 }
@@ -31,6 +31,13 @@ std::vector<CompilePool::Done> CompilePool::take_done() {
   }
   std::lock_guard lk(mu_);
   return std::exchange(done_, {});
+}
+
+metrics::CompileSample CompilePool::stats() {
+  std::lock_guard lk(mu_);
+  metrics::CompileSample s = stats_;
+  for (auto& [uid, q] : queued_) s.queued += q.size();
+  return s;
 }
 
 CompilePool::Job CompilePool::next_locked() {
@@ -52,10 +59,17 @@ void CompilePool::work() {
       cv_.wait(lk, [&] { return stopping_ || !queued_.empty(); });
       if (stopping_) return;
       j = next_locked();
+      stats_.running++;
     }
+    auto started = std::chrono::steady_clock::now();
     CompileResult r = compiler_->compile(j.job);
+    auto ended = std::chrono::steady_clock::now();
     {
       std::lock_guard lk(mu_);
+      stats_.running--;
+      (r.err ? stats_.failed : stats_.ok)++;
+      stats_.wait_seconds += std::chrono::duration<double>(started - j.submitted).count();
+      stats_.compile_seconds += std::chrono::duration<double>(ended - started).count();
       done_.push_back({j.ticket, std::move(r)});
     }
     uint64_t one = 1;

@@ -14,6 +14,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "compiler.h"
+#include "metrics.h"
 #include "unique_fd.h"
 
 namespace syrup {
@@ -44,12 +46,15 @@ class CompilePool {
   int event_fd() const { return event_fd_.get(); }
   void submit(uint64_t ticket, uid_t uid, CompileJob job);
   std::vector<Done> take_done();
+  // What the workers hold now and have done (for the metrics).
+  metrics::CompileSample stats();
   void stop();
 
  private:
   struct Job {
     uint64_t ticket;
     CompileJob job;
+    std::chrono::steady_clock::time_point submitted;
   };
   void work();
   // The next job in turn, from a non-empty queue. Caller holds mu_.
@@ -65,6 +70,7 @@ class CompilePool {
   uid_t last_uid_ = 0;
   bool served_any_ = false;
   std::vector<Done> done_;
+  metrics::CompileSample stats_;  // all but `queued`, which is counted from queued_
 };
 
 }  // namespace syrup

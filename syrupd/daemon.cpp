@@ -929,6 +929,7 @@ void Daemon::publish_metrics() {
   metrics::Snapshot s;
   s.start_time_unix = static_cast<double>(start_time_);
   s.totals = totals_;
+  s.compiles = compile_pool_.stats();
   std::map<std::string, metrics::TenantSample> tenants;
   for (auto& [id, p] : policies_) {
     s.policies.push_back(metrics::policy_sample(policy_stats(*p), p->hook, p->target->key()));

@@ -204,6 +204,20 @@ std::string render(const Snapshot& s) {
   w.family("syrup_config_last_reload_success_timestamp_seconds", "gauge",
            "Unix time the --config file was last applied successfully (0: never).");
   w.sample("syrup_config_last_reload_success_timestamp_seconds", {}, s.totals.config_last_success_unix);
+  const CompileSample& c = s.compiles;
+  w.family("syrup_compiles_queued", "gauge", "Policy compiles waiting for a compile worker.");
+  w.sample("syrup_compiles_queued", {}, c.queued);
+  w.family("syrup_compiles_running", "gauge", "Policy compiles running on the compile workers.");
+  w.sample("syrup_compiles_running", {}, c.running);
+  w.family("syrup_compiles_total", "counter", "Compiles the compile workers finished, by result.");
+  w.sample("syrup_compiles_total", {{"result", "ok"}}, c.ok);
+  w.sample("syrup_compiles_total", {{"result", "error"}}, c.failed);
+  w.family("syrup_compile_wait_seconds", "summary", "Time finished compiles waited for a compile worker.");
+  w.sample("syrup_compile_wait_seconds_sum", {}, c.wait_seconds);
+  w.sample("syrup_compile_wait_seconds_count", {}, c.ok + c.failed);
+  w.family("syrup_compile_duration_seconds", "summary", "Time the compile workers spent on finished compiles.");
+  w.sample("syrup_compile_duration_seconds_sum", {}, c.compile_seconds);
+  w.sample("syrup_compile_duration_seconds_count", {}, c.ok + c.failed);
   return w.take();
 }
 

@@ -61,12 +61,22 @@ struct Totals {
   void error(const std::string& op, const std::string& kind) { errors[{op, kind}]++; }
 };
 
+// The compile workers (syrupd/compile_pool.h): what they hold now, and what they have
+// done since syrupd started. Compiles syrupd runs on its main thread are not counted.
+struct CompileSample {
+  uint64_t queued = 0, running = 0;  // now
+  uint64_t ok = 0, failed = 0;       // finished
+  double wait_seconds = 0;           // summed over finished compiles: submit to start
+  double compile_seconds = 0;        // summed over finished compiles: start to end
+};
+
 struct Snapshot {
   double time_unix = 0;        // when it was taken (publish() fills it in if 0)
   double start_time_unix = 0;  // when syrupd started
   std::vector<PolicySample> policies;
   std::vector<TenantSample> tenants;
   Totals totals;
+  CompileSample compiles;
 };
 
 // A PolicySample from one entry of the `stats` response (Daemon::policy_stats) and the

@@ -8,8 +8,10 @@
 #include <netinet/in.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "sched_attr.h"
@@ -133,6 +135,24 @@ class UdpClient {
 
 // Runs a command, returns its exit status; stdout+stderr in `out`.
 int run_cmd(const std::string& cmd, std::string& out);
+
+// Waits up to `ms` for pred(), asking every millisecond; the milliseconds it took, or -1.
+template <class F>
+int wait_for(F pred, int ms) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto took = [&] {
+    return int(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count());
+  };
+  while (took() < ms) {
+    if (pred()) return took();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return -1;
+}
+
+// GET `path` from 127.0.0.1:`port` over HTTP/1.0: the whole response, headers included;
+// "" if nobody listens.
+std::string http_get(uint16_t port, const std::string& path);
 
 // struct sched_attr and sched_getattr/sched_setattr (hooks/sched_attr.h).
 using syrup::SchedAttr;

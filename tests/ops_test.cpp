@@ -698,6 +698,7 @@ metrics::Snapshot sample_snapshot() {
   s.totals.config_reloads = 3;
   s.totals.config_reload_failures = 1;
   s.totals.config_last_success_unix = 1700000000;
+  s.compiles = {.queued = 2, .running = 1, .ok = 5, .failed = 1, .wait_seconds = 1.5, .compile_seconds = 9.25};
   return s;
 }
 
@@ -762,6 +763,24 @@ syrup_config_reloads_total{result="failure"} 1
 # HELP syrup_config_last_reload_success_timestamp_seconds Unix time the --config file was last applied successfully (0: never).
 # TYPE syrup_config_last_reload_success_timestamp_seconds gauge
 syrup_config_last_reload_success_timestamp_seconds 1700000000
+# HELP syrup_compiles_queued Policy compiles waiting for a compile worker.
+# TYPE syrup_compiles_queued gauge
+syrup_compiles_queued 2
+# HELP syrup_compiles_running Policy compiles running on the compile workers.
+# TYPE syrup_compiles_running gauge
+syrup_compiles_running 1
+# HELP syrup_compiles_total Compiles the compile workers finished, by result.
+# TYPE syrup_compiles_total counter
+syrup_compiles_total{result="ok"} 5
+syrup_compiles_total{result="error"} 1
+# HELP syrup_compile_wait_seconds Time finished compiles waited for a compile worker.
+# TYPE syrup_compile_wait_seconds summary
+syrup_compile_wait_seconds_sum 1.5
+syrup_compile_wait_seconds_count 6
+# HELP syrup_compile_duration_seconds Time the compile workers spent on finished compiles.
+# TYPE syrup_compile_duration_seconds summary
+syrup_compile_duration_seconds_sum 9.25
+syrup_compile_duration_seconds_count 6
 )";
 
 TEST(Metrics, RendersThePrometheusTextFormat) { EXPECT_EQ(metrics::render(sample_snapshot()), kRendered); }
@@ -774,12 +793,20 @@ TEST(Metrics, EscapesLabelValues) {
   s.policies.push_back(p);
   std::string out = metrics::render(s);
   EXPECT_NE(out.find(R"(syrup_policy_executors{tenant="a\"b\\c\nd",hook="",policy="",id="0"} 1)"), std::string::npos) << out;
-  // Every line is a comment or a sample; every family has HELP and TYPE before its samples.
+  // Every line is a comment or a sample; every family has HELP and TYPE before its samples
+  // (a summary's are its name with _sum and _count).
   std::istringstream in(out);
   std::set<std::string> typed;
   for (std::string line; std::getline(in, line);) {
     if (line.starts_with("# TYPE ")) {
-      typed.insert(line.substr(7, line.find(' ', 7) - 7));
+      size_t end = line.find(' ', 7);
+      std::string name = line.substr(7, end - 7);
+      if (line.substr(end + 1) == "summary") {
+        typed.insert(name + "_sum");
+        typed.insert(name + "_count");
+      } else {
+        typed.insert(name);
+      }
       continue;
     }
     if (line.starts_with("# HELP ")) continue;

@@ -564,6 +564,49 @@ TEST_F(Tenants, CompilesAreTakenFromTheUsersInTurn) {
                         << a.dump() << " " << b.dump();
 }
 
+// The metrics show the compile workers at work: with one worker and two deploys waiting
+// for 2 s compiles, one compile runs while the other is queued; when both are done, two
+// finished compiles, of at least 2 s each, the second having waited for the first.
+TEST_F(Tenants, MetricsShowTheCompileWorkers) {
+  EXPECT_EQ(d_.stop(), 0);
+  TempDir dir;
+  const uint16_t mport = static_cast<uint16_t>(20000 + (getpid() + 7919) % 20000);
+  d_.start("", {"--clang=" + slow_clang(dir.path(), 2), "--compile_workers=1", "--metrics_port=" + std::to_string(mport)});
+  std::string scraped;
+  auto metric = [&](const std::string& name) {
+    scraped = http_get(mport, "/metrics");
+    size_t at = scraped.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::stod(scraped.substr(at + name.size() + 2));
+  };
+  EXPECT_EQ(metric("syrup_compiles_queued"), 0.0) << scraped;
+  int r[2] = {0, 0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 2; i++)
+    ts.emplace_back([&, i] {
+      UdpGroup g(2);
+      std::string app = "mapp" + std::to_string(i);
+      r[i] = deploy_source_on(g, uncached_source("policies/round_robin.c"), app.c_str());
+    });
+  bool parked = log_says(d_, kParkedLog, 2, 5000);
+  // A scrape refreshes a snapshot older than a second, so this sees the pair within ~1 s.
+  int seen = parked ? wait_for([&] { return metric("syrup_compiles_queued") == 1 && metric("syrup_compiles_running") == 1; }, 1800)
+                    : -1;
+  std::string during = scraped;
+  for (auto& t : ts) t.join();
+  ASSERT_TRUE(parked) << d_.log();
+  EXPECT_GE(seen, 0) << "no scrape showed 1 compile queued and 1 running:\n" << during;
+  EXPECT_GT(r[0], 0) << d_.log();
+  EXPECT_GT(r[1], 0) << d_.log();
+  // The second deploy published a snapshot with both compiles finished.
+  EXPECT_EQ(metric("syrup_compiles_total{result=\"ok\"}"), 2.0) << scraped;
+  EXPECT_EQ(metric("syrup_compiles_total{result=\"error\"}"), 0.0) << scraped;
+  EXPECT_EQ(metric("syrup_compiles_queued"), 0.0) << scraped;
+  EXPECT_EQ(metric("syrup_compiles_running"), 0.0) << scraped;
+  EXPECT_EQ(metric("syrup_compile_duration_seconds_count"), 2.0) << scraped;
+  EXPECT_GE(metric("syrup_compile_duration_seconds_sum"), 4.0) << scraped;
+  EXPECT_GE(metric("syrup_compile_wait_seconds_sum"), 1.5) << "the second compile waited for the first: " << scraped;
+}
+
 // SIGTERM while a deploy is parked: the compile is stopped, the caller is answered
 // ECANCELED with the reason, and syrupd exits cleanly at once, leaving no compiler behind.
 TEST_F(Tenants, AParkedDeployIsAnsweredWhenSyrupdStops) {

@@ -109,16 +109,6 @@ std::string fmt(const std::vector<double>& v) {
   return s;
 }
 
-template <class F>
-int wait_for(F pred, int ms) {
-  auto t0 = Clock::now();
-  while (Clock::now() - t0 < std::chrono::milliseconds(ms)) {
-    if (pred()) return int(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return -1;
-}
-
 // Busy threads of this process, registered as executors 0..n-1 (or not), pinned to `core`.
 class Spinners {
  public:

@@ -242,17 +242,6 @@ class ThreadHook : public ::testing::Test {
       if (p["id"] == id) return p;
     return {};
   }
-  // Waits up to `ms` for pred(); returns the time it took, or -1.
-  template <class F>
-  static int wait_for(F pred, int ms) {
-    auto t0 = Clock::now();
-    while (Clock::now() - t0 < std::chrono::milliseconds(ms)) {
-      if (pred()) return int(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return -1;
-  }
-
   static Daemon* daemon_;
   std::vector<int> ids_;
   int core_ = 1;

@@ -1,8 +1,14 @@
 #!/usr/bin/python3
 """Unit tests of the RocksDB study's pure logic (bench/rocksdb/rocksdb_bench.py): how the
-table's numbers come out of the runs. No kernel, no servers: synthetic runs."""
+table's numbers come out of the runs. No kernel, no servers: synthetic runs. One test runs
+the real kv_loadgen, to check that an interrupted run leaves nothing behind."""
+import glob
 import os
+import signal
+import socket
 import sys
+import tempfile
+import types
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "rocksdb"))
@@ -179,6 +185,53 @@ class Drift(unittest.TestCase):
     def test_the_other_reasons_still_count(self):
         why = rb.unhealthy(self.Args(), self.res(12.0, foreign=0.3, late=2.0), 0.8, 12.0)
         self.assertEqual(why, ["others used 0.30 cores", "late sends 2.0%"])
+
+
+class InterruptedLoad(unittest.TestCase):
+    """A signal during a run (the bench turns SIGTERM and SIGHUP into KeyboardInterrupt)
+    ends the load generator at once and removes its result file."""
+
+    def test_leaves_no_generator_and_no_result_file(self):
+        bindir = os.environ.get("SYRUP_BUILD_BIN", "")
+        if not os.access(os.path.join(bindir, "kv_loadgen"), os.X_OK):
+            self.skipTest(f"no kv_loadgen in SYRUP_BUILD_BIN ({bindir!r}): build first")
+        sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # takes the requests, answers none
+        sink.bind(("127.0.0.1", 0))
+        tmp = tempfile.mkdtemp(prefix="syrup-bench-test-")
+        old_tmp, tempfile.tempdir = tempfile.tempdir, tmp
+        args = types.SimpleNamespace(bindir=bindir, warmup=0, flows=4, keys=100, client_cpu=-1,
+                                     client_idle_sleep_us=0, trace_dir="", nice=0)
+        server = types.SimpleNamespace(port=sink.getsockname()[1], pid=os.getpid(), label="sink")
+        daemon = types.SimpleNamespace(cpu_s=lambda: 0.0)
+
+        def children():
+            with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
+                return set(f.read().split())
+        before = children()
+        started = {}
+
+        def interrupt(_sig, _frame):
+            started["pids"] = children() - before
+            raise KeyboardInterrupt("test")
+        old = signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                rb.run_load(args, server, daemon, 100, 100, 30, 1)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+            tempfile.tempdir = old_tmp
+            sink.close()
+        try:
+            self.assertEqual(len(started.get("pids", ())), 1, "the generator was not running when interrupted")
+            for pid in started["pids"]:
+                self.assertFalse(os.path.exists(f"/proc/{pid}"), f"kv_loadgen {pid} outlived the run")
+            self.assertEqual(glob.glob(os.path.join(tmp, "*")), [], "files left in the temporary directory")
+        finally:
+            for f in glob.glob(os.path.join(tmp, "*")):
+                os.unlink(f)
+            os.rmdir(tmp)
 
 
 if __name__ == "__main__":

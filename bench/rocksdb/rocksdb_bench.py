@@ -341,6 +341,17 @@ def run_load(args, server, daemon, rate, get_pct, duration, seed, src_port_base=
     src_port_base: the flows' source ports (0: ephemeral, new ones every run)."""
     fd, path = tempfile.mkstemp(prefix="kv-loadgen-", suffix=".json")
     os.close(fd)
+    try:
+        return _run_load(args, server, daemon, rate, get_pct, duration, seed, src_port_base, path)
+    finally:
+        # Also when a signal or an error ends the run, so no empty result file is left.
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _run_load(args, server, daemon, rate, get_pct, duration, seed, src_port_base, path):
     cmd = [os.path.join(args.bindir, "kv_loadgen"), f"--port={server.port}", f"--rate={rate:.1f}",
            f"--duration={duration}", f"--warmup={args.warmup}", f"--get_pct={get_pct}",
            f"--flows={args.flows}", f"--keys={args.keys}", f"--cpu={args.client_cpu}",
@@ -353,7 +364,12 @@ def run_load(args, server, daemon, rate, get_pct, duration, seed, src_port_base=
     d0 = daemon.cpu_s()
     t0 = time.time()
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, preexec_fn=lambda: renice(args.nice))
-    _, _, ru = os.wait4(proc.pid, 0)
+    try:
+        _, _, ru = os.wait4(proc.pid, 0)
+    except BaseException:
+        proc.kill()  # interrupted: the generator does not outlive the bench
+        proc.wait()
+        raise
     wall = time.time() - t0
     err = proc.stderr.read()
     proc.stderr.close()
@@ -364,8 +380,6 @@ def run_load(args, server, daemon, rate, get_pct, duration, seed, src_port_base=
             res = json.load(f)
     except (OSError, ValueError):
         raise RuntimeError(f"kv_loadgen failed: {err}")
-    finally:
-        os.unlink(path)
     gen_cpu = ru.ru_utime + ru.ru_stime
     foreign = (busy1 - busy0) - (srv1 - srv0) - gen_cpu - (d1 - d0)
     # Every answer the server sent, warm-up and tail included (its CPU time covers them).

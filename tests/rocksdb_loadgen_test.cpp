@@ -80,16 +80,13 @@ class FixedServer {
   // than 100 requests found it idle (a server that is never idle).
   double wake_mean_us() {
     std::lock_guard lk(mu_);
-    return wakes_.size() >= 100 ? static_cast<double>(wake_sum_ns_) / static_cast<double>(wakes_.size()) / 1e3 : 0;
+    return wakes_.count() >= 100 ? wakes_.mean() / 1e3 : 0;
   }
-  // The same wake-ups' 99th percentile (0 when fewer than 100).
+  // The same wake-ups' 99th percentile (0 when fewer than 100), reckoned as the load
+  // generator reckons its own.
   double wake_p99_us() {
     std::lock_guard lk(mu_);
-    if (wakes_.size() < 100) return 0;
-    std::vector<uint64_t> w = wakes_;
-    auto at = w.begin() + static_cast<std::ptrdiff_t>(w.size() * 99 / 100);
-    std::nth_element(w.begin(), at, w.end());
-    return static_cast<double>(*at) / 1e3;
+    return wakes_.count() >= 100 ? wakes_.percentile(99) / 1e3 : 0;
   }
   // How long the server stood still with work to do, in all, counting only stalls over
   // kStallNs (a slow wake-up, a gap before it started a queued request, or time past the
@@ -142,9 +139,7 @@ class FixedServer {
         flows_.insert(ntohs(from.sin_port));
         uint64_t arrived_mono = arrived - realtime_minus_mono_;
         if (arrived && arrived_mono >= done_) {
-          uint64_t wake = t0 > arrived_mono ? t0 - arrived_mono : 0;
-          wake_sum_ns_ += wake;
-          wakes_.push_back(wake);
+          wakes_.record(t0 > arrived_mono ? t0 - arrived_mono : 0);
         }
         if (arrived) stall(t0, std::max(arrived_mono, done_));
         if (!first_) first_ = t0;
@@ -179,8 +174,8 @@ class FixedServer {
   std::mutex mu_;
   std::vector<uint64_t> arrivals_;
   std::set<uint16_t> flows_;
-  std::vector<uint64_t> wakes_;  // of the idle server, ns
-  uint64_t realtime_minus_mono_ = 0, done_ = 0, wake_sum_ns_ = 0, stalled_ns_ = 0, stall_max_ns_ = 0, first_ = 0;
+  kv::Histogram wakes_;  // of the idle server, ns
+  uint64_t realtime_minus_mono_ = 0, done_ = 0, stalled_ns_ = 0, stall_max_ns_ = 0, first_ = 0;
 };
 
 // Runs kv_loadgen against `port`; its JSON result.

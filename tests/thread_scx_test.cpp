@@ -27,6 +27,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -193,11 +194,7 @@ class Sleepers {
   std::atomic<bool> stop_{false};
 };
 
-uint64_t total(const std::vector<uint64_t>& v) {
-  uint64_t n = 0;
-  for (uint64_t x : v) n += x;
-  return n;
-}
+uint64_t total(const std::vector<uint64_t>& v) { return std::accumulate(v.begin(), v.end(), uint64_t{0}); }
 
 std::string counts_str(const std::vector<uint64_t>& v) {
   std::string s;

@@ -52,6 +52,8 @@ class Compiler {
   CompileResult compile(const CompileJob& job);
   // Whether `job`'s object is in the cache: compile() would return it without clang.
   bool cached(const CompileJob& job) const;
+  // What names `job`'s compile: equal for jobs whose compile is the same (its cache path).
+  std::string key(const CompileJob& job) const { return object_path(job, nullptr); }
   // While on, running compiles are killed and new ones fail, with -ECANCELED (shutdown).
   void cancel(bool on) { cancel_ = on; }
   const CompilerConfig& config() const { return cfg_; }

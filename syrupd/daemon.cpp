@@ -370,29 +370,55 @@ void Daemon::accept_client() {
     getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
     // Root is never turned away: the operator must be able to act while users crowd the
     // socket.
-    if (cred.uid != 0 && unprivileged_clients_ >= cfg_.max_clients) {
+    if (cred.uid != 0 && (unprivileged_clients_ >= cfg_.max_clients ||
+                          clients_of_uid_[cred.uid] >= cfg_.max_clients_per_uid)) {
+      if (clients_of_uid_[cred.uid] == 0) clients_of_uid_.erase(cred.uid);
       reject_client(c, cred.uid);
       continue;
     }
     epoll_event ev{EPOLLIN, {.fd = c}};
     epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, c, &ev);
     clients_.emplace(c, Conn{UniqueFd(c), cred.uid, std::chrono::steady_clock::now()});
-    if (cred.uid != 0) unprivileged_clients_++;
+    if (cred.uid != 0) {
+      unprivileged_clients_++;
+      clients_of_uid_[cred.uid]++;
+    }
   }
+}
+
+std::map<int, Daemon::Conn>::iterator Daemon::erase_client(std::map<int, Conn>::iterator it) {
+  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, it->first, nullptr);
+  if (uid_t uid = it->second.uid; uid != 0) {
+    unprivileged_clients_--;
+    if (--clients_of_uid_[uid] == 0) clients_of_uid_.erase(uid);
+  }
+  return clients_.erase(it);
 }
 
 void Daemon::reject_client(int c, uid_t uid) {
   UniqueFd fd(c);
-  log(LogLevel::kWarn, "refused a connection of uid %u: %zu connections of users other than root are open (--max_clients)",
-      uid, unprivileged_clients_);
+  // The per-uid cap is named when it is the one reached: the user can then act on it
+  // (close its own connections) rather than wait for others.
+  auto mine = clients_of_uid_.find(uid);
+  size_t own = mine == clients_of_uid_.end() ? 0 : mine->second;
+  std::string why;
+  if (own >= cfg_.max_clients_per_uid) {
+    log(LogLevel::kWarn, "refused a connection of uid %u: it has %zu open (--max_clients_per_uid)", uid, own);
+    why = "syrupd serves at most " + std::to_string(cfg_.max_clients_per_uid) +
+          " connections per user other than root at a time (syrupd --max_clients_per_uid); uid " +
+          std::to_string(uid) + " has " + std::to_string(own) + " open; retry later";
+  } else {
+    log(LogLevel::kWarn, "refused a connection of uid %u: %zu connections of users other than root are open (--max_clients)",
+        uid, unprivileged_clients_);
+    why = "syrupd serves at most " + std::to_string(cfg_.max_clients) +
+          " connections of users other than root at a time (syrupd --max_clients); " +
+          std::to_string(unprivileged_clients_) + " are open; retry later";
+  }
   totals_.error("connect", EBUSY);
   // The error goes out before the request comes in; the client reads it as the answer to
   // its request. Closing at once would make the client's send fail with EPIPE instead,
   // so the connection is half-closed and kept until the request arrives (or 1 s).
-  proto::send_message(c, proto::error_response(
-                             EBUSY, "syrupd serves at most " + std::to_string(cfg_.max_clients) +
-                                        " connections of users other than root at a time (syrupd --max_clients); " +
-                                        std::to_string(unprivileged_clients_) + " are open; retry later"));
+  proto::send_message(c, proto::error_response(EBUSY, why));
   shutdown(c, SHUT_WR);
   constexpr size_t kMaxRejected = 64;  // beyond this, close at once: no unbounded parking
   if (rejected_.size() >= kMaxRejected) return;
@@ -419,9 +445,7 @@ int Daemon::sweep_clients() {
       ++it;
     } else if (cfg_.client_idle_timeout_s && it->second.last + idle <= now) {
       log(LogLevel::kDebug, "closing a connection of uid %u idle for %u s", it->second.uid, cfg_.client_idle_timeout_s);
-      epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, it->first, nullptr);
-      if (it->second.uid != 0) unprivileged_clients_--;
-      it = clients_.erase(it);
+      it = erase_client(it);
     } else {
       if (cfg_.client_idle_timeout_s) next = std::min(next, it->second.last + idle);
       ++it;
@@ -433,11 +457,12 @@ int Daemon::sweep_clients() {
 }
 
 void Daemon::drop_client(int fd) {
-  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
   auto it = clients_.find(fd);
-  if (it == clients_.end()) return;
-  if (it->second.uid != 0) unprivileged_clients_--;
-  clients_.erase(it);
+  if (it == clients_.end()) {
+    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+    return;
+  }
+  erase_client(it);
 }
 
 void Daemon::answer(int fd, Response& resp) {
@@ -458,9 +483,12 @@ void Daemon::park(int fd, const Caller& caller, proto::Message req, std::unique_
 
 void Daemon::resume_parked() {
   for (auto& done : compile_pool_.take_done()) {
-    if (config_warming_.erase(done.ticket)) {
+    if (auto w = config_warming_.find(done.ticket); w != config_warming_.end()) {
+      if (done.result.err) config_warm_failed_[w->second] = std::move(done.result);
+      config_warming_.erase(w);
       if (config_warming_.empty()) {
         apply_config();
+        config_warm_failed_.clear();
         changed();
       }
       continue;
@@ -668,6 +696,8 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
     Response parked;
     parked.park = std::move(parking);
     return parked;
+  } else if (auto f = config_warm_failed_.find(compiler_.key(job)); f != config_warm_failed_.end()) {
+    cr = f->second;
   } else {
     cr = compiler_.compile(job);
   }
@@ -991,6 +1021,7 @@ std::vector<config::Applied> Daemon::config_applied() const {
 
 void Daemon::warm_config() {
   config_warming_.clear();  // a reload during another's compiles starts over
+  config_warm_failed_.clear();
   for (auto& d : config::plan(config_, config_applied()).to_deploy) {
     const json& b = d.entry.request;
     Hook* h = b.contains("hook") && b["hook"].is_string() ? hook_named(b["hook"].get<std::string>()) : nullptr;
@@ -1000,7 +1031,7 @@ void Daemon::warm_config() {
     CompileJob job{b["source"].get<std::string>(), source_name, h->compile_define(), h->wrapper()};
     if (compiler_.cached(job)) continue;
     uint64_t ticket = next_ticket_++;
-    config_warming_.insert(ticket);
+    config_warming_.emplace(ticket, compiler_.key(job));
     compile_pool_.submit(ticket, d.entry.uid, std::move(job));
   }
   if (config_warming_.empty()) {

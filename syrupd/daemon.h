@@ -82,6 +82,9 @@ struct DaemonConfig {
   // Open control connections of callers other than root (--max_clients): each holds a
   // descriptor and an epoll entry, so a local user could otherwise exhaust syrupd's.
   size_t max_clients = 128;
+  // Of those, at most this many per uid (--max_clients_per_uid), so that one user cannot
+  // take every connection (and with them the compile workers' queue) from the others.
+  size_t max_clients_per_uid = 32;
   // A connection with no request for this long is closed (--client_idle_timeout_s):
   // libsyrup and syrupctl make one call per connection, so only a squatter idles.
   unsigned client_idle_timeout_s = 60;
@@ -134,7 +137,8 @@ class Daemon {
   void resume_parked();
   // Closes client `fd`'s connection.
   void drop_client(int fd);
-  // Answers a connection over --max_clients with an error and closes it soon after.
+  // Answers a connection over --max_clients or --max_clients_per_uid with an error and
+  // closes it soon after.
   void reject_client(int fd, uid_t uid);
   // Closes idle connections and rejected ones whose grace time is over; returns the
   // epoll timeout (ms) until the next sweep is due, -1 when none is.
@@ -212,7 +216,10 @@ class Daemon {
   // resumed deploy), and what a resumed deploy continues from.
   bool may_park_ = false;
   std::unique_ptr<Deferred> resumed_;
-  std::set<uint64_t> config_warming_;  // tickets of the reloaded file's compiles
+  std::map<uint64_t, std::string> config_warming_;  // the reloaded file's compiles: ticket -> key
+  // Those that failed, by Compiler::key(): failures are not cached, so the apply takes
+  // their diagnostics from here instead of running clang again on the main thread.
+  std::map<std::string, CompileResult> config_warm_failed_;
   UniqueFd listen_fd_, epoll_fd_, signal_fd_, lock_fd_;
   struct Conn {
     UniqueFd fd;
@@ -222,6 +229,9 @@ class Daemon {
   };
   std::map<int, Conn> clients_;
   size_t unprivileged_clients_ = 0;  // of clients_, those whose uid is not 0
+  std::map<uid_t, size_t> clients_of_uid_;  // of those, per uid (no zero counts kept)
+  // Forgets an open connection (closing it) and frees its slot under the connection caps.
+  std::map<int, Conn>::iterator erase_client(std::map<int, Conn>::iterator it);
   std::map<int, std::pair<UniqueFd, std::chrono::steady_clock::time_point>> rejected_;  // fd -> close by
   // Declared before the policies, so the policies (whose targets call into their hook)
   // are destroyed first.

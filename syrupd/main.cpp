@@ -38,6 +38,8 @@ DEFINE_uint32(quota_rps, 200, "most control requests per second per uid");
 DEFINE_uint64(max_clients, 128,
               "most open control connections of users other than root; more are answered EBUSY "
               "(root is never refused)");
+DEFINE_uint64(max_clients_per_uid, 32,
+              "most open control connections of one user other than root; more are answered EBUSY");
 DEFINE_uint32(client_idle_timeout_s, 60,
               "close a control connection that sends no request for this many seconds (0: never)");
 DEFINE_string(config, "", "YAML file of tenants and their policies, applied at start and on SIGHUP "
@@ -123,7 +125,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "syrupd: --max_clients must be at least 1\n");
     return 2;
   }
+  if (FLAGS_max_clients_per_uid == 0) {
+    std::fprintf(stderr, "syrupd: --max_clients_per_uid must be at least 1\n");
+    return 2;
+  }
   cfg.max_clients = FLAGS_max_clients;
+  cfg.max_clients_per_uid = FLAGS_max_clients_per_uid;
   cfg.client_idle_timeout_s = FLAGS_client_idle_timeout_s;
   if (FLAGS_compile_workers < 1 || FLAGS_compile_workers > 64) {
     std::fprintf(stderr, "syrupd: --compile_workers must be 1 to 64\n");

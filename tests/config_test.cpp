@@ -7,6 +7,7 @@
 #include <net/if.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -170,6 +171,53 @@ TEST(Config, AReloadCompilesOffTheMainThreadAndAppliesWhenCompiled) {
   UdpClient c(g.port());
   for (int i = 0; i < 20; i++) c.send_request(1, i);
   EXPECT_EQ(g.drain(), (std::vector<int>{10, 10}));
+  EXPECT_EQ(d.stop(), 0);
+}
+
+// SIGHUP with a policy that does not compile: clang runs once, on a worker, and the
+// apply reports that run's diagnostics (file and line) without running clang again on
+// the main thread. The previous policies of the file keep running.
+TEST(Config, AReloadCompilesABrokenPolicyOnceAndReportsItsDiagnostics) {
+  SYRUP_REQUIRE_ROOT();
+  UdpGroup g(2);
+  TempDir dir;
+  std::string policy = dir.path() + "/broken.c", yaml = dir.path() + "/syrup.yaml";
+  std::string runs = dir.path() + "/clang-runs", clang = dir.path() + "/counting-clang";
+  std::ofstream(clang) << "#!/bin/sh\ncase \" $* \" in *\" -c \"*) echo run >> " << runs
+                       << ";; esac\nexec /usr/bin/clang-19 \"$@\"\n";
+  chmod(clang.c_str(), 0755);
+  std::ofstream(policy) << "#include <syrup/policy.h>\n// " << getpid() << " "
+                        << std::chrono::steady_clock::now().time_since_epoch().count()
+                        << "\nuint32_t schedule(void *pkt_start, void *pkt_end) { return nope; }\n";
+  auto write_yaml = [&](bool entry) {
+    std::ofstream f(yaml, std::ios::trunc);
+    f << "version: 1\ntenants:\n  - name: cfgbroken\n    uid: 0\n    policies:" << (entry ? "\n" : " []\n");
+    if (entry)
+      f << "      - name: bad\n        hook: socket-select\n        policy: " << policy << "\n        pid: "
+        << getpid() << "\n        port: " << g.port() << "\n";
+  };
+  write_yaml(false);
+  Daemon d;
+  d.start("", {"--config=" + yaml, "--clang=" + clang});
+  auto clang_runs = [&] {
+    std::ifstream in(runs);
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) n++;
+    return n;
+  };
+  int before = clang_runs();
+  write_yaml(true);
+  kill(d.pid(), SIGHUP);
+  ASSERT_TRUE(log_says(d, "applied " + yaml + ": 0 deployed, 0 removed, 0 unchanged, 1 failed", 1, 20000)) << d.log();
+  EXPECT_EQ(clang_runs() - before, 1) << "the broken policy must be compiled once per reload";
+  std::string log = d.log();
+  EXPECT_NE(log.find(yaml + ":6: tenants[0].policies[0]: policy bad does not compile: " + policy +
+                     ":3:"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("use of undeclared identifier 'nope'"), std::string::npos) << log;
+  EXPECT_TRUE(list_policies().empty()) << d.log();
   EXPECT_EQ(d.stop(), 0);
 }
 

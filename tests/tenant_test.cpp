@@ -3,6 +3,7 @@
 // saw through a pipe; the parent asserts on the error texts the tenant got.
 #include <bpf/bpf.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -414,6 +415,60 @@ TEST_F(Tenants, ControlConnectionsAreCappedIdleOnesClosedAndSlowFramesDropped) {
   EXPECT_LT(secs, 7.0) << "the whole frame must arrive within 5 s";
   EXPECT_NE(d_.log().find("the frame did not arrive whole within 5 s"), std::string::npos) << d_.log();
   EXPECT_EQ(ping(sock).value("ok", false), true);
+}
+
+// One user reaching --max_clients_per_uid is refused with an error naming that flag and
+// its own count, while another user still gets in; closing one of its connections lets
+// the first user in again.
+TEST_F(Tenants, OneUserCannotTakeEveryConnection) {
+  EXPECT_EQ(d_.stop(), 0);
+  std::string bad;
+  EXPECT_EQ(run_cmd(build_bin("syrupd") + " --max_clients_per_uid=0", bad), 2) << bad;
+  EXPECT_NE(bad.find("syrupd: --max_clients_per_uid must be at least 1"), std::string::npos) << bad;
+  d_.start("", {"--max_clients=4", "--max_clients_per_uid=2"});
+  std::string sock = d_.socket();
+  int ready[2], go[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(go), 0);
+  json ja;
+  std::thread a([&] {
+    ja = as_user(kUidA, [&] {
+      json out;
+      std::vector<UniqueFd> held;
+      for (int i = 0; i < 2; i++) held.emplace_back(connect_unix(sock));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // both accepted
+      out["over"] = ping(sock);
+      (void)!write(ready[1], "r", 1);
+      char c;
+      (void)!read(go[0], &c, 1);
+      held.pop_back();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // syrupd saw it close
+      out["after"] = ping(sock);
+      return out;
+    });
+  });
+  pollfd pfd{ready[0], POLLIN, 0};
+  bool held = poll(&pfd, 1, 10000) == 1;
+  json jb = held ? as_user(kUidB, [&] { return json{{"ping", ping(sock)}}; }) : json();
+  (void)!write(go[1], "g", 1);
+  a.join();
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
+  ASSERT_TRUE(held) << "uid A's child never held its connections: " << ja.dump();
+
+  EXPECT_EQ(ja["over"].value("ok", true), false) << ja.dump();
+  EXPECT_EQ(ja["over"].value("errno", 0), EBUSY) << ja.dump();
+  EXPECT_NE(ja["over"].value("error", std::string())
+                .find("syrupd serves at most 2 connections per user other than root at a time "
+                      "(syrupd --max_clients_per_uid); uid " +
+                      std::to_string(kUidA) + " has 2 open; retry later"),
+            std::string::npos)
+      << ja.dump();
+  EXPECT_EQ(jb["ping"].value("ok", false), true) << "another user must still get in: " << jb.dump();
+  EXPECT_EQ(ja["after"].value("ok", false), true) << ja.dump();
+  EXPECT_NE(d_.log().find("refused a connection of uid " + std::to_string(kUidA) +
+                          ": it has 2 open (--max_clients_per_uid)"),
+            std::string::npos)
+      << d_.log();
 }
 
 // Map pins that no policy of the state file declares (a syrupd that died between pinning a

@@ -28,6 +28,7 @@
 #include <string>
 #include <thread>
 
+#include "cli.h"
 #include "harness.h"
 
 DEFINE_string(out, "bench/results/latest.json", "where to write the results as JSON");
@@ -122,7 +123,7 @@ int write_json(const std::string& path, const json& j) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
+  syrup::cli::parse_flags(&argc, &argv,
       "Syrup's benchmarks (bench/README.md).\n\n"
       "Usage: syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps] [flags]\n\n"
       "  decision   ns/decision of each shipped policy at the socket-select hook, and of a\n"
@@ -135,7 +136,6 @@ int main(int argc, char** argv) {
       "  xdp-pps    packets/s through a veth pair without XDP, hand-written, and Syrup\n"
       "  xdp        the three XDP benchmarks\n\n"
       "Runs as root; starts its own syrupd from the directory of this executable.");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
   std::string what = argc > 1 ? argv[1] : "all";
   // "xdp": the three XDP benchmarks.
   auto selected = [&](const std::string& name) {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <string>
 
+#include "cli.h"
 #include "daemon.h"
 #include "thread_agent.h"
 #include "log.h"
@@ -66,14 +67,12 @@ std::string default_kernel_dir() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
+  syrup::cli::parse_flags(&argc, &argv,
       "the Syrup daemon: deploys user-defined scheduling policies.\n\n"
       "Usage: syrupd [--socket PATH] [--bpffs_root DIR] [--clang PATH] [--log_level LEVEL]\n\n"
       "Runs as root in the foreground; logs to stderr. On SIGINT/SIGTERM it exits and, by\n"
       "default, leaves every policy running: the next syrupd adopts them (--on_exit).\n"
       "Talk to it with syrupctl or libsyrup.");
-  gflags::SetVersionString("0.1.0");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
   if (argc > 1) {
     std::fprintf(stderr, "syrupd: unexpected argument '%s' (see --help)\n", argv[1]);
     return 2;

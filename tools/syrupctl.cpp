@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cli.h"
 #include "client.h"
 #include "config.h"
 #include "protocol.h"
@@ -363,9 +364,7 @@ int cmd_ping(const std::vector<std::string>&) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(kUsage);
-  gflags::SetVersionString("0.1.0");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  syrup::cli::parse_flags(&argc, &argv, kUsage);
   if (argc < 2) return usage("missing command (deploy, remove, list, stats, map, ping, validate)");
   std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);

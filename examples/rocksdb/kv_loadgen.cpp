@@ -58,6 +58,7 @@
 #include <gflags/gflags.h>
 #include <nlohmann/json.hpp>
 
+#include "cli.h"
 #include "histogram.h"
 #include "kv_clock.h"
 #include "kv_proto.h"
@@ -143,8 +144,7 @@ int open_flow(uint16_t port, int src_port) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("open-loop Poisson load generator for kv_server");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  syrup::cli::parse_flags(&argc, &argv, "open-loop Poisson load generator for kv_server");
   if (FLAGS_port <= 0 || FLAGS_port > 65535 || FLAGS_rate <= 0 || FLAGS_duration <= 0 ||
       FLAGS_warmup < 0 || FLAGS_tail < 0 || FLAGS_get_pct < 0 || FLAGS_get_pct > 100 ||
       FLAGS_flows < 1 || FLAGS_keys < 1 || FLAGS_src_port_base < 0 ||

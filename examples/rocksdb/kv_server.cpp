@@ -67,6 +67,7 @@
 #include <linux/sock_diag.h>
 #include <nlohmann/json.hpp>
 
+#include "cli.h"
 #include "kv_clock.h"
 #include "kv_db.h"
 #include "kv_proto.h"
@@ -585,8 +586,7 @@ int map_hint(const char* name, syr_mapped_array* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("RocksDB key-value server over UDP, scheduled by a Syrup policy");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  syrup::cli::parse_flags(&argc, &argv, "RocksDB key-value server over UDP, scheduled by a Syrup policy");
   if (FLAGS_db.empty() || FLAGS_workers < 1 || FLAGS_workers > SYR_MAX_EXECUTORS || FLAGS_keys < 1 ||
       FLAGS_port < 0 || FLAGS_port > 65535) {
     fprintf(stderr, "kv_server: --db is required; --workers 1..%d, --keys >= 1, --port 0..65535\n",

@@ -1,0 +1,105 @@
+// Unit tests of tools/cli (command-line parsing and --help shared by the programs), and
+// the --help and flag errors of the built programs themselves.
+#include <gflags/gflags.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+
+DEFINE_uint32(cli_test_count, 3, "how many things to count, a description long enough that the help text has to "
+                                 "wrap it onto a second line");
+DEFINE_string(cli_test_name, "x", "a name");
+DEFINE_bool(cli_test_on, true, "on unless turned off");
+
+namespace {
+
+// Runs parse_flags on `args` (argv[0] is "prog").
+void parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "prog");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int argc = static_cast<int>(args.size());
+  char** p = argv.data();
+  syrup::cli::parse_flags(&argc, &p, "tests the flags.\n\nUsage: prog [flags]");
+}
+
+// Output and exit status of a shell command.
+int run(const std::string& cmd, std::string& out) {
+  out.clear();
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  if (!f) return -1;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
+  int st = pclose(f);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+TEST(Cli, ParsesFlagsAsGflagsDoes) {
+  gflags::FlagSaver saver;
+  parse({"--cli_test_count=7", "--cli_test_name", "-dash-", "--nocli_test_on"});
+  EXPECT_EQ(FLAGS_cli_test_count, 7u);
+  EXPECT_EQ(FLAGS_cli_test_name, "-dash-");
+  EXPECT_FALSE(FLAGS_cli_test_on);
+}
+
+TEST(Cli, BadFlagsAreUsageErrorsThatNameTheFlag) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(parse({"--cli_test_bogus"}), testing::ExitedWithCode(2),
+              "^prog: unknown flag --cli_test_bogus \\(see --help\\)\n$");
+  EXPECT_EXIT(parse({"--cli_test_count=many"}), testing::ExitedWithCode(2),
+              "^prog: 'many' is not a valid value for --cli_test_count \\(uint32\\) \\(see --help\\)\n$");
+  EXPECT_EXIT(parse({"--cli_test_count"}), testing::ExitedWithCode(2),
+              "^prog: flag --cli_test_count needs a value \\(see --help\\)\n$");
+  // After "--" nothing is a flag.
+  EXPECT_EXIT(
+      {
+        parse({"--", "--cli_test_bogus"});
+        std::exit(FLAGS_cli_test_count == 3 ? 0 : 1);
+      },
+      testing::ExitedWithCode(0), "");
+}
+
+TEST(Cli, HelpShowsTheUsageAndOwnFlagsOnly) {
+  std::string h = syrup::cli::help_text("prog", "tests the flags.\n\nUsage: prog [flags]");
+  EXPECT_EQ(h.rfind("prog: tests the flags.\n\nUsage: prog [flags]\n\nFlags:\n", 0), 0u) << h;
+  EXPECT_NE(h.find("  --cli_test_count=N  (default 3)\n"
+                   "      how many things to count, a description long enough that the help text has\n"
+                   "      to wrap it onto a second line\n"),
+            std::string::npos)
+      << h;
+  EXPECT_NE(h.find("  --cli_test_name=STRING  (default \"x\")\n      a name\n"), std::string::npos) << h;
+  EXPECT_NE(h.find("  --cli_test_on (default: on; --nocli_test_on turns it off)\n"), std::string::npos) << h;
+  for (const char* internal : {"flagfile", "tab_completion", "helpxml", "gflags.cc", "Flags from"})
+    EXPECT_EQ(h.find(internal), std::string::npos) << internal << " in:\n" << h;
+  EXPECT_EXIT(parse({"-h"}), testing::ExitedWithCode(0), "");
+}
+
+// The built programs: --help lists their own flags; a bad flag exits 2 naming it.
+TEST(Cli, TheProgramsHelpAndFlagErrors) {
+  struct Want {
+    const char* program;
+    const char* starts;
+    const char* flag;
+  };
+  for (const Want& w : std::vector<Want>{
+           {"syrupd", "syrupd: the Syrup daemon", "  --max_clients_per_uid=N  (default 32)\n"},
+           {"syrupctl", "syrupctl: control the Syrup daemon", "  --json\n"},
+           {"syrup_bench", "syrup_bench: Syrup's benchmarks", "  --rounds=N  (default 5)\n"},
+       }) {
+    std::string bin = std::string(SYRUP_BIN_DIR) + "/" + w.program, out;
+    EXPECT_EQ(run(bin + " --help", out), 0) << out;
+    EXPECT_EQ(out.rfind(w.starts, 0), 0u) << out;
+    EXPECT_NE(out.find(w.flag), std::string::npos) << out;
+    EXPECT_EQ(out.find("flagfile"), std::string::npos) << out;
+    EXPECT_EQ(run(bin + " --no_such_flag", out), 2) << out;
+    EXPECT_EQ(out, std::string(w.program) + ": unknown flag --no_such_flag (see --help)\n");
+  }
+}
+
+}  // namespace

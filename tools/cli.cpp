@@ -1,0 +1,116 @@
+#include "cli.h"
+
+#include <gflags/gflags.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace syrup::cli {
+namespace {
+
+std::string g_program;
+
+[[noreturn]] void usage_error(const std::string& what) {
+  std::fprintf(stderr, "%s: %s (see --help)\n", g_program.c_str(), what.c_str());
+  std::exit(2);
+}
+
+// gflags' own flags (--flagfile, --helpxml, ...), defined in its three sources.
+bool gflags_own(const gflags::CommandLineFlagInfo& f) {
+  for (const char* src : {"/gflags.cc", "/gflags_reporting.cc", "/gflags_completions.cc"})
+    if (f.filename.ends_with(src)) return true;
+  return false;
+}
+
+std::string wrapped(const std::string& text, size_t indent, size_t width) {
+  std::string out, line;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(' ', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string word = text.substr(pos, end - pos);
+    if (!line.empty() && indent + line.size() + 1 + word.size() > width) {
+      out += std::string(indent, ' ') + line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+    pos = end + 1;
+  }
+  if (!line.empty()) out += std::string(indent, ' ') + line + "\n";
+  return out;
+}
+
+// Looks at every flag on the command line as gflags will parse it, and ends the program
+// with a usage error on one it would refuse. Values are tried with SetCommandLineOption
+// under a FlagSaver, which puts every flag back when it goes out of scope.
+void check_flags(int argc, char** argv) {
+  gflags::FlagSaver saver;
+  for (int i = 1; i < argc; i++) {
+    std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;  // a positional argument (or "-")
+    std::string body = arg.substr(arg[1] == '-' ? 2 : 1);
+    size_t eq = body.find('=');
+    std::string name = body.substr(0, eq);
+    gflags::CommandLineFlagInfo info;
+    if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
+      if (eq == std::string::npos && name.starts_with("no") &&
+          gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) && info.type == "bool")
+        continue;  // --noFLAG of a bool flag
+      usage_error("unknown flag --" + name);
+    }
+    if (gflags_own(info)) continue;  // --flagfile and --fromenv act when set: gflags' own
+    std::string value;
+    if (eq != std::string::npos) value = body.substr(eq + 1);
+    else if (info.type == "bool") continue;
+    else if (i + 1 < argc) value = argv[++i];
+    else usage_error("flag --" + name + " needs a value");
+    if (gflags::SetCommandLineOption(name.c_str(), value.c_str()).empty())
+      usage_error("'" + value + "' is not a valid value for --" + name + " (" + info.type + ")");
+  }
+}
+
+}  // namespace
+
+std::string help_text(const std::string& program, const std::string& usage) {
+  std::string out = program + ": " + usage + "\n\nFlags:\n";
+  std::vector<gflags::CommandLineFlagInfo> flags;
+  gflags::GetAllFlags(&flags);  // sorted by name
+  for (auto& f : flags) {
+    if (gflags_own(f)) continue;
+    std::string head = "  --" + f.name;
+    if (f.type == "bool") {
+      head += f.default_value == "true" ? " (default: on; --no" + f.name + " turns it off)" : "";
+    } else {
+      std::string shown = f.type == "string" ? "\"" + f.default_value + "\"" : f.default_value;
+      head += "=" + std::string(f.type == "string" ? "STRING" : f.type == "double" ? "X" : "N") + "  (default " +
+              shown + ")";
+    }
+    out += head + "\n" + wrapped(f.description, 6, 80);
+  }
+  out += "  --help, -h\n      this text (--helpfull: gflags' own flags too)\n";
+  out += "  --version\n      the version\n";
+  return out;
+}
+
+void parse_flags(int* argc, char*** argv, const std::string& usage, const std::string& version) {
+  std::string path = (*argc > 0 && (*argv)[0]) ? (*argv)[0] : "syrup";
+  g_program = path.substr(path.rfind('/') + 1);
+  gflags::SetUsageMessage(usage);
+  gflags::SetVersionString(version);
+  bool help = false;
+  for (int i = 1; i < *argc; i++) {
+    std::string a = (*argv)[i];
+    if (a == "--") break;
+    if (a == "-h" || a == "-help" || a == "--help" || a == "-helpshort" || a == "--helpshort") help = true;
+  }
+  if (help) {
+    std::fputs(help_text(g_program, usage).c_str(), stdout);
+    std::exit(0);
+  }
+  check_flags(*argc, *argv);
+  gflags::ParseCommandLineFlags(argc, argv, true);
+}
+
+}  // namespace syrup::cli

@@ -109,18 +109,10 @@ int measure(UdpGroup& group, int prog_fd, uint32_t datagrams, Run& out) {
   return 0;
 }
 
-int open_group(UdpGroup& group) {
-  int r = group.open(kSockets);
-  if (r) std::fprintf(stderr, "syrup_bench: cannot open a UDP group: %s\n", std::strerror(-r));
-  return r;
-}
-
 int run_policy(const Env& env, const std::string& policy, Run& out) {
   UdpGroup group;
-  if (int r = open_group(group)) return r;
-  std::vector<int> fds = group.member_fds();
-  syr_deploy_opts opts{.sz = sizeof opts, .app = env.app.c_str(), .fds = fds.data(),
-                       .n_fds = fds.size()};
+  if (int r = group.open(kSockets)) return r;
+  syr_deploy_opts opts = group.deploy_opts(env.app);
   std::string path = env.policy_dir + "/" + policy + ".c";
   int id = syr_deploy_policy(path.c_str(), SYR_HOOK_SOCKET_SELECT, &opts);
   if (id < 0) {
@@ -146,8 +138,8 @@ int run_policy(const Env& env, const std::string& policy, Run& out) {
 
 int run_handwritten(const Env& env, const Handwritten& hw, Run& out) {
   UdpGroup group;
-  if (int r = open_group(group)) return r;
-  std::vector<int> fds = group.member_fds();
+  if (int r = group.open(kSockets)) return r;
+  const std::vector<int>& fds = group.member_fds();
   for (uint32_t i = 0; i < fds.size(); i++) {
     uint64_t fd = static_cast<uint64_t>(fds[i]);
     if (bpf_map_update_elem(hw.socks_fd(), &i, &fd, BPF_ANY) < 0) {

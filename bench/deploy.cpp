@@ -37,13 +37,8 @@ constexpr const char* kPolicy = "round_robin.c";
 // Deploys `source` on a new group, adds its latency in ms to `ms`, and removes it.
 int deploy_once(const Env& env, const std::string& source, std::vector<double>& ms) {
   UdpGroup group;
-  if (int r = group.open(kSockets)) {
-    std::fprintf(stderr, "syrup_bench: cannot open a UDP group: %s\n", std::strerror(-r));
-    return r;
-  }
-  std::vector<int> fds = group.member_fds();
-  syr_deploy_opts opts{.sz = sizeof opts, .app = env.app.c_str(), .fds = fds.data(),
-                       .n_fds = fds.size()};
+  if (int r = group.open(kSockets)) return r;
+  syr_deploy_opts opts = group.deploy_opts(env.app);
   auto start = std::chrono::steady_clock::now();
   int id = syr_deploy_policy_source(source.data(), source.size(), kPolicy,
                                     SYR_HOOK_SOCKET_SELECT, &opts);

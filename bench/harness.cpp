@@ -174,26 +174,24 @@ int prog_stats(int prog_fd, ProgStats& out) {
 
 int UdpGroup::open(size_t n) {
   members_.clear();
+  fds_.assign(n, -1);
   received_.assign(n, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::vector<int> fds(n);
-  if (int r = syr_open_reuseport_group(SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                                       reinterpret_cast<sockaddr*>(&addr), sizeof addr, fds.data(), n))
-    return r;
-  port_ = ntohs(addr.sin_port);
-  for (int fd : fds) members_.emplace_back(fd);
-  client_.reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!client_ || connect(client_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
-    return errno_or(-EIO);
-  return 0;
-}
-
-std::vector<int> UdpGroup::member_fds() const {
-  std::vector<int> fds;
-  for (auto& m : members_) fds.push_back(m.get());
-  return fds;
+  int r = syr_open_reuseport_group(SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, reinterpret_cast<sockaddr*>(&addr),
+                                   sizeof addr, fds_.data(), n);
+  if (!r) {
+    port_ = ntohs(addr.sin_port);
+    for (int fd : fds_) members_.emplace_back(fd);
+    client_.reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (!client_ || connect(client_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0) r = errno_or(-EIO);
+  }
+  if (r) {
+    fds_.clear();
+    std::fprintf(stderr, "syrup_bench: cannot open a UDP group: %s\n", std::strerror(-r));
+  }
+  return r;
 }
 
 uint64_t UdpGroup::total_received() const {

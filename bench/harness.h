@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "syrup/syrup.h"
 #include "unique_fd.h"
 
 namespace syrup_bench {
@@ -95,8 +96,14 @@ class RecvBatch {
 // socket connected to that port.
 class UdpGroup {
  public:
+  // 0 or -errno, said on stderr.
   int open(size_t n);
-  std::vector<int> member_fds() const;
+  const std::vector<int>& member_fds() const { return fds_; }
+  // Options deploying a socket-select policy of `app` on the members (they point into
+  // this group and `app`: keep both while the options are used).
+  syr_deploy_opts deploy_opts(const std::string& app) const {
+    return {.sz = sizeof(syr_deploy_opts), .app = app.c_str(), .fds = fds_.data(), .n_fds = fds_.size()};
+  }
   uint16_t port() const { return port_; }
   // Sends `count` 16-byte datagrams (payload: __u32 type = seq % 4, then __u32 seq) in
   // batches, draining the members after each batch. 0 or -errno.
@@ -109,6 +116,7 @@ class UdpGroup {
   uint64_t total_received() const;
 
   std::vector<UniqueFd> members_;
+  std::vector<int> fds_;  // members_' descriptors, for syr_deploy_opts
   UniqueFd client_;
   uint16_t port_ = 0;
   uint32_t next_seq_ = 0;

@@ -120,13 +120,8 @@ int measure(const Env& env, int map_fd, const syr_mapped_array& arr, json& out) 
 
 int run_hint(const Env& env, json& out) {
   UdpGroup group;
-  if (int r = group.open(kSockets)) {
-    std::fprintf(stderr, "syrup_bench: cannot open a UDP group: %s\n", std::strerror(-r));
-    return r;
-  }
-  std::vector<int> fds = group.member_fds();
-  syr_deploy_opts opts{.sz = sizeof opts, .app = env.app.c_str(), .fds = fds.data(),
-                       .n_fds = fds.size()};
+  if (int r = group.open(kSockets)) return r;
+  syr_deploy_opts opts = group.deploy_opts(env.app);
   std::string path = env.policy_dir + "/scan_avoid.c";
   int id = syr_deploy_policy(path.c_str(), SYR_HOOK_SOCKET_SELECT, &opts);
   if (id < 0) {

@@ -960,6 +960,12 @@ void Daemon::publish_metrics() {
   s.start_time_unix = static_cast<double>(start_time_);
   s.totals = totals_;
   s.compiles = compile_pool_.stats();
+  s.connections = {.root = clients_.size() - unprivileged_clients_,
+                   .others = unprivileged_clients_,
+                   .busiest_user = 0,
+                   .max_others = cfg_.max_clients,
+                   .max_per_user = cfg_.max_clients_per_uid};
+  for (auto& [uid, n] : clients_of_uid_) s.connections.busiest_user = std::max<uint64_t>(s.connections.busiest_user, n);
   std::map<std::string, metrics::TenantSample> tenants;
   for (auto& [id, p] : policies_) {
     s.policies.push_back(metrics::policy_sample(policy_stats(*p), p->hook, p->target->key()));

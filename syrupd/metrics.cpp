@@ -218,6 +218,18 @@ std::string render(const Snapshot& s) {
   w.family("syrup_compile_duration_seconds", "summary", "Time the compile workers spent on finished compiles.");
   w.sample("syrup_compile_duration_seconds_sum", {}, c.compile_seconds);
   w.sample("syrup_compile_duration_seconds_count", {}, c.ok + c.failed);
+  const ConnectionSample& k = s.connections;
+  w.family("syrup_control_connections", "gauge", "Open control connections, of root and of other users.");
+  w.sample("syrup_control_connections", {{"user", "root"}}, k.root);
+  w.sample("syrup_control_connections", {{"user", "other"}}, k.others);
+  w.family("syrup_control_connections_busiest_user", "gauge",
+           "The most open control connections one user other than root holds.");
+  w.sample("syrup_control_connections_busiest_user", {}, k.busiest_user);
+  w.family("syrup_control_connections_limit", "gauge",
+           "Caps on the control connections of users other than root: all of them (--max_clients) and "
+           "one user's (--max_clients_per_uid).");
+  w.sample("syrup_control_connections_limit", {{"scope", "all"}}, k.max_others);
+  w.sample("syrup_control_connections_limit", {{"scope", "per_user"}}, k.max_per_user);
   return w.take();
 }
 

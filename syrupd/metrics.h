@@ -70,6 +70,13 @@ struct CompileSample {
   double compile_seconds = 0;        // summed over finished compiles: start to end
 };
 
+// The control connections (docs/protocol.md, "Connection model"), now, and their caps.
+struct ConnectionSample {
+  uint64_t root = 0, others = 0;              // open connections of uid 0, of other users
+  uint64_t busiest_user = 0;                  // the most one user other than root holds
+  uint64_t max_others = 0, max_per_user = 0;  // --max_clients, --max_clients_per_uid
+};
+
 struct Snapshot {
   double time_unix = 0;        // when it was taken (publish() fills it in if 0)
   double start_time_unix = 0;  // when syrupd started
@@ -77,6 +84,7 @@ struct Snapshot {
   std::vector<TenantSample> tenants;
   Totals totals;
   CompileSample compiles;
+  ConnectionSample connections;
 };
 
 // A PolicySample from one entry of the `stats` response (Daemon::policy_stats) and the

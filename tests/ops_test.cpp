@@ -699,6 +699,7 @@ metrics::Snapshot sample_snapshot() {
   s.totals.config_reload_failures = 1;
   s.totals.config_last_success_unix = 1700000000;
   s.compiles = {.queued = 2, .running = 1, .ok = 5, .failed = 1, .wait_seconds = 1.5, .compile_seconds = 9.25};
+  s.connections = {.root = 1, .others = 7, .busiest_user = 3, .max_others = 128, .max_per_user = 32};
   return s;
 }
 
@@ -781,6 +782,17 @@ syrup_compile_wait_seconds_count 6
 # TYPE syrup_compile_duration_seconds summary
 syrup_compile_duration_seconds_sum 9.25
 syrup_compile_duration_seconds_count 6
+# HELP syrup_control_connections Open control connections, of root and of other users.
+# TYPE syrup_control_connections gauge
+syrup_control_connections{user="root"} 1
+syrup_control_connections{user="other"} 7
+# HELP syrup_control_connections_busiest_user The most open control connections one user other than root holds.
+# TYPE syrup_control_connections_busiest_user gauge
+syrup_control_connections_busiest_user 3
+# HELP syrup_control_connections_limit Caps on the control connections of users other than root: all of them (--max_clients) and one user's (--max_clients_per_uid).
+# TYPE syrup_control_connections_limit gauge
+syrup_control_connections_limit{scope="all"} 128
+syrup_control_connections_limit{scope="per_user"} 32
 )";
 
 TEST(Metrics, RendersThePrometheusTextFormat) { EXPECT_EQ(metrics::render(sample_snapshot()), kRendered); }

@@ -419,14 +419,20 @@ TEST_F(Tenants, ControlConnectionsAreCappedIdleOnesClosedAndSlowFramesDropped) {
 
 // One user reaching --max_clients_per_uid is refused with an error naming that flag and
 // its own count, while another user still gets in; closing one of its connections lets
-// the first user in again.
+// the first user in again. The metrics show the open connections and the caps.
 TEST_F(Tenants, OneUserCannotTakeEveryConnection) {
   EXPECT_EQ(d_.stop(), 0);
   std::string bad;
   EXPECT_EQ(run_cmd(build_bin("syrupd") + " --max_clients_per_uid=0", bad), 2) << bad;
   EXPECT_NE(bad.find("syrupd: --max_clients_per_uid must be at least 1"), std::string::npos) << bad;
-  d_.start("", {"--max_clients=4", "--max_clients_per_uid=2"});
-  std::string sock = d_.socket();
+  const uint16_t mport = static_cast<uint16_t>(20000 + (getpid() + 7907) % 20000);
+  d_.start("", {"--max_clients=4", "--max_clients_per_uid=2", "--metrics_port=" + std::to_string(mport)});
+  std::string sock = d_.socket(), scraped;
+  auto metric = [&](const std::string& name) {
+    scraped = http_get(mport, "/metrics");
+    size_t at = scraped.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::stod(scraped.substr(at + name.size() + 2));
+  };
   int ready[2], go[2];
   ASSERT_EQ(pipe(ready), 0);
   ASSERT_EQ(pipe(go), 0);
@@ -449,11 +455,23 @@ TEST_F(Tenants, OneUserCannotTakeEveryConnection) {
   });
   pollfd pfd{ready[0], POLLIN, 0};
   bool held = poll(&pfd, 1, 10000) == 1;
+  // A scrape refreshes a snapshot older than a second.
+  int seen = held ? wait_for([&] { return metric("syrup_control_connections{user=\"other\"}") == 2 &&
+                                          metric("syrup_control_connections_busiest_user") == 2; },
+                             3000)
+                  : -1;
+  std::string while_held = scraped;
   json jb = held ? as_user(kUidB, [&] { return json{{"ping", ping(sock)}}; }) : json();
   (void)!write(go[1], "g", 1);
   a.join();
   for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
   ASSERT_TRUE(held) << "uid A's child never held its connections: " << ja.dump();
+  EXPECT_GE(seen, 0) << "no scrape showed uid A's 2 connections:\n" << while_held;
+  EXPECT_NE(while_held.find("\nsyrup_control_connections_limit{scope=\"all\"} 4\n"), std::string::npos) << while_held;
+  EXPECT_NE(while_held.find("\nsyrup_control_connections_limit{scope=\"per_user\"} 2\n"), std::string::npos)
+      << while_held;
+  EXPECT_NE(while_held.find("\nsyrup_errors_total{op=\"connect\",kind=\"EBUSY\"} 1\n"), std::string::npos)
+      << while_held;
 
   EXPECT_EQ(ja["over"].value("ok", true), false) << ja.dump();
   EXPECT_EQ(ja["over"].value("errno", 0), EBUSY) << ja.dump();

@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <deque>
+#include <functional>
 
 namespace syrup::metrics {
 namespace {
@@ -233,6 +235,60 @@ std::string render(const Snapshot& s) {
   return w.take();
 }
 
+namespace {
+
+constexpr size_t kHttpThreads = 2, kHttpQueued = 16;
+
+// httplib's ThreadPool, but with a bounded queue: when kHttpQueued accepted connections
+// wait for a thread, the listener waits too (enqueue blocks) and accepts no more. Without
+// the bound every connection a local client opens is accepted and queued, each holding
+// one of syrupd's descriptors for up to the read timeout.
+class BoundedPool : public httplib::TaskQueue {
+ public:
+  BoundedPool() {
+    for (size_t i = 0; i < kHttpThreads; i++) threads_.emplace_back([this] { work(); });
+  }
+  void enqueue(std::function<void()> fn) override {
+    std::unique_lock lk(mu_);
+    room_.wait(lk, [&] { return jobs_.size() < kHttpQueued || stopping_; });
+    jobs_.push_back(std::move(fn));  // also when stopping: the job closes its socket
+    ready_.notify_one();
+  }
+  void shutdown() override {
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+    }
+    ready_.notify_all();
+    room_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock lk(mu_);
+        ready_.wait(lk, [&] { return !jobs_.empty() || stopping_; });
+        if (jobs_.empty()) return;  // stopping, and every accepted connection served
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      room_.notify_one();
+      fn();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable ready_, room_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  bool stopping_ = false;
+};
+
+}  // namespace
+
 // One listening socket and the thread serving it.
 struct Metrics::Server {
   httplib::Server http;
@@ -306,7 +362,7 @@ int Metrics::start(uint16_t port, std::string& err) {
   pthread_sigmask(SIG_SETMASK, &all, &old);
   auto make = [this](const std::string& host, uint16_t want, int& bound, int& e) {
     auto s = std::make_unique<Server>();
-    s->http.new_task_queue = [] { return new httplib::ThreadPool(2); };
+    s->http.new_task_queue = [] { return new BoundedPool(); };
     s->http.set_keep_alive_max_count(16);
     s->http.set_keep_alive_timeout(5);
     s->http.set_read_timeout(5);

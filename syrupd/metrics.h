@@ -5,7 +5,9 @@
 // server on its own threads answers GET /metrics on 127.0.0.1 and ::1 only, rendering
 // the latest snapshot. Invariants: the HTTP threads never touch daemon state (they see
 // only published, immutable snapshots, handed over under a mutex as shared_ptr<const>);
-// they block every signal, so SIGTERM/SIGHUP still reach the daemon's signalfd.
+// they block every signal, so SIGTERM/SIGHUP still reach the daemon's signalfd; each
+// listener holds at most 2 + 16 accepted connections (served, queued) (more wait in the
+// kernel's listen backlog), so clients of the endpoint cannot take syrupd's descriptors.
 #pragma once
 
 #include <sys/types.h>

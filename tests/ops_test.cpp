@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -934,6 +937,43 @@ TEST(MetricsHttp, ServesMetricsOnLoopbackWithAnEphemeralPort) {
   httplib::Client after("127.0.0.1", port);
   after.set_connection_timeout(1);
   EXPECT_FALSE(after.Get("/metrics")) << "stopped";
+}
+
+size_t open_fds() {
+  size_t n = 0;
+  for ([[maybe_unused]] auto& e : fs::directory_iterator("/proc/self/fd")) n++;
+  return n;
+}
+
+// Clients that connect and say nothing hold at most the pool's threads and queue (2 +
+// 16) of the endpoint's descriptors, not one each; once they go, scrapes are served.
+TEST(MetricsHttp, IdleClientsCannotTakeTheDaemonsDescriptors) {
+  metrics::Metrics m;
+  std::string err;
+  ASSERT_EQ(m.start(0, err), 0) << err;
+  m.publish(sample_snapshot());
+  size_t before = open_fds();
+  constexpr size_t kClients = 200;
+  std::vector<int> clients;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(m.port());
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (size_t i = 0; i < kClients; i++) {
+    int c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    ASSERT_GE(c, 0);
+    connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a);  // EINPROGRESS: the kernel goes on
+    clients.push_back(c);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the listener accepts what it may
+  size_t held = open_fds() - before - kClients;
+  for (int c : clients) close(c);
+  EXPECT_LE(held, 2u + 16u + 1u) << "the endpoint accepted a connection per idle client";
+  httplib::Client c("127.0.0.1", m.port());
+  c.set_read_timeout(10);
+  auto r = c.Get("/metrics");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200);
 }
 
 TEST(MetricsHttp, ListensOnLoopbackOnly) {

@@ -370,9 +370,8 @@ void Daemon::accept_client() {
     getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
     // Root is never turned away: the operator must be able to act while users crowd the
     // socket.
-    if (cred.uid != 0 && (unprivileged_clients_ >= cfg_.max_clients ||
-                          clients_of_uid_[cred.uid] >= cfg_.max_clients_per_uid)) {
-      if (clients_of_uid_[cred.uid] == 0) clients_of_uid_.erase(cred.uid);
+    if (cred.uid != 0 &&
+        (unprivileged_clients_ >= cfg_.max_clients || clients_of(cred.uid) >= cfg_.max_clients_per_uid)) {
       reject_client(c, cred.uid);
       continue;
     }
@@ -384,6 +383,11 @@ void Daemon::accept_client() {
       clients_of_uid_[cred.uid]++;
     }
   }
+}
+
+size_t Daemon::clients_of(uid_t uid) const {
+  auto it = clients_of_uid_.find(uid);
+  return it == clients_of_uid_.end() ? 0 : it->second;
 }
 
 std::map<int, Daemon::Conn>::iterator Daemon::erase_client(std::map<int, Conn>::iterator it) {
@@ -399,8 +403,7 @@ void Daemon::reject_client(int c, uid_t uid) {
   UniqueFd fd(c);
   // The per-uid cap is named when it is the one reached: the user can then act on it
   // (close its own connections) rather than wait for others.
-  auto mine = clients_of_uid_.find(uid);
-  size_t own = mine == clients_of_uid_.end() ? 0 : mine->second;
+  size_t own = clients_of(uid);
   std::string why;
   if (own >= cfg_.max_clients_per_uid) {
     log(LogLevel::kWarn, "refused a connection of uid %u: it has %zu open (--max_clients_per_uid)", uid, own);

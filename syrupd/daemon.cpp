@@ -371,39 +371,29 @@ void Daemon::accept_client() {
     // Root is never turned away: the operator must be able to act while users crowd the
     // socket.
     if (cred.uid != 0 &&
-        (unprivileged_clients_ >= cfg_.max_clients || clients_of(cred.uid) >= cfg_.max_clients_per_uid)) {
+        (clients_of_others() >= cfg_.max_clients || clients_of(cred.uid) >= cfg_.max_clients_per_uid)) {
       reject_client(c, cred.uid);
       continue;
     }
     epoll_event ev{EPOLLIN, {.fd = c}};
     epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, c, &ev);
     clients_.emplace(c, Conn{UniqueFd(c), cred.uid, std::chrono::steady_clock::now()});
-    if (cred.uid != 0) {
-      unprivileged_clients_++;
-      clients_of_uid_[cred.uid]++;
-    }
   }
 }
 
+// Counted from clients_ when asked (at most --max_clients and root's connections): no
+// counter to keep in step with every place a connection ends.
 size_t Daemon::clients_of(uid_t uid) const {
-  auto it = clients_of_uid_.find(uid);
-  return it == clients_of_uid_.end() ? 0 : it->second;
+  return std::count_if(clients_.begin(), clients_.end(), [&](auto& c) { return c.second.uid == uid; });
 }
 
-std::map<int, Daemon::Conn>::iterator Daemon::erase_client(std::map<int, Conn>::iterator it) {
-  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, it->first, nullptr);
-  if (uid_t uid = it->second.uid; uid != 0) {
-    unprivileged_clients_--;
-    if (--clients_of_uid_[uid] == 0) clients_of_uid_.erase(uid);
-  }
-  return clients_.erase(it);
-}
+size_t Daemon::clients_of_others() const { return clients_.size() - clients_of(0); }
 
 void Daemon::reject_client(int c, uid_t uid) {
   UniqueFd fd(c);
   // The per-uid cap is named when it is the one reached: the user can then act on it
   // (close its own connections) rather than wait for others.
-  size_t own = clients_of(uid);
+  size_t own = clients_of(uid), others = clients_of_others();
   std::string why;
   if (own >= cfg_.max_clients_per_uid) {
     log(LogLevel::kWarn, "refused a connection of uid %u: it has %zu open (--max_clients_per_uid)", uid, own);
@@ -412,10 +402,10 @@ void Daemon::reject_client(int c, uid_t uid) {
           std::to_string(uid) + " has " + std::to_string(own) + " open; retry later";
   } else {
     log(LogLevel::kWarn, "refused a connection of uid %u: %zu connections of users other than root are open (--max_clients)",
-        uid, unprivileged_clients_);
+        uid, others);
     why = "syrupd serves at most " + std::to_string(cfg_.max_clients) +
           " connections of users other than root at a time (syrupd --max_clients); " +
-          std::to_string(unprivileged_clients_) + " are open; retry later";
+          std::to_string(others) + " are open; retry later";
   }
   totals_.error("connect", EBUSY);
   // The error goes out before the request comes in; the client reads it as the answer to
@@ -448,7 +438,8 @@ int Daemon::sweep_clients() {
       ++it;
     } else if (cfg_.client_idle_timeout_s && it->second.last + idle <= now) {
       log(LogLevel::kDebug, "closing a connection of uid %u idle for %u s", it->second.uid, cfg_.client_idle_timeout_s);
-      it = erase_client(it);
+      epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, it->first, nullptr);
+      it = clients_.erase(it);
     } else {
       if (cfg_.client_idle_timeout_s) next = std::min(next, it->second.last + idle);
       ++it;
@@ -460,12 +451,8 @@ int Daemon::sweep_clients() {
 }
 
 void Daemon::drop_client(int fd) {
-  auto it = clients_.find(fd);
-  if (it == clients_.end()) {
-    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
-    return;
-  }
-  erase_client(it);
+  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  clients_.erase(fd);
 }
 
 void Daemon::answer(int fd, Response& resp) {
@@ -699,10 +686,10 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
     Response parked;
     parked.park = std::move(parking);
     return parked;
-  } else if (auto f = config_warm_failed_.find(compiler_.key(job)); f != config_warm_failed_.end()) {
-    cr = f->second;
   } else {
-    cr = compiler_.compile(job);
+    // Hashing the job for the lookup only while a reload's failures are kept.
+    auto f = config_warm_failed_.empty() ? config_warm_failed_.end() : config_warm_failed_.find(compiler_.key(job));
+    cr = f != config_warm_failed_.end() ? f->second : compiler_.compile(job);
   }
   if (cr.err) {
     std::string first;
@@ -963,12 +950,15 @@ void Daemon::publish_metrics() {
   s.start_time_unix = static_cast<double>(start_time_);
   s.totals = totals_;
   s.compiles = compile_pool_.stats();
-  s.connections = {.root = clients_.size() - unprivileged_clients_,
-                   .others = unprivileged_clients_,
+  std::map<uid_t, uint64_t> per_uid;
+  for (auto& [fd, c] : clients_)
+    if (c.uid != 0) per_uid[c.uid]++;
+  s.connections = {.root = clients_of(0),
+                   .others = clients_of_others(),
                    .busiest_user = 0,
                    .max_others = cfg_.max_clients,
                    .max_per_user = cfg_.max_clients_per_uid};
-  for (auto& [uid, n] : clients_of_uid_) s.connections.busiest_user = std::max<uint64_t>(s.connections.busiest_user, n);
+  for (auto& [uid, n] : per_uid) s.connections.busiest_user = std::max(s.connections.busiest_user, n);
   std::map<std::string, metrics::TenantSample> tenants;
   for (auto& [id, p] : policies_) {
     s.policies.push_back(metrics::policy_sample(policy_stats(*p), p->hook, p->target->key()));

@@ -228,11 +228,8 @@ class Daemon {
     bool parked = false;  // a deploy of it is parked: not in epoll, never idle
   };
   std::map<int, Conn> clients_;
-  size_t unprivileged_clients_ = 0;  // of clients_, those whose uid is not 0
-  std::map<uid_t, size_t> clients_of_uid_;  // of those, per uid (no zero counts kept)
-  size_t clients_of(uid_t uid) const;  // open connections of `uid` (not counted for root)
-  // Forgets an open connection (closing it) and frees its slot under the connection caps.
-  std::map<int, Conn>::iterator erase_client(std::map<int, Conn>::iterator it);
+  size_t clients_of(uid_t uid) const;   // open connections of `uid`
+  size_t clients_of_others() const;     // open connections of users other than root
   std::map<int, std::pair<UniqueFd, std::chrono::steady_clock::time_point>> rejected_;  // fd -> close by
   // Declared before the policies, so the policies (whose targets call into their hook)
   // are destroyed first.

@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <deque>
 #include <functional>
 
 namespace syrup::metrics {
@@ -239,52 +238,42 @@ namespace {
 
 constexpr size_t kHttpThreads = 2, kHttpQueued = 16;
 
-// httplib's ThreadPool, but with a bounded queue: when kHttpQueued accepted connections
-// wait for a thread, the listener waits too (enqueue blocks) and accepts no more. Without
-// the bound every connection a local client opens is accepted and queued, each holding
-// one of syrupd's descriptors for up to the read timeout.
+// httplib's ThreadPool with a bound: when kHttpThreads + kHttpQueued accepted connections
+// are being served or wait for a thread, the listener waits too (enqueue blocks) and
+// accepts no more. Without the bound every connection a local client opens is accepted
+// and queued, each holding one of syrupd's descriptors for up to the read timeout.
 class BoundedPool : public httplib::TaskQueue {
  public:
-  BoundedPool() {
-    for (size_t i = 0; i < kHttpThreads; i++) threads_.emplace_back([this] { work(); });
-  }
   void enqueue(std::function<void()> fn) override {
-    std::unique_lock lk(mu_);
-    room_.wait(lk, [&] { return jobs_.size() < kHttpQueued || stopping_; });
-    jobs_.push_back(std::move(fn));  // also when stopping: the job closes its socket
-    ready_.notify_one();
+    {
+      std::unique_lock lk(mu_);
+      room_.wait(lk, [&] { return held_ < kHttpThreads + kHttpQueued || stopping_; });
+      held_++;  // also when stopping: the job closes its socket
+    }
+    pool_.enqueue([this, fn = std::move(fn)] {
+      fn();
+      {
+        std::lock_guard lk(mu_);
+        held_--;
+      }
+      room_.notify_one();
+    });
   }
   void shutdown() override {
     {
       std::lock_guard lk(mu_);
       stopping_ = true;
     }
-    ready_.notify_all();
     room_.notify_all();
-    for (auto& t : threads_) t.join();
+    pool_.shutdown();  // serves what was accepted, then joins
   }
 
  private:
-  void work() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock lk(mu_);
-        ready_.wait(lk, [&] { return !jobs_.empty() || stopping_; });
-        if (jobs_.empty()) return;  // stopping, and every accepted connection served
-        fn = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      room_.notify_one();
-      fn();
-    }
-  }
-
   std::mutex mu_;
-  std::condition_variable ready_, room_;
-  std::deque<std::function<void()>> jobs_;
-  std::vector<std::thread> threads_;
+  std::condition_variable room_;
+  size_t held_ = 0;  // connections enqueued and not yet served
   bool stopping_ = false;
+  httplib::ThreadPool pool_{kHttpThreads};  // last: its jobs use the members above
 };
 
 }  // namespace

@@ -3,12 +3,11 @@
 #include <gflags/gflags.h>
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "cli.h"
+#include "harness.h"
 
 DEFINE_uint32(cli_test_count, 3, "how many things to count, a description long enough that the help text has to "
                                  "wrap it onto a second line");
@@ -16,6 +15,9 @@ DEFINE_string(cli_test_name, "x", "a name");
 DEFINE_bool(cli_test_on, true, "on unless turned off");
 
 namespace {
+
+using syrup::test::build_bin;
+using syrup::test::run_cmd;
 
 // Runs parse_flags on `args` (argv[0] is "prog").
 void parse(std::vector<std::string> args) {
@@ -26,18 +28,6 @@ void parse(std::vector<std::string> args) {
   int argc = static_cast<int>(args.size());
   char** p = argv.data();
   syrup::cli::parse_flags(&argc, &p, "tests the flags.\n\nUsage: prog [flags]");
-}
-
-// Output and exit status of a shell command.
-int run(const std::string& cmd, std::string& out) {
-  out.clear();
-  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
-  if (!f) return -1;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-  int st = pclose(f);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 TEST(Cli, ParsesFlagsAsGflagsDoes) {
@@ -92,12 +82,12 @@ TEST(Cli, TheProgramsHelpAndFlagErrors) {
            {"syrupctl", "syrupctl: control the Syrup daemon", "  --json\n"},
            {"syrup_bench", "syrup_bench: Syrup's benchmarks", "  --rounds=N  (default 5)\n"},
        }) {
-    std::string bin = std::string(SYRUP_BIN_DIR) + "/" + w.program, out;
-    EXPECT_EQ(run(bin + " --help", out), 0) << out;
+    std::string bin = build_bin(w.program), out;
+    EXPECT_EQ(run_cmd(bin + " --help", out), 0) << out;
     EXPECT_EQ(out.rfind(w.starts, 0), 0u) << out;
     EXPECT_NE(out.find(w.flag), std::string::npos) << out;
     EXPECT_EQ(out.find("flagfile"), std::string::npos) << out;
-    EXPECT_EQ(run(bin + " --no_such_flag", out), 2) << out;
+    EXPECT_EQ(run_cmd(bin + " --no_such_flag", out), 2) << out;
     EXPECT_EQ(out, std::string(w.program) + ": unknown flag --no_such_flag (see --help)\n");
   }
 }

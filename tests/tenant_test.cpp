@@ -417,6 +417,19 @@ TEST_F(Tenants, ControlConnectionsAreCappedIdleOnesClosedAndSlowFramesDropped) {
   EXPECT_EQ(ping(sock).value("ok", false), true);
 }
 
+// syrupd's metrics on 127.0.0.1:port: a series' value (its name and labels as written),
+// -1 when it is absent; the last scrape's whole text in `text`.
+struct Scraper {
+  // A port for this test process's syrupd.
+  const uint16_t port = static_cast<uint16_t>(20000 + (getpid() + 7919) % 20000);
+  std::string text;
+  double operator()(const std::string& series) {
+    text = http_get(port, "/metrics");
+    size_t at = text.find("\n" + series + " ");
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + series.size() + 2));
+  }
+};
+
 // One user reaching --max_clients_per_uid is refused with an error naming that flag and
 // its own count, while another user still gets in; closing one of its connections lets
 // the first user in again. The metrics show the open connections and the caps.
@@ -425,14 +438,9 @@ TEST_F(Tenants, OneUserCannotTakeEveryConnection) {
   std::string bad;
   EXPECT_EQ(run_cmd(build_bin("syrupd") + " --max_clients_per_uid=0", bad), 2) << bad;
   EXPECT_NE(bad.find("syrupd: --max_clients_per_uid must be at least 1"), std::string::npos) << bad;
-  const uint16_t mport = static_cast<uint16_t>(20000 + (getpid() + 7907) % 20000);
-  d_.start("", {"--max_clients=4", "--max_clients_per_uid=2", "--metrics_port=" + std::to_string(mport)});
-  std::string sock = d_.socket(), scraped;
-  auto metric = [&](const std::string& name) {
-    scraped = http_get(mport, "/metrics");
-    size_t at = scraped.find("\n" + name + " ");
-    return at == std::string::npos ? -1.0 : std::stod(scraped.substr(at + name.size() + 2));
-  };
+  Scraper metric;
+  d_.start("", {"--max_clients=4", "--max_clients_per_uid=2", "--metrics_port=" + std::to_string(metric.port)});
+  std::string sock = d_.socket();
   int ready[2], go[2];
   ASSERT_EQ(pipe(ready), 0);
   ASSERT_EQ(pipe(go), 0);
@@ -460,7 +468,7 @@ TEST_F(Tenants, OneUserCannotTakeEveryConnection) {
                                           metric("syrup_control_connections_busiest_user") == 2; },
                              3000)
                   : -1;
-  std::string while_held = scraped;
+  std::string while_held = metric.text;
   json jb = held ? as_user(kUidB, [&] { return json{{"ping", ping(sock)}}; }) : json();
   (void)!write(go[1], "g", 1);
   a.join();
@@ -643,14 +651,10 @@ TEST_F(Tenants, CompilesAreTakenFromTheUsersInTurn) {
 TEST_F(Tenants, MetricsShowTheCompileWorkers) {
   EXPECT_EQ(d_.stop(), 0);
   TempDir dir;
-  const uint16_t mport = static_cast<uint16_t>(20000 + (getpid() + 7919) % 20000);
-  d_.start("", {"--clang=" + slow_clang(dir.path(), 2), "--compile_workers=1", "--metrics_port=" + std::to_string(mport)});
-  std::string scraped;
-  auto metric = [&](const std::string& name) {
-    scraped = http_get(mport, "/metrics");
-    size_t at = scraped.find("\n" + name + " ");
-    return at == std::string::npos ? -1.0 : std::stod(scraped.substr(at + name.size() + 2));
-  };
+  Scraper metric;
+  d_.start("", {"--clang=" + slow_clang(dir.path(), 2), "--compile_workers=1",
+                "--metrics_port=" + std::to_string(metric.port)});
+  const std::string& scraped = metric.text;
   EXPECT_EQ(metric("syrup_compiles_queued"), 0.0) << scraped;
   int r[2] = {0, 0};
   std::vector<std::thread> ts;

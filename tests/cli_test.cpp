@@ -3,6 +3,7 @@
 #include <gflags/gflags.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@ DEFINE_uint32(cli_test_count, 3, "how many things to count, a description long e
                                  "wrap it onto a second line");
 DEFINE_string(cli_test_name, "x", "a name");
 DEFINE_bool(cli_test_on, true, "on unless turned off");
+DEFINE_bool(cli_test_off, false, "off unless turned on");
 
 namespace {
 
@@ -46,6 +48,28 @@ TEST(Cli, BadFlagsAreUsageErrorsThatNameTheFlag) {
               "^prog: 'many' is not a valid value for --cli_test_count \\(uint32\\) \\(see --help\\)\n$");
   EXPECT_EXIT(parse({"--cli_test_count"}), testing::ExitedWithCode(2),
               "^prog: flag --cli_test_count needs a value \\(see --help\\)\n$");
+  // gflags' own --flagfile: its value may be the next argument, and the flags in the file
+  // are looked at as those on the command line, naming the file. (The "threadsafe" death
+  // tests run this test again in the child, with a TempDir of its own: hence the regexes.)
+  syrup::test::TempDir dir;
+  auto write_file = [](const std::string& path, const std::string& text) { std::ofstream(path) << text; };
+  std::string good = dir.path() + "/good.flags", bad = dir.path() + "/bad.flags", worse = dir.path() + "/worse.flags";
+  write_file(good, "# a comment\n\n  --cli_test_count=9\n--nocli_test_on\n");
+  write_file(bad, "--cli_test_count=9\n--cli_test_bogus=1\n");
+  write_file(worse, "--cli_test_count=lots\n");
+  EXPECT_EXIT(
+      {
+        parse({"--flagfile", good, "--cli_test_name=y"});
+        std::exit(FLAGS_cli_test_count == 9 && !FLAGS_cli_test_on && FLAGS_cli_test_name == "y" ? 0 : 1);
+      },
+      testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(parse({"--flagfile=" + good + "," + bad}), testing::ExitedWithCode(2),
+              "^prog: unknown flag --cli_test_bogus in the flagfile /tmp/[^ ]*/bad.flags \\(see --help\\)\n$");
+  EXPECT_EXIT(parse({"--flagfile", worse}), testing::ExitedWithCode(2),
+              "^prog: 'lots' is not a valid value for --cli_test_count \\(uint32\\) in the flagfile "
+              "/tmp/[^ ]*/worse.flags \\(see --help\\)\n$");
+  EXPECT_EXIT(parse({"--flagfile", dir.path() + "/none"}), testing::ExitedWithCode(2),
+              "^prog: cannot read the flagfile /tmp/[^ ]*/none: No such file or directory \\(see --help\\)\n$");
   // After "--" nothing is a flag.
   EXPECT_EXIT(
       {
@@ -65,6 +89,7 @@ TEST(Cli, HelpShowsTheUsageAndOwnFlagsOnly) {
       << h;
   EXPECT_NE(h.find("  --cli_test_name=STRING  (default \"x\")\n      a name\n"), std::string::npos) << h;
   EXPECT_NE(h.find("  --cli_test_on (default: on; --nocli_test_on turns it off)\n"), std::string::npos) << h;
+  EXPECT_NE(h.find("  --cli_test_off (default: off)\n"), std::string::npos) << h;
   for (const char* internal : {"flagfile", "tab_completion", "helpxml", "gflags.cc", "Flags from"})
     EXPECT_EQ(h.find(internal), std::string::npos) << internal << " in:\n" << h;
   EXPECT_EXIT(parse({"-h"}), testing::ExitedWithCode(0), "");
@@ -79,7 +104,7 @@ TEST(Cli, TheProgramsHelpAndFlagErrors) {
   };
   for (const Want& w : std::vector<Want>{
            {"syrupd", "syrupd: the Syrup daemon", "  --max_clients_per_uid=N  (default 32)\n"},
-           {"syrupctl", "syrupctl: control the Syrup daemon", "  --json\n"},
+           {"syrupctl", "syrupctl: control the Syrup daemon", "  --json (default: off)\n"},
            {"syrup_bench", "syrup_bench: Syrup's benchmarks", "  --rounds=N  (default 5)\n"},
        }) {
     std::string bin = build_bin(w.program), out;

@@ -2,8 +2,12 @@
 
 #include <gflags/gflags.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <vector>
 
 namespace syrup::cli {
@@ -41,13 +45,36 @@ std::string wrapped(const std::string& text, size_t indent, size_t width) {
   return out;
 }
 
-// Looks at every flag on the command line as gflags will parse it, and ends the program
-// with a usage error on one it would refuse. Values are tried with SetCommandLineOption
-// under a FlagSaver, which puts every flag back when it goes out of scope.
-void check_flags(int argc, char** argv) {
-  gflags::FlagSaver saver;
-  for (int i = 1; i < argc; i++) {
-    std::string arg = argv[i];
+void check_args(const std::vector<std::string>& args, const std::string& file, int depth);
+
+// The flags in a --flagfile, one per line ("--name=value"; "#" starts a comment), looked at
+// as those on the command line. A file that also has gflags' program-name lines (a line
+// not starting with "-" limits the flags after it to the programs it names) is left to
+// gflags, which knows which of its flags apply.
+void check_flagfile(const std::string& path, int depth) {
+  if (depth > 8) usage_error("--flagfile " + path + " includes flagfiles more than 8 deep");
+  std::ifstream in(path);
+  if (!in) usage_error("cannot read the flagfile " + path + ": " + std::strerror(errno));
+  std::vector<std::string> args;
+  std::string line;
+  while (std::getline(in, line)) {
+    size_t b = line.find_first_not_of(" \t\r");
+    if (b == std::string::npos || line[b] == '#') continue;
+    line = line.substr(b, line.find_last_not_of(" \t\r") + 1 - b);
+    if (line[0] != '-') return;  // a program-name line
+    args.push_back(line);
+  }
+  check_args(args, path, depth + 1);
+}
+
+// Looks at every flag in `args` (the command line, or the lines of `file`) as gflags will
+// parse it, and ends the program with a usage error on one it would refuse. Values are
+// tried with SetCommandLineOption under the caller's FlagSaver, which puts every flag back
+// when it goes out of scope.
+void check_args(const std::vector<std::string>& args, const std::string& file, int depth) {
+  std::string where = file.empty() ? "" : " in the flagfile " + file;
+  for (size_t i = 0; i < args.size(); i++) {
+    const std::string& arg = args[i];
     if (arg == "--") break;
     if (arg.size() < 2 || arg[0] != '-') continue;  // a positional argument (or "-")
     std::string body = arg.substr(arg[1] == '-' ? 2 : 1);
@@ -58,16 +85,25 @@ void check_flags(int argc, char** argv) {
       if (eq == std::string::npos && name.starts_with("no") &&
           gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) && info.type == "bool")
         continue;  // --noFLAG of a bool flag
-      usage_error("unknown flag --" + name);
+      usage_error("unknown flag --" + name + where);
     }
-    if (gflags_own(info)) continue;  // --flagfile and --fromenv act when set: gflags' own
     std::string value;
     if (eq != std::string::npos) value = body.substr(eq + 1);
     else if (info.type == "bool") continue;
-    else if (i + 1 < argc) value = argv[++i];
-    else usage_error("flag --" + name + " needs a value");
+    else if (file.empty() && i + 1 < args.size()) value = args[++i];
+    else usage_error("flag --" + name + " needs a value" + where);  // a flagfile has --name=value
+    if (name == "flagfile") {
+      // gflags reads a comma-separated list of files, in order.
+      for (size_t b = 0; b <= value.size();) {
+        size_t e = std::min(value.find(',', b), value.size());
+        if (e > b) check_flagfile(value.substr(b, e - b), depth);
+        b = e + 1;
+      }
+      continue;
+    }
+    if (gflags_own(info)) continue;  // --fromenv and the like act when set: gflags' own
     if (gflags::SetCommandLineOption(name.c_str(), value.c_str()).empty())
-      usage_error("'" + value + "' is not a valid value for --" + name + " (" + info.type + ")");
+      usage_error("'" + value + "' is not a valid value for --" + name + " (" + info.type + ")" + where);
   }
 }
 
@@ -81,7 +117,7 @@ std::string help_text(const std::string& program, const std::string& usage) {
     if (gflags_own(f)) continue;
     std::string head = "  --" + f.name;
     if (f.type == "bool") {
-      head += f.default_value == "true" ? " (default: on; --no" + f.name + " turns it off)" : "";
+      head += f.default_value == "true" ? " (default: on; --no" + f.name + " turns it off)" : " (default: off)";
     } else {
       std::string shown = f.type == "string" ? "\"" + f.default_value + "\"" : f.default_value;
       head += "=" + std::string(f.type == "string" ? "STRING" : f.type == "double" ? "X" : "N") + "  (default " +
@@ -109,7 +145,10 @@ void parse_flags(int* argc, char*** argv, const std::string& usage, const std::s
     std::fputs(help_text(g_program, usage).c_str(), stdout);
     std::exit(0);
   }
-  check_flags(*argc, *argv);
+  {
+    gflags::FlagSaver saver;
+    check_args(std::vector<std::string>(*argv + 1, *argv + *argc), "", 0);
+  }
   gflags::ParseCommandLineFlags(argc, argv, true);
 }
 

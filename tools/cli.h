@@ -9,7 +9,8 @@
 //    on the build machine; --helpfull still shows that.
 //  - A flag the program does not have, or a malformed value, ends the program with exit
 //    status 2 (a usage error, as syrupctl documents) and "PROG: ... (see --help)" on
-//    stderr, instead of gflags' exit status 1.
+//    stderr, instead of gflags' exit status 1. The flags in a --flagfile are looked at
+//    too ("... in the flagfile F"), and so is a flagfile that cannot be read.
 // Invariant: flags are parsed exactly as gflags parses them (the checks above only look);
 // --version and --helpfull keep gflags' behaviour.
 #pragma once

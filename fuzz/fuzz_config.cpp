@@ -14,16 +14,8 @@
 
 #include "config.h"
 
-namespace {
-
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "fuzz_config: invariant broken: %s\n", what);
-    std::abort();
-  }
-}
-
-}  // namespace
+#define SYRUP_FUZZ_TARGET "fuzz_config"
+#include "fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace config = syrup::config;

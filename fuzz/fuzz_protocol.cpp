@@ -18,14 +18,10 @@
 
 #include "protocol.h"
 
-namespace {
+#define SYRUP_FUZZ_TARGET "fuzz_protocol"
+#include "fuzz_check.h"
 
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "fuzz_protocol: invariant broken: %s\n", what);
-    std::abort();
-  }
-}
+namespace {
 
 // The descriptor the next open() gets: moves if a descriptor leaked.
 int lowest_free_fd() {

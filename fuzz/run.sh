@@ -4,7 +4,8 @@
 #   fuzz/run.sh [-t SECONDS] [-b BUILD_DIR] [-f] [TARGET...]
 #
 # TARGET: protocol (the control-protocol frame parser), config (the --config YAML
-# loader and planner); default both, one after the other.
+# loader and planner), http (the metrics endpoint's request parser); default all, one
+# after the other.
 #   -t SECONDS   how long each target runs (default 600)
 #   -b DIR       build directory (default build/fuzz)
 #   -f           fresh: start from the seed corpus in a temporary directory (ctest);
@@ -24,14 +25,14 @@ while getopts "t:b:fh" o; do
     t) seconds=$OPTARG ;;
     b) build=$OPTARG ;;
     f) fresh=1 ;;
-    *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(protocol config)
+[ ${#targets[@]} -gt 0 ] || targets=(protocol config http)
 for t in "${targets[@]}"; do
-  case $t in protocol|config) ;; *) echo "fuzz/run.sh: unknown target '$t' (protocol, config)" >&2; exit 2 ;; esac
+  case $t in protocol|config|http) ;; *) echo "fuzz/run.sh: unknown target '$t' (protocol, config, http)" >&2; exit 2 ;; esac
 done
 case $seconds in ''|*[!0-9]*) echo "fuzz/run.sh: -t takes whole seconds" >&2; exit 2 ;; esac
 

@@ -1,6 +1,7 @@
 #include "metrics.h"
 
-#include <httplib.h>
+#include "http_endpoint.h"
+
 #include <pthread.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -234,57 +235,6 @@ std::string render(const Snapshot& s) {
   return w.take();
 }
 
-namespace {
-
-constexpr size_t kHttpThreads = 2, kHttpQueued = 16;
-
-// httplib's ThreadPool with a bound: when kHttpThreads + kHttpQueued accepted connections
-// are being served or wait for a thread, the listener waits too (enqueue blocks) and
-// accepts no more. Without the bound every connection a local client opens is accepted
-// and queued, each holding one of syrupd's descriptors for up to the read timeout.
-class BoundedPool : public httplib::TaskQueue {
- public:
-  void enqueue(std::function<void()> fn) override {
-    {
-      std::unique_lock lk(mu_);
-      room_.wait(lk, [&] { return held_ < kHttpThreads + kHttpQueued || stopping_; });
-      held_++;  // also when stopping: the job closes its socket
-    }
-    pool_.enqueue([this, fn = std::move(fn)] {
-      fn();
-      {
-        std::lock_guard lk(mu_);
-        held_--;
-      }
-      room_.notify_one();
-    });
-  }
-  void shutdown() override {
-    {
-      std::lock_guard lk(mu_);
-      stopping_ = true;
-    }
-    room_.notify_all();
-    pool_.shutdown();  // serves what was accepted, then joins
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable room_;
-  size_t held_ = 0;  // connections enqueued and not yet served
-  bool stopping_ = false;
-  httplib::ThreadPool pool_{kHttpThreads};  // last: its jobs use the members above
-};
-
-}  // namespace
-
-// One listening socket and the thread serving it.
-struct Metrics::Server {
-  httplib::Server http;
-  std::thread thread;
-  std::atomic<bool> done{false};
-};
-
 Metrics::Metrics() = default;
 
 Metrics::~Metrics() {
@@ -340,93 +290,47 @@ std::string Metrics::scrape() {
 }
 
 int Metrics::start(uint16_t port, std::string& err) {
-  if (!servers_.empty()) {
+  if (endpoint_) {
     err = "the metrics server is already running";
     return -EALREADY;
   }
-  // The server threads (and the pools they start) inherit this mask: every signal stays
-  // with the daemon's signalfd, never a metrics thread.
+  auto ep = std::make_unique<http::Endpoint>([this](const http::Request& req) {
+    // Only under a loopback name: a browser tricked by DNS rebinding sends another.
+    if (!loopback_host(req.host))
+      return http::Response{403, "text/plain; charset=utf-8",
+                            "syrupd metrics answer only to Host 127.0.0.1, [::1] or localhost\n"};
+    if (req.path == "/metrics") return http::Response{200, kContentType, scrape()};
+    if (req.path == "/") return http::Response{200, "text/plain; charset=utf-8", "syrupd: metrics are at /metrics\n"};
+    return http::Response{404, "text/plain; charset=utf-8", "not found; metrics are at /metrics\n"};
+  });
+  int bound = ep->add_listener("127.0.0.1", port);
+  if (bound < 0) {
+    err = "cannot listen on 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(-bound);
+    return bound;
+  }
+  // ::1 on the same port; a host without IPv6 (or with the port taken there) is served
+  // on 127.0.0.1 alone.
+  std::vector<std::string> addresses = {"127.0.0.1:" + std::to_string(bound)};
+  if (ep->add_listener("::1", static_cast<uint16_t>(bound)) > 0) addresses.push_back("[::1]:" + std::to_string(bound));
+  // The endpoint's thread inherits this mask: every signal stays with the daemon's
+  // signalfd, never the metrics thread.
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  auto make = [this](const std::string& host, uint16_t want, int& bound, int& e) {
-    auto s = std::make_unique<Server>();
-    s->http.new_task_queue = [] { return new BoundedPool(); };
-    s->http.set_keep_alive_max_count(16);
-    s->http.set_keep_alive_timeout(5);
-    s->http.set_read_timeout(5);
-    s->http.set_write_timeout(5);
-    s->http.set_payload_max_length(4096);
-    // SO_REUSEADDR (a restarted syrupd rebinds at once) but not httplib's default
-    // SO_REUSEPORT, with which a second process could share the port unnoticed.
-    s->http.set_socket_options([](int sock) {
-      int one = 1;
-      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    });
-    s->http.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (loopback_host(req.get_header_value("Host"))) return httplib::Server::HandlerResponse::Unhandled;
-      res.status = 403;
-      res.set_content("syrupd metrics answer only to Host 127.0.0.1, [::1] or localhost\n", "text/plain");
-      return httplib::Server::HandlerResponse::Handled;
-    });
-    s->http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(scrape(), kContentType);
-    });
-    s->http.Get("/", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content("syrupd: metrics are at /metrics\n", "text/plain; charset=utf-8");
-    });
-    errno = 0;
-    if (want == 0) {
-      bound = s->http.bind_to_any_port(host);
-    } else {
-      bound = s->http.bind_to_port(host, want) ? want : -1;
-    }
-    e = errno ? errno : EADDRINUSE;
-    if (bound <= 0) return std::unique_ptr<Server>();
-    Server* raw = s.get();
-    s->thread = std::thread([raw] {
-      raw->http.listen_after_bind();
-      raw->done = true;
-    });
-    return s;
-  };
-  int bound = -1, e = 0;
-  auto v4 = make("127.0.0.1", port, bound, e);
-  if (!v4) {
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    err = "cannot listen on 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(e);
-    return -e;
-  }
-  port_ = static_cast<uint16_t>(bound);
-  addresses_.push_back("127.0.0.1:" + std::to_string(port_));
-  servers_.push_back(std::move(v4));
-  // ::1 on the same port; a host without IPv6 (or with the port taken there) is served
-  // on 127.0.0.1 alone.
-  int bound6 = -1, e6 = 0;
-  if (auto v6 = make("::1", port_, bound6, e6)) {
-    addresses_.push_back("[::1]:" + std::to_string(port_));
-    servers_.push_back(std::move(v6));
-  }
+  int r = ep->start();
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  // stop() before the listener runs would be lost: wait until it does.
-  for (int i = 0; i < 500; i++) {
-    bool running = true;
-    for (auto& s : servers_) running &= s->http.is_running() || s->done;
-    if (running) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  if (r < 0) {
+    err = std::string("cannot start the metrics server: ") + std::strerror(-r);
+    return r;
   }
+  endpoint_ = std::move(ep);
+  port_ = static_cast<uint16_t>(bound);
+  addresses_ = std::move(addresses);
   return 0;
 }
 
 void Metrics::stop() {
-  for (auto& s : servers_) {
-    // httplib's stop() works only once the listener runs, and must be called once: a
-    // second call while it winds down trips an assertion.
-    while (!s->done && !s->http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (!s->done) s->http.stop();
-    if (s->thread.joinable()) s->thread.join();
-  }
-  servers_.clear();
+  endpoint_.reset();  // stops its thread and closes its sockets
   addresses_.clear();
   port_ = 0;
 }

@@ -2,12 +2,13 @@
 //
 // The daemon builds a plain Snapshot of what it knows (policies with their decision
 // counters, tenants, totals) and hands it over with Metrics::publish(); a small HTTP
-// server on its own threads answers GET /metrics on 127.0.0.1 and ::1 only, rendering
-// the latest snapshot. Invariants: the HTTP threads never touch daemon state (they see
-// only published, immutable snapshots, handed over under a mutex as shared_ptr<const>);
-// they block every signal, so SIGTERM/SIGHUP still reach the daemon's signalfd; each
-// listener holds at most 2 + 16 accepted connections (served, queued) (more wait in the
-// kernel's listen backlog), so clients of the endpoint cannot take syrupd's descriptors.
+// server on a thread of its own (http_endpoint.h: one epoll loop, at most 64 connections,
+// each closed within 5 s) answers GET /metrics on 127.0.0.1 and ::1 only, rendering the
+// latest snapshot. Invariants: the HTTP thread never touches daemon state (it sees only
+// published, immutable snapshots, handed over under a mutex as shared_ptr<const>); it
+// blocks every signal, so SIGTERM/SIGHUP still reach the daemon's signalfd; clients of
+// the endpoint hold at most 64 of syrupd's descriptors, and clients that hold connections
+// without sending a request neither delay a scrape nor keep one out.
 #pragma once
 
 #include <sys/types.h>
@@ -25,6 +26,10 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+namespace syrup::http {
+class Endpoint;
+}
 
 namespace syrup::metrics {
 
@@ -133,7 +138,6 @@ class Metrics {
   std::string scrape();
 
  private:
-  struct Server;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::shared_ptr<const Snapshot> latest_;
@@ -141,7 +145,7 @@ class Metrics {
   std::chrono::steady_clock::time_point latest_at_{};
   int refresh_fd_ = -1;
   std::chrono::milliseconds max_age_{1000}, wait_{500};
-  std::vector<std::unique_ptr<Server>> servers_;
+  std::unique_ptr<http::Endpoint> endpoint_;
   uint16_t port_ = 0;
   std::vector<std::string> addresses_;
 };

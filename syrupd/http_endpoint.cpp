@@ -1,0 +1,321 @@
+#include "http_endpoint.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+
+namespace syrup::http {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long a connection whose response is sent may still take to close its side: its
+// unread bytes are read and dropped meanwhile, so closing does not reset the connection
+// under a response the client has not read yet.
+constexpr std::chrono::milliseconds kLinger{1000};
+// How long the listeners rest when syrupd is out of descriptors (accept fails with
+// EMFILE or ENFILE): a readable listener would otherwise wake the loop at once, forever.
+constexpr std::chrono::milliseconds kOutOfFdsPause{100};
+
+const char* reason(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 431: return "Request Header Fields Too Large";
+    default: return "Error";
+  }
+}
+
+std::string render(const Response& r, bool head_only) {
+  std::string out = "HTTP/1.1 " + std::to_string(r.status) + " " + reason(r.status) + "\r\n";
+  out += "Content-Type: " + r.content_type + "\r\n";
+  out += "Content-Length: " + std::to_string(r.body.size()) + "\r\n";
+  if (r.status == 405) out += "Allow: GET, HEAD\r\n";
+  out += "Connection: close\r\n\r\n";
+  if (!head_only) out += r.body;
+  return out;
+}
+
+Response plain(int status, const std::string& text) { return Response{status, "text/plain; charset=utf-8", text}; }
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? "" : s.substr(b, e + 1 - b);
+}
+
+}  // namespace
+
+size_t end_of_head(const std::string& in) {
+  // The first empty line: "\r\n\r\n" from every client; "\n\n" from one typed by hand.
+  for (size_t nl = in.find('\n'); nl != std::string::npos; nl = in.find('\n', nl + 1)) {
+    if (nl + 1 < in.size() && in[nl + 1] == '\n') return nl;
+    if (nl + 2 < in.size() && in[nl + 1] == '\r' && in[nl + 2] == '\n') return nl;
+  }
+  return std::string::npos;
+}
+
+struct Endpoint::Conn {
+  enum class State { kReading, kWriting, kDraining };
+  int fd;
+  Clock::time_point deadline;
+  State state = State::kReading;
+  std::string in, out;
+  size_t sent = 0;
+};
+
+Endpoint::Endpoint(Handler handler, Limits limits) : handler_(std::move(handler)), limits_(limits) {}
+
+Endpoint::~Endpoint() { stop(); }
+
+int Endpoint::add_listener(const std::string& host, uint16_t port) {
+  sockaddr_storage ss{};
+  socklen_t len;
+  auto* a4 = reinterpret_cast<sockaddr_in*>(&ss);
+  auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
+  if (inet_pton(AF_INET, host.c_str(), &a4->sin_addr) == 1) {
+    a4->sin_family = AF_INET;
+    a4->sin_port = htons(port);
+    len = sizeof *a4;
+  } else if (inet_pton(AF_INET6, host.c_str(), &a6->sin6_addr) == 1) {
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons(port);
+    len = sizeof *a6;
+  } else {
+    return -EINVAL;
+  }
+  int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  // SO_REUSEADDR: a restarted syrupd rebinds at once. Not SO_REUSEPORT, with which a
+  // second process could share the port unnoticed.
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (ss.ss_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&ss), len) < 0 || listen(fd, 128) < 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) < 0) {
+    int e = errno;
+    close(fd);
+    return -e;
+  }
+  listeners_.push_back(fd);
+  return ntohs(ss.ss_family == AF_INET ? a4->sin_port : a6->sin6_port);
+}
+
+int Endpoint::start() {
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  stop_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epoll_fd_ < 0 || stop_fd_ < 0) {
+    int e = errno;
+    stop();
+    return -e;
+  }
+  for (int fd : listeners_) {
+    epoll_event ev{EPOLLIN, {.fd = fd}};
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  }
+  epoll_event ev{EPOLLIN, {.fd = stop_fd_}};
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, stop_fd_, &ev);
+  thread_ = std::thread([this] { loop(); });
+  return 0;
+}
+
+void Endpoint::stop() {
+  if (thread_.joinable()) {
+    uint64_t one = 1;
+    ssize_t w = write(stop_fd_, &one, sizeof one);
+    (void)w;
+    thread_.join();
+  }
+  while (!conns_.empty()) close_conn(conns_.back().get());
+  for (int fd : listeners_) close(fd);
+  listeners_.clear();
+  for (int* fd : {&epoll_fd_, &stop_fd_}) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+  }
+}
+
+void Endpoint::loop() {
+  epoll_event evs[64];
+  Clock::time_point paused_until{};  // listeners out of epoll until then (out of fds)
+  for (;;) {
+    auto now = Clock::now();
+    if (paused_until != Clock::time_point{} && now >= paused_until) {
+      for (int fd : listeners_) {
+        epoll_event ev{EPOLLIN, {.fd = fd}};
+        epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+      }
+      paused_until = {};
+    }
+    auto next = paused_until;
+    for (auto& c : conns_)
+      if (next == Clock::time_point{} || c->deadline < next) next = c->deadline;
+    int timeout = -1;
+    if (next != Clock::time_point{})
+      timeout = static_cast<int>(std::clamp<int64_t>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1, 0, 1000));
+    int n = epoll_wait(epoll_fd_, evs, 64, timeout);
+    for (int i = 0; i < n; i++) {
+      int fd = evs[i].data.fd;
+      if (fd == stop_fd_) return;
+      if (std::find(listeners_.begin(), listeners_.end(), fd) != listeners_.end()) {
+        int r = accept_from(fd);
+        if (r == -EMFILE || r == -ENFILE) {
+          for (int l : listeners_) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, l, nullptr);
+          paused_until = Clock::now() + kOutOfFdsPause;
+        }
+      } else if (Conn* c = find(fd)) {
+        serve(*c);
+      }
+    }
+    now = Clock::now();
+    for (size_t i = 0; i < conns_.size();) {
+      if (conns_[i]->deadline <= now) close_conn(conns_[i].get());
+      else i++;
+    }
+  }
+}
+
+// Accepts every connection waiting; -errno of accept4 when it stopped (-EAGAIN: none
+// left; -EMFILE, -ENFILE: out of descriptors).
+int Endpoint::accept_from(int listen_fd) {
+  for (;;) {
+    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return -errno;
+    }
+    if (conns_.size() >= limits_.max_connections) {
+      // Room for this one: the oldest connection still waiting for its request (or, if
+      // every one is being answered, the oldest).
+      auto victim = std::find_if(conns_.begin(), conns_.end(),
+                                 [](auto& c) { return c->state != Conn::State::kWriting; });
+      close_conn(victim != conns_.end() ? victim->get() : conns_.front().get());
+    }
+    conns_.push_back(std::make_unique<Conn>(Conn{fd, Clock::now() + limits_.deadline}));
+    epoll_event ev{EPOLLIN, {.fd = fd}};
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+    serve(*conns_.back());  // on loopback the request is usually there already
+  }
+}
+
+std::string respond(const std::string& head, const Handler& handler) {
+  Request req;
+  std::string version;
+  size_t pos = 0;
+  bool first = true;
+  while (pos <= head.size()) {
+    size_t eol = std::min(head.find('\n', pos), head.size());
+    std::string line = head.substr(pos, eol - pos);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    pos = eol + 1;
+    if (line.find_first_of(std::string("\r\0", 2)) != std::string::npos)
+      return render(plain(400, "a bare CR or a NUL in the request's head\n"), false);
+    if (first) {
+      first = false;
+      size_t a = line.find(' '), b = line.rfind(' ');
+      if (a == std::string::npos || a == b) return render(plain(400, "malformed request line\n"), false);
+      req.method = line.substr(0, a);
+      req.path = line.substr(a + 1, b - a - 1);
+      version = line.substr(b + 1);
+      if (!version.starts_with("HTTP/1.") || !req.path.starts_with('/'))  // origin-form only
+        return render(plain(400, "malformed request line\n"), false);
+      req.path = req.path.substr(0, req.path.find('?'));
+      continue;
+    }
+    size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    for (auto& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (name == "host") req.host = trim(line.substr(colon + 1));
+  }
+  bool head_only = req.method == "HEAD";
+  if (req.method != "GET" && !head_only) return render(plain(405, "only GET and HEAD are served\n"), false);
+  return render(handler(req), head_only);
+}
+
+Endpoint::Conn* Endpoint::find(int fd) {
+  for (auto& c : conns_)
+    if (c->fd == fd) return c.get();
+  return nullptr;
+}
+
+void Endpoint::close_conn(Conn* c) {
+  close(c->fd);  // also leaves the epoll set
+  conns_.erase(std::find_if(conns_.begin(), conns_.end(), [&](auto& p) { return p.get() == c; }));
+}
+
+void Endpoint::serve(Conn& c) {
+  char buf[4096];
+  if (c.state == Conn::State::kReading) {
+    bool eof = false;
+    for (;;) {
+      ssize_t n = recv(c.fd, buf, sizeof buf, 0);
+      if (n > 0) {
+        c.in.append(buf, static_cast<size_t>(n));
+        if (c.in.size() > limits_.max_request_bytes) break;
+      } else if (n == 0) {
+        eof = true;
+        break;
+      } else if (errno != EINTR) {
+        if (errno == EAGAIN) break;
+        close_conn(&c);
+        return;
+      }
+    }
+    size_t end = end_of_head(c.in);
+    if (end == std::string::npos || end > limits_.max_request_bytes) {
+      if (c.in.size() > limits_.max_request_bytes) {
+        c.out = render(plain(431, "the request's line and headers are over " +
+                                      std::to_string(limits_.max_request_bytes) + " bytes\n"),
+                       false);
+      } else {
+        if (eof) close_conn(&c);  // the client left before a whole request
+        return;
+      }
+    } else {
+      c.out = respond(c.in.substr(0, end), handler_);
+    }
+    c.state = Conn::State::kWriting;
+  }
+  if (c.state == Conn::State::kWriting) {
+    while (c.sent < c.out.size()) {
+      ssize_t n = send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        c.sent += static_cast<size_t>(n);
+      } else if (errno == EAGAIN) {
+        epoll_event ev{EPOLLOUT, {.fd = c.fd}};
+        epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+        return;
+      } else if (errno != EINTR) {
+        close_conn(&c);
+        return;
+      }
+    }
+    shutdown(c.fd, SHUT_WR);
+    c.state = Conn::State::kDraining;
+    c.deadline = std::min(c.deadline, Clock::now() + kLinger);
+    epoll_event ev{EPOLLIN, {.fd = c.fd}};
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+  }
+  // Draining: drop what the client still sends until it closes its side.
+  for (;;) {
+    ssize_t n = recv(c.fd, buf, sizeof buf, 0);
+    if (n > 0 || (n < 0 && errno == EINTR)) continue;
+    if (n < 0 && errno == EAGAIN) return;
+    close_conn(&c);
+    return;
+  }
+}
+
+}  // namespace syrup::http

@@ -1,0 +1,91 @@
+// A small HTTP/1.1 server for syrupd's metrics endpoint (docs/operations.md#metrics).
+//
+// Design: one thread and one epoll loop serve every listening socket and connection,
+// non-blocking; each connection carries one request (GET or HEAD), gets one response and
+// is closed ("Connection: close"), so a client that says nothing holds a slot and a
+// descriptor, never a thread: a scrape is served at once however many such clients
+// there are. Invariants:
+//  - at most `max_connections` accepted connections are open; one more is accepted by
+//    closing the oldest that has not sent a whole request yet (a request arrives with
+//    its connection on loopback, and is read as soon as it is accepted), so clients that
+//    hold connections cannot keep a scraper out or take syrupd's descriptors;
+//  - every connection is closed by its deadline (`deadline` from accept, for the whole
+//    exchange), whatever the client does;
+//  - the handler runs on the endpoint's thread, one request at a time; it must not
+//    block for long (the metrics scrape waits at most its refresh wait).
+// The thread blocks every signal (it is started with them blocked), so signals stay with
+// the daemon's signalfd.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace syrup::http {
+
+struct Request {
+  std::string method;  // "GET" or "HEAD" (others are answered 405 without the handler)
+  std::string path;    // the target without its query
+  std::string host;    // the Host header ("" when there is none)
+};
+
+struct Response {
+  int status = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+};
+
+using Handler = std::function<Response(const Request&)>;
+
+struct Limits {
+  size_t max_connections = 64;
+  std::chrono::milliseconds deadline{5000};  // from accept to the last byte of the response
+  size_t max_request_bytes = 8192;           // request line and headers; more: 431
+};
+
+// Where the line and headers of a request end in what arrived so far: the position of the
+// line end before the first empty line, npos while there is none.
+size_t end_of_head(const std::string& in);
+
+// The response (status line, headers, body) to a request whose line and headers are
+// `head` (in.substr(0, end_of_head(in))): GET and HEAD go to `handler`, other
+// methods get 405 and a malformed request line 400. Pure; the endpoint's parser.
+std::string respond(const std::string& head, const Handler& handler);
+
+class Endpoint {
+ public:
+  explicit Endpoint(Handler handler, Limits limits = {});
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  // Binds a listening socket to `host` (a numeric IPv4 or IPv6 address) and `port`
+  // (0: any free one). Before start(). The bound port, or -errno.
+  int add_listener(const std::string& host, uint16_t port);
+  // Starts the serving thread. 0 or -errno.
+  int start();
+  // Stops the thread and closes every socket; idempotent.
+  void stop();
+
+ private:
+  struct Conn;
+  void loop();
+  int accept_from(int listen_fd);
+  Conn* find(int fd);
+  void serve(Conn& c);  // reads and writes what it can; closes the connection when done
+  void close_conn(Conn* c);
+
+  Handler handler_;
+  Limits limits_;
+  std::vector<int> listeners_;
+  int epoll_fd_ = -1, stop_fd_ = -1;
+  std::thread thread_;
+  std::vector<std::unique_ptr<Conn>> conns_;  // in accept order
+};
+
+}  // namespace syrup::http

@@ -47,7 +47,7 @@ std::string render(const Response& r, bool head_only) {
   return out;
 }
 
-Response plain(int status, const std::string& text) { return Response{status, "text/plain; charset=utf-8", text}; }
+Response plain(int status, const std::string& text) { return Response{.status = status, .body = text}; }
 
 std::string trim(const std::string& s) {
   size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
@@ -67,7 +67,7 @@ size_t end_of_head(const std::string& in) {
 
 struct Endpoint::Conn {
   enum class State { kReading, kWriting, kDraining };
-  int fd;
+  UniqueFd fd;
   Clock::time_point deadline;
   State state = State::kReading;
   std::string in, out;
@@ -94,37 +94,27 @@ int Endpoint::add_listener(const std::string& host, uint16_t port) {
   } else {
     return -EINVAL;
   }
-  int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -errno;
+  UniqueFd fd(socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd) return -errno;
   // SO_REUSEADDR: a restarted syrupd rebinds at once. Not SO_REUSEPORT, with which a
   // second process could share the port unnoticed.
   int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (ss.ss_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&ss), len) < 0 || listen(fd, 128) < 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) < 0) {
-    int e = errno;
-    close(fd);
-    return -e;
-  }
-  listeners_.push_back(fd);
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (ss.ss_family == AF_INET6) setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&ss), len) < 0 || listen(fd.get(), 128) < 0 ||
+      getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len) < 0)
+    return -errno;
+  listeners_.push_back(std::move(fd));
   return ntohs(ss.ss_family == AF_INET ? a4->sin_port : a6->sin6_port);
 }
 
 int Endpoint::start() {
-  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  stop_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (epoll_fd_ < 0 || stop_fd_ < 0) {
-    int e = errno;
-    stop();
-    return -e;
-  }
-  for (int fd : listeners_) {
-    epoll_event ev{EPOLLIN, {.fd = fd}};
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
-  }
-  epoll_event ev{EPOLLIN, {.fd = stop_fd_}};
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, stop_fd_, &ev);
+  epoll_fd_.reset(epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_fd_) return -errno;
+  stop_fd_.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!stop_fd_) return -errno;
+  for (auto& fd : listeners_) watch(fd.get(), EPOLL_CTL_ADD, EPOLLIN);
+  watch(stop_fd_.get(), EPOLL_CTL_ADD, EPOLLIN);
   thread_ = std::thread([this] { loop(); });
   return 0;
 }
@@ -132,17 +122,19 @@ int Endpoint::start() {
 void Endpoint::stop() {
   if (thread_.joinable()) {
     uint64_t one = 1;
-    ssize_t w = write(stop_fd_, &one, sizeof one);
+    ssize_t w = write(stop_fd_.get(), &one, sizeof one);
     (void)w;
     thread_.join();
   }
-  while (!conns_.empty()) close_conn(conns_.back().get());
-  for (int fd : listeners_) close(fd);
+  conns_.clear();
   listeners_.clear();
-  for (int* fd : {&epoll_fd_, &stop_fd_}) {
-    if (*fd >= 0) close(*fd);
-    *fd = -1;
-  }
+  epoll_fd_.reset();
+  stop_fd_.reset();
+}
+
+void Endpoint::watch(int fd, int op, uint32_t events) {
+  epoll_event ev{events, {.fd = fd}};
+  epoll_ctl(epoll_fd_.get(), op, fd, &ev);
 }
 
 void Endpoint::loop() {
@@ -151,10 +143,7 @@ void Endpoint::loop() {
   for (;;) {
     auto now = Clock::now();
     if (paused_until != Clock::time_point{} && now >= paused_until) {
-      for (int fd : listeners_) {
-        epoll_event ev{EPOLLIN, {.fd = fd}};
-        epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
-      }
+      for (auto& fd : listeners_) watch(fd.get(), EPOLL_CTL_ADD, EPOLLIN);
       paused_until = {};
     }
     auto next = paused_until;
@@ -164,14 +153,14 @@ void Endpoint::loop() {
     if (next != Clock::time_point{})
       timeout = static_cast<int>(std::clamp<int64_t>(
           std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1, 0, 1000));
-    int n = epoll_wait(epoll_fd_, evs, 64, timeout);
+    int n = epoll_wait(epoll_fd_.get(), evs, 64, timeout);
     for (int i = 0; i < n; i++) {
       int fd = evs[i].data.fd;
-      if (fd == stop_fd_) return;
-      if (std::find(listeners_.begin(), listeners_.end(), fd) != listeners_.end()) {
+      if (fd == stop_fd_.get()) return;
+      if (std::any_of(listeners_.begin(), listeners_.end(), [&](auto& l) { return l.get() == fd; })) {
         int r = accept_from(fd);
         if (r == -EMFILE || r == -ENFILE) {
-          for (int l : listeners_) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, l, nullptr);
+          for (auto& l : listeners_) watch(l.get(), EPOLL_CTL_DEL, 0);
           paused_until = Clock::now() + kOutOfFdsPause;
         }
       } else if (Conn* c = find(fd)) {
@@ -202,9 +191,8 @@ int Endpoint::accept_from(int listen_fd) {
                                  [](auto& c) { return c->state != Conn::State::kWriting; });
       close_conn(victim != conns_.end() ? victim->get() : conns_.front().get());
     }
-    conns_.push_back(std::make_unique<Conn>(Conn{fd, Clock::now() + limits_.deadline}));
-    epoll_event ev{EPOLLIN, {.fd = fd}};
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+    conns_.push_back(std::make_unique<Conn>(Conn{UniqueFd(fd), Clock::now() + limits_.deadline}));
+    watch(fd, EPOLL_CTL_ADD, EPOLLIN);
     serve(*conns_.back());  // on loopback the request is usually there already
   }
 }
@@ -246,12 +234,12 @@ std::string respond(const std::string& head, const Handler& handler) {
 
 Endpoint::Conn* Endpoint::find(int fd) {
   for (auto& c : conns_)
-    if (c->fd == fd) return c.get();
+    if (c->fd.get() == fd) return c.get();
   return nullptr;
 }
 
 void Endpoint::close_conn(Conn* c) {
-  close(c->fd);  // also leaves the epoll set
+  // Its descriptor closes with it, which also takes it out of the epoll set.
   conns_.erase(std::find_if(conns_.begin(), conns_.end(), [&](auto& p) { return p.get() == c; }));
 }
 
@@ -260,7 +248,7 @@ void Endpoint::serve(Conn& c) {
   if (c.state == Conn::State::kReading) {
     bool eof = false;
     for (;;) {
-      ssize_t n = recv(c.fd, buf, sizeof buf, 0);
+      ssize_t n = recv(c.fd.get(), buf, sizeof buf, 0);
       if (n > 0) {
         c.in.append(buf, static_cast<size_t>(n));
         if (c.in.size() > limits_.max_request_bytes) break;
@@ -290,27 +278,25 @@ void Endpoint::serve(Conn& c) {
   }
   if (c.state == Conn::State::kWriting) {
     while (c.sent < c.out.size()) {
-      ssize_t n = send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+      ssize_t n = send(c.fd.get(), c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
       if (n > 0) {
         c.sent += static_cast<size_t>(n);
       } else if (errno == EAGAIN) {
-        epoll_event ev{EPOLLOUT, {.fd = c.fd}};
-        epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+        watch(c.fd.get(), EPOLL_CTL_MOD, EPOLLOUT);
         return;
       } else if (errno != EINTR) {
         close_conn(&c);
         return;
       }
     }
-    shutdown(c.fd, SHUT_WR);
+    shutdown(c.fd.get(), SHUT_WR);
     c.state = Conn::State::kDraining;
     c.deadline = std::min(c.deadline, Clock::now() + kLinger);
-    epoll_event ev{EPOLLIN, {.fd = c.fd}};
-    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+    watch(c.fd.get(), EPOLL_CTL_MOD, EPOLLIN);
   }
   // Draining: drop what the client still sends until it closes its side.
   for (;;) {
-    ssize_t n = recv(c.fd, buf, sizeof buf, 0);
+    ssize_t n = recv(c.fd.get(), buf, sizeof buf, 0);
     if (n > 0 || (n < 0 && errno == EINTR)) continue;
     if (n < 0 && errno == EAGAIN) return;
     close_conn(&c);

@@ -26,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include "unique_fd.h"
+
 namespace syrup::http {
 
 struct Request {
@@ -79,11 +81,12 @@ class Endpoint {
   Conn* find(int fd);
   void serve(Conn& c);  // reads and writes what it can; closes the connection when done
   void close_conn(Conn* c);
+  void watch(int fd, int op, uint32_t events);  // epoll_ctl on the endpoint's set
 
   Handler handler_;
   Limits limits_;
-  std::vector<int> listeners_;
-  int epoll_fd_ = -1, stop_fd_ = -1;
+  std::vector<UniqueFd> listeners_;
+  UniqueFd epoll_fd_, stop_fd_;
   std::thread thread_;
   std::vector<std::unique_ptr<Conn>> conns_;  // in accept order
 };

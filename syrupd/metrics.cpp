@@ -5,7 +5,6 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/eventfd.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -14,7 +13,6 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <functional>
 
 namespace syrup::metrics {
 namespace {
@@ -297,11 +295,10 @@ int Metrics::start(uint16_t port, std::string& err) {
   auto ep = std::make_unique<http::Endpoint>([this](const http::Request& req) {
     // Only under a loopback name: a browser tricked by DNS rebinding sends another.
     if (!loopback_host(req.host))
-      return http::Response{403, "text/plain; charset=utf-8",
-                            "syrupd metrics answer only to Host 127.0.0.1, [::1] or localhost\n"};
-    if (req.path == "/metrics") return http::Response{200, kContentType, scrape()};
-    if (req.path == "/") return http::Response{200, "text/plain; charset=utf-8", "syrupd: metrics are at /metrics\n"};
-    return http::Response{404, "text/plain; charset=utf-8", "not found; metrics are at /metrics\n"};
+      return http::Response{.status = 403, .body = "syrupd metrics answer only to Host 127.0.0.1, [::1] or localhost\n"};
+    if (req.path == "/metrics") return http::Response{.content_type = kContentType, .body = scrape()};
+    if (req.path == "/") return http::Response{.body = "syrupd: metrics are at /metrics\n"};
+    return http::Response{.status = 404, .body = "not found; metrics are at /metrics\n"};
   });
   int bound = ep->add_listener("127.0.0.1", port);
   if (bound < 0) {

@@ -20,7 +20,7 @@ int CompilePool::start(Compiler& compiler, unsigned workers) {
 void CompilePool::submit(uint64_t ticket, uid_t uid, CompileJob job) {
   {
     std::lock_guard lk(mu_);
-    queued_[uid].push_back({ticket, std::move(job), std::chrono::steady_clock::now()});
+    queued_[uid].push_back({ticket, uid, std::move(job), std::chrono::steady_clock::now()});
   }
   cv_.notify_one();
 }
@@ -36,7 +36,10 @@ std::vector<CompilePool::Done> CompilePool::take_done() {
 metrics::CompileSample CompilePool::stats() {
   std::lock_guard lk(mu_);
   metrics::CompileSample s = stats_;
-  for (auto& [uid, q] : queued_) s.queued += q.size();
+  for (auto& [uid, q] : queued_) {
+    s.queued += q.size();
+    s.queued_by_uid[uid] = q.size();  // queues are never empty (next_locked erases those)
+  }
   return s;
 }
 
@@ -60,6 +63,7 @@ void CompilePool::work() {
       if (stopping_) return;
       j = next_locked();
       stats_.running++;
+      stats_.running_by_uid[j.uid]++;
     }
     auto started = std::chrono::steady_clock::now();
     CompileResult r = compiler_->compile(j.job);
@@ -67,6 +71,7 @@ void CompilePool::work() {
     {
       std::lock_guard lk(mu_);
       stats_.running--;
+      if (--stats_.running_by_uid[j.uid] == 0) stats_.running_by_uid.erase(j.uid);
       (r.err ? stats_.failed : stats_.ok)++;
       stats_.wait_seconds += std::chrono::duration<double>(started - j.submitted).count();
       stats_.compile_seconds += std::chrono::duration<double>(ended - started).count();

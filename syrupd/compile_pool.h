@@ -53,6 +53,7 @@ class CompilePool {
  private:
   struct Job {
     uint64_t ticket;
+    uid_t uid;
     CompileJob job;
     std::chrono::steady_clock::time_point submitted;
   };
@@ -70,7 +71,7 @@ class CompilePool {
   uid_t last_uid_ = 0;
   bool served_any_ = false;
   std::vector<Done> done_;
-  metrics::CompileSample stats_;  // all but `queued`, which is counted from queued_
+  metrics::CompileSample stats_;  // all but the queued counts, which are counted from queued_
 };
 
 }  // namespace syrup

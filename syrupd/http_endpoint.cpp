@@ -15,8 +15,6 @@
 namespace syrup::http {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // How long a connection whose response is sent may still take to close its side: its
 // unread bytes are read and dropped meanwhile, so closing does not reset the connection
 // under a response the client has not read yet.
@@ -33,18 +31,9 @@ const char* reason(int status) {
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 431: return "Request Header Fields Too Large";
+    case 503: return "Service Unavailable";
     default: return "Error";
   }
-}
-
-std::string render(const Response& r, bool head_only) {
-  std::string out = "HTTP/1.1 " + std::to_string(r.status) + " " + reason(r.status) + "\r\n";
-  out += "Content-Type: " + r.content_type + "\r\n";
-  out += "Content-Length: " + std::to_string(r.body.size()) + "\r\n";
-  if (r.status == 405) out += "Allow: GET, HEAD\r\n";
-  out += "Connection: close\r\n\r\n";
-  if (!head_only) out += r.body;
-  return out;
 }
 
 Response plain(int status, const std::string& text) { return Response{.status = status, .body = text}; }
@@ -56,6 +45,16 @@ std::string trim(const std::string& s) {
 
 }  // namespace
 
+std::string render(const Response& r, bool head_only) {
+  std::string out = "HTTP/1.1 " + std::to_string(r.status) + " " + reason(r.status) + "\r\n";
+  out += "Content-Type: " + r.content_type + "\r\n";
+  out += "Content-Length: " + std::to_string(r.body.size()) + "\r\n";
+  if (r.status == 405) out += "Allow: GET, HEAD\r\n";
+  out += "Connection: close\r\n\r\n";
+  if (!head_only) out += r.body;
+  return out;
+}
+
 size_t end_of_head(const std::string& in) {
   // The first empty line: "\r\n\r\n" from every client; "\n\n" from one typed by hand.
   for (size_t nl = in.find('\n'); nl != std::string::npos; nl = in.find('\n', nl + 1)) {
@@ -66,12 +65,15 @@ size_t end_of_head(const std::string& in) {
 }
 
 struct Endpoint::Conn {
-  enum class State { kReading, kWriting, kDraining };
+  // kParked: the handler said Later; answered on wake() or at park_until.
+  enum class State { kReading, kParked, kWriting, kDraining };
   UniqueFd fd;
   Clock::time_point deadline;
   State state = State::kReading;
   std::string in, out;
   size_t sent = 0;
+  Request req;  // once parsed
+  Clock::time_point park_until{};
 };
 
 Endpoint::Endpoint(Handler handler, Limits limits) : handler_(std::move(handler)), limits_(limits) {}
@@ -112,11 +114,19 @@ int Endpoint::start() {
   epoll_fd_.reset(epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_fd_) return -errno;
   stop_fd_.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!stop_fd_) return -errno;
+  wake_fd_.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!stop_fd_ || !wake_fd_) return -errno;
   for (auto& fd : listeners_) watch(fd.get(), EPOLL_CTL_ADD, EPOLLIN);
   watch(stop_fd_.get(), EPOLL_CTL_ADD, EPOLLIN);
+  watch(wake_fd_.get(), EPOLL_CTL_ADD, EPOLLIN);
   thread_ = std::thread([this] { loop(); });
   return 0;
+}
+
+void Endpoint::wake() {
+  uint64_t one = 1;
+  ssize_t w = write(wake_fd_.get(), &one, sizeof one);
+  (void)w;  // only fails when the counter is full, i.e. a wake is pending anyway
 }
 
 void Endpoint::stop() {
@@ -130,6 +140,7 @@ void Endpoint::stop() {
   listeners_.clear();
   epoll_fd_.reset();
   stop_fd_.reset();
+  wake_fd_.reset();
 }
 
 void Endpoint::watch(int fd, int op, uint32_t events) {
@@ -147,8 +158,10 @@ void Endpoint::loop() {
       paused_until = {};
     }
     auto next = paused_until;
-    for (auto& c : conns_)
-      if (next == Clock::time_point{} || c->deadline < next) next = c->deadline;
+    for (auto& c : conns_) {
+      auto t = c->state == Conn::State::kParked ? std::min(c->deadline, c->park_until) : c->deadline;
+      if (next == Clock::time_point{} || t < next) next = t;
+    }
     int timeout = -1;
     if (next != Clock::time_point{})
       timeout = static_cast<int>(std::clamp<int64_t>(
@@ -157,6 +170,13 @@ void Endpoint::loop() {
     for (int i = 0; i < n; i++) {
       int fd = evs[i].data.fd;
       if (fd == stop_fd_.get()) return;
+      if (fd == wake_fd_.get()) {
+        uint64_t n;
+        ssize_t r = read(fd, &n, sizeof n);
+        (void)r;
+        resume_parked(false);
+        continue;
+      }
       if (std::any_of(listeners_.begin(), listeners_.end(), [&](auto& l) { return l.get() == fd; })) {
         int r = accept_from(fd);
         if (r == -EMFILE || r == -ENFILE) {
@@ -167,6 +187,7 @@ void Endpoint::loop() {
         serve(*c);
       }
     }
+    resume_parked(true);
     now = Clock::now();
     for (size_t i = 0; i < conns_.size();) {
       if (conns_[i]->deadline <= now) close_conn(conns_[i].get());
@@ -187,8 +208,9 @@ int Endpoint::accept_from(int listen_fd) {
     if (conns_.size() >= limits_.max_connections) {
       // Room for this one: the oldest connection still waiting for its request (or, if
       // every one is being answered, the oldest).
-      auto victim = std::find_if(conns_.begin(), conns_.end(),
-                                 [](auto& c) { return c->state != Conn::State::kWriting; });
+      auto victim = std::find_if(conns_.begin(), conns_.end(), [](auto& c) {
+        return c->state == Conn::State::kReading || c->state == Conn::State::kDraining;
+      });
       close_conn(victim != conns_.end() ? victim->get() : conns_.front().get());
     }
     conns_.push_back(std::make_unique<Conn>(Conn{UniqueFd(fd), Clock::now() + limits_.deadline}));
@@ -197,7 +219,7 @@ int Endpoint::accept_from(int listen_fd) {
   }
 }
 
-std::string respond(const std::string& head, const Handler& handler) {
+std::variant<Request, Response> parse(const std::string& head) {
   Request req;
   std::string version;
   size_t pos = 0;
@@ -208,16 +230,16 @@ std::string respond(const std::string& head, const Handler& handler) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     pos = eol + 1;
     if (line.find_first_of(std::string("\r\0", 2)) != std::string::npos)
-      return render(plain(400, "a bare CR or a NUL in the request's head\n"), false);
+      return plain(400, "a bare CR or a NUL in the request's head\n");
     if (first) {
       first = false;
       size_t a = line.find(' '), b = line.rfind(' ');
-      if (a == std::string::npos || a == b) return render(plain(400, "malformed request line\n"), false);
+      if (a == std::string::npos || a == b) return plain(400, "malformed request line\n");
       req.method = line.substr(0, a);
       req.path = line.substr(a + 1, b - a - 1);
       version = line.substr(b + 1);
       if (!version.starts_with("HTTP/1.") || !req.path.starts_with('/'))  // origin-form only
-        return render(plain(400, "malformed request line\n"), false);
+        return plain(400, "malformed request line\n");
       req.path = req.path.substr(0, req.path.find('?'));
       continue;
     }
@@ -227,9 +249,8 @@ std::string respond(const std::string& head, const Handler& handler) {
     for (auto& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     if (name == "host") req.host = trim(line.substr(colon + 1));
   }
-  bool head_only = req.method == "HEAD";
-  if (req.method != "GET" && !head_only) return render(plain(405, "only GET and HEAD are served\n"), false);
-  return render(handler(req), head_only);
+  if (req.method != "GET" && req.method != "HEAD") return plain(405, "only GET and HEAD are served\n");
+  return req;
 }
 
 Endpoint::Conn* Endpoint::find(int fd) {
@@ -243,8 +264,44 @@ void Endpoint::close_conn(Conn* c) {
   conns_.erase(std::find_if(conns_.begin(), conns_.end(), [&](auto& p) { return p.get() == c; }));
 }
 
+void Endpoint::answer(Conn& c, bool last_call) {
+  c.req.last_call = last_call;
+  Reply r = handler_(c.req);
+  if (auto* later = std::get_if<Later>(&r)) {
+    if (!last_call) {
+      if (c.state != Conn::State::kParked) {
+        c.state = Conn::State::kParked;
+        c.park_until = std::min(c.deadline, Clock::now() + later->wait);
+        // Only an error or hang-up wakes a parked connection: a client that has sent its
+        // request and half-closed still waits for the answer.
+        watch(c.fd.get(), EPOLL_CTL_MOD, 0);
+      }
+      return;
+    }
+    r = plain(503, "no answer in time\n");
+  }
+  c.out = render(std::get<Response>(r), c.req.method == "HEAD");
+  c.state = Conn::State::kWriting;
+}
+
+void Endpoint::resume_parked(bool due_only) {
+  auto now = Clock::now();
+  std::vector<int> fds;  // serve() may close connections: collect first
+  for (auto& c : conns_)
+    if (c->state == Conn::State::kParked && (!due_only || c->park_until <= now)) fds.push_back(c->fd.get());
+  for (int fd : fds) {
+    Conn* c = find(fd);
+    answer(*c, due_only);
+    if (c->state == Conn::State::kWriting) serve(*c);
+  }
+}
+
 void Endpoint::serve(Conn& c) {
   char buf[4096];
+  if (c.state == Conn::State::kParked) {  // woken by an error or a hang-up
+    close_conn(&c);
+    return;
+  }
   if (c.state == Conn::State::kReading) {
     bool eof = false;
     for (;;) {
@@ -262,19 +319,26 @@ void Endpoint::serve(Conn& c) {
       }
     }
     size_t end = end_of_head(c.in);
-    if (end == std::string::npos || end > limits_.max_request_bytes) {
-      if (c.in.size() > limits_.max_request_bytes) {
-        c.out = render(plain(431, "the request's line and headers are over " +
-                                      std::to_string(limits_.max_request_bytes) + " bytes\n"),
-                       false);
+    if (end != std::string::npos && end <= limits_.max_request_bytes) {
+      auto parsed = parse(c.in.substr(0, end));
+      if (auto* refusal = std::get_if<Response>(&parsed)) {
+        c.out = render(*refusal, false);
+        c.state = Conn::State::kWriting;
       } else {
-        if (eof) close_conn(&c);  // the client left before a whole request
-        return;
+        c.req = std::move(std::get<Request>(parsed));
+        c.req.arrived = Clock::now();
+        answer(c, false);
+        if (c.state == Conn::State::kParked) return;
       }
+    } else if (c.in.size() > limits_.max_request_bytes) {
+      c.out = render(plain(431, "the request's line and headers are over " +
+                                    std::to_string(limits_.max_request_bytes) + " bytes\n"),
+                     false);
+      c.state = Conn::State::kWriting;
     } else {
-      c.out = respond(c.in.substr(0, end), handler_);
+      if (eof) close_conn(&c);  // the client left before a whole request
+      return;
     }
-    c.state = Conn::State::kWriting;
   }
   if (c.state == Conn::State::kWriting) {
     while (c.sent < c.out.size()) {

@@ -209,6 +209,10 @@ std::string render(const Snapshot& s) {
   w.sample("syrup_compiles_queued", {}, c.queued);
   w.family("syrup_compiles_running", "gauge", "Policy compiles running on the compile workers.");
   w.sample("syrup_compiles_running", {}, c.running);
+  w.family("syrup_user_compiles", "gauge",
+           "Policy compiles of one user (the caller's uid) queued for or running on the compile workers.");
+  for (auto& [uid, n] : c.queued_by_uid) w.sample("syrup_user_compiles", {{"uid", std::to_string(uid)}, {"state", "queued"}}, n);
+  for (auto& [uid, n] : c.running_by_uid) w.sample("syrup_user_compiles", {{"uid", std::to_string(uid)}, {"state", "running"}}, n);
   w.family("syrup_compiles_total", "counter", "Compiles the compile workers finished, by result.");
   w.sample("syrup_compiles_total", {{"result", "ok"}}, c.ok);
   w.sample("syrup_compiles_total", {{"result", "error"}}, c.failed);
@@ -225,6 +229,8 @@ std::string render(const Snapshot& s) {
   w.family("syrup_control_connections_busiest_user", "gauge",
            "The most open control connections one user other than root holds.");
   w.sample("syrup_control_connections_busiest_user", {}, k.busiest_user);
+  w.family("syrup_user_control_connections", "gauge", "Open control connections of one user (by uid).");
+  for (auto& [uid, n] : k.by_uid) w.sample("syrup_user_control_connections", {{"uid", std::to_string(uid)}}, n);
   w.family("syrup_control_connections_limit", "gauge",
            "Caps on the control connections of users other than root: all of them (--max_clients) and "
            "one user's (--max_clients_per_uid).");
@@ -249,7 +255,7 @@ void Metrics::publish(Snapshot s) {
     generation_++;
     latest_at_ = std::chrono::steady_clock::now();
   }
-  cv_.notify_all();
+  if (endpoint_) endpoint_->wake();
 }
 
 std::shared_ptr<const Snapshot> Metrics::latest() const {
@@ -273,18 +279,24 @@ int Metrics::refresh_fd(std::chrono::milliseconds max_age, std::chrono::millisec
   return refresh_fd_;
 }
 
-std::string Metrics::scrape() {
-  std::shared_ptr<const Snapshot> s;
-  {
-    std::unique_lock lk(mu_);
-    if (refresh_fd_ >= 0 && (!latest_ || std::chrono::steady_clock::now() - latest_at_ > max_age_)) {
-      uint64_t g0 = generation_, one = 1;
-      if (write(refresh_fd_, &one, sizeof one) == sizeof one)
-        cv_.wait_for(lk, wait_, [&] { return generation_ != g0; });
-    }
-    s = latest_;
-  }
+std::string Metrics::scrape() const {
+  auto s = latest();
   return s ? render(*s) : render(Snapshot{});
+}
+
+std::shared_ptr<const Snapshot> Metrics::fresh_or_ask(std::chrono::steady_clock::time_point arrived, bool last_call,
+                                                      std::chrono::milliseconds& wait) {
+  static const auto empty = std::make_shared<const Snapshot>();
+  std::lock_guard lk(mu_);
+  bool fresh = latest_ && (latest_at_ >= arrived || std::chrono::steady_clock::now() - latest_at_ <= max_age_);
+  if (refresh_fd_ >= 0 && !fresh && !last_call) {
+    uint64_t one = 1;
+    if (write(refresh_fd_, &one, sizeof one) == sizeof one) {
+      wait = wait_;
+      return nullptr;
+    }
+  }
+  return latest_ ? latest_ : empty;
 }
 
 int Metrics::start(uint16_t port, std::string& err) {
@@ -292,11 +304,16 @@ int Metrics::start(uint16_t port, std::string& err) {
     err = "the metrics server is already running";
     return -EALREADY;
   }
-  auto ep = std::make_unique<http::Endpoint>([this](const http::Request& req) {
+  auto ep = std::make_unique<http::Endpoint>([this](const http::Request& req) -> http::Reply {
     // Only under a loopback name: a browser tricked by DNS rebinding sends another.
     if (!loopback_host(req.host))
       return http::Response{.status = 403, .body = "syrupd metrics answer only to Host 127.0.0.1, [::1] or localhost\n"};
-    if (req.path == "/metrics") return http::Response{.content_type = kContentType, .body = scrape()};
+    if (req.path == "/metrics") {
+      std::chrono::milliseconds wait{};
+      auto s = fresh_or_ask(req.arrived, req.last_call, wait);
+      if (!s) return http::Later{wait};
+      return http::Response{.content_type = kContentType, .body = render(*s)};
+    }
     if (req.path == "/") return http::Response{.body = "syrupd: metrics are at /metrics\n"};
     return http::Response{.status = 404, .body = "not found; metrics are at /metrics\n"};
   });

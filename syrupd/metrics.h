@@ -7,14 +7,14 @@
 // latest snapshot. Invariants: the HTTP thread never touches daemon state (it sees only
 // published, immutable snapshots, handed over under a mutex as shared_ptr<const>); it
 // blocks every signal, so SIGTERM/SIGHUP still reach the daemon's signalfd; clients of
-// the endpoint hold at most 64 of syrupd's descriptors, and clients that hold connections
-// without sending a request neither delay a scrape nor keep one out.
+// the endpoint hold at most 64 of syrupd's descriptors, clients that hold connections
+// without sending a request neither delay a scrape nor keep one out, and a scrape that
+// waits for a fresh snapshot is parked, never blocking the endpoint's thread.
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -70,6 +70,7 @@ struct Totals {
 // done since syrupd started. Compiles syrupd runs on its main thread are not counted.
 struct CompileSample {
   uint64_t queued = 0, running = 0;  // now
+  std::map<uid_t, uint64_t> queued_by_uid, running_by_uid;  // now, the callers' uids (no zeros)
   uint64_t ok = 0, failed = 0;       // finished
   double wait_seconds = 0;           // summed over finished compiles: submit to start
   double compile_seconds = 0;        // summed over finished compiles: start to end
@@ -79,6 +80,7 @@ struct CompileSample {
 struct ConnectionSample {
   uint64_t root = 0, others = 0;              // open connections of uid 0, of other users
   uint64_t busiest_user = 0;                  // the most one user other than root holds
+  std::map<uid_t, uint64_t> by_uid;           // open connections per uid (root's too; no zeros)
   uint64_t max_others = 0, max_per_user = 0;  // --max_clients, --max_clients_per_uid
 };
 
@@ -110,7 +112,8 @@ class Metrics {
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
-  // Any thread, cheap: the snapshot is moved into place; scrapes from now on render it.
+  // Any thread (not during start() or stop()), cheap: the snapshot is moved into place;
+  // scrapes from now on render it, and scrapes waiting for a fresh one are answered.
   void publish(Snapshot s);
   std::shared_ptr<const Snapshot> latest() const;
   uint64_t generation() const;  // counts publish() calls
@@ -125,19 +128,26 @@ class Metrics {
 
   // Optional fresh-on-scrape: returns an eventfd (non-blocking, close-on-exec, owned by
   // Metrics) that becomes readable when a scrape finds the latest snapshot older than
-  // `max_age`. The daemon adds it to its epoll loop; when readable it reads 8 bytes and
-  // publishes a new snapshot. The scrape waits up to `wait` for it, else renders the
-  // snapshot it has (the daemon may be busy compiling). Without this, scrapes render
-  // whatever was published last. -errno on failure.
+  // `max_age` (and not published since the scrape arrived). The daemon adds it to its
+  // epoll loop; when readable it reads 8 bytes and publishes a new snapshot. The scrape
+  // is parked (the endpoint serves other connections meanwhile) until that publish()
+  // or for `wait` at most, then renders the snapshot it has (the daemon may be busy
+  // compiling). Without this, scrapes render whatever was published last. -errno on
+  // failure.
   int refresh_fd(std::chrono::milliseconds max_age = std::chrono::milliseconds(1000),
                  std::chrono::milliseconds wait = std::chrono::milliseconds(500));
 
-  // What a GET /metrics answers (also for tests without HTTP).
-  std::string scrape();
+  // The latest snapshot rendered, as GET /metrics answers once it has a fresh one (for
+  // tests without HTTP).
+  std::string scrape() const;
 
  private:
+  // For a scrape that arrived at `arrived`: the snapshot to render, or nullptr after
+  // asking the daemon for a fresher one (then `wait` is how long to wait for it).
+  std::shared_ptr<const Snapshot> fresh_or_ask(std::chrono::steady_clock::time_point arrived, bool last_call,
+                                               std::chrono::milliseconds& wait);
+
   mutable std::mutex mu_;
-  std::condition_variable cv_;
   std::shared_ptr<const Snapshot> latest_;
   uint64_t generation_ = 0;
   std::chrono::steady_clock::time_point latest_at_{};

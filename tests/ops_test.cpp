@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <atomic>
 #include <map>
 #include <set>
 #include <sstream>
@@ -704,8 +705,20 @@ metrics::Snapshot sample_snapshot() {
   s.totals.config_reloads = 3;
   s.totals.config_reload_failures = 1;
   s.totals.config_last_success_unix = 1700000000;
-  s.compiles = {.queued = 2, .running = 1, .ok = 5, .failed = 1, .wait_seconds = 1.5, .compile_seconds = 9.25};
-  s.connections = {.root = 1, .others = 7, .busiest_user = 3, .max_others = 128, .max_per_user = 32};
+  s.compiles = {.queued = 2,
+                .running = 1,
+                .queued_by_uid = {{1000, 2}},
+                .running_by_uid = {{0, 1}},
+                .ok = 5,
+                .failed = 1,
+                .wait_seconds = 1.5,
+                .compile_seconds = 9.25};
+  s.connections = {.root = 1,
+                   .others = 7,
+                   .busiest_user = 3,
+                   .by_uid = {{0, 1}, {1000, 3}, {1001, 2}, {1002, 2}},
+                   .max_others = 128,
+                   .max_per_user = 32};
   return s;
 }
 
@@ -776,6 +789,10 @@ syrup_compiles_queued 2
 # HELP syrup_compiles_running Policy compiles running on the compile workers.
 # TYPE syrup_compiles_running gauge
 syrup_compiles_running 1
+# HELP syrup_user_compiles Policy compiles of one user (the caller's uid) queued for or running on the compile workers.
+# TYPE syrup_user_compiles gauge
+syrup_user_compiles{uid="1000",state="queued"} 2
+syrup_user_compiles{uid="0",state="running"} 1
 # HELP syrup_compiles_total Compiles the compile workers finished, by result.
 # TYPE syrup_compiles_total counter
 syrup_compiles_total{result="ok"} 5
@@ -795,6 +812,12 @@ syrup_control_connections{user="other"} 7
 # HELP syrup_control_connections_busiest_user The most open control connections one user other than root holds.
 # TYPE syrup_control_connections_busiest_user gauge
 syrup_control_connections_busiest_user 3
+# HELP syrup_user_control_connections Open control connections of one user (by uid).
+# TYPE syrup_user_control_connections gauge
+syrup_user_control_connections{uid="0"} 1
+syrup_user_control_connections{uid="1000"} 3
+syrup_user_control_connections{uid="1001"} 2
+syrup_user_control_connections{uid="1002"} 2
 # HELP syrup_control_connections_limit Caps on the control connections of users other than root: all of them (--max_clients) and one user's (--max_clients_per_uid).
 # TYPE syrup_control_connections_limit gauge
 syrup_control_connections_limit{scope="all"} 128
@@ -1082,6 +1105,52 @@ TEST(HttpEndpoint, AnswersEachRequestAndClosesTheConnection) {
   EXPECT_EQ(e.seen[4].path, "/slow");
 }
 
+// A handler without an answer yet returns Later: it is asked again on wake(), or once
+// more when the wait is over (then a second Later is answered 503), and the other
+// connections are served meanwhile.
+TEST(HttpEndpoint, ALaterAnswerIsAskedForAgainOnWakeOrWhenItsWaitIsOver) {
+  std::atomic<bool> ready{false};
+  std::atomic<int> calls{0};
+  http::Endpoint ep([&](const http::Request& r) -> http::Reply {
+    calls++;
+    if (r.path == "/now") return http::Response{.body = "now"};
+    if (r.path == "/never" || (!ready && !r.last_call)) return http::Later{std::chrono::milliseconds(300)};
+    return http::Response{.body = r.last_call ? "late" : "woken"};
+  });
+  int port = ep.add_listener("127.0.0.1", 0);
+  ASSERT_GT(port, 0);
+  ASSERT_EQ(ep.start(), 0);
+  auto get = [&](const std::string& path, const std::string& method = "GET") {
+    return http_exchange(static_cast<uint16_t>(port), method + " " + path + " HTTP/1.1\r\nHost: x\r\n\r\n");
+  };
+  auto body = [](const std::string& r) { return r.substr(r.find("\r\n\r\n") + 4); };
+
+  // Woken: answered by the call after wake(), not at the end of its wait.
+  std::string woken;
+  std::thread t([&] { woken = get("/wait"); });
+  for (int i = 0; i < 300 && calls < 1; i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(calls.load(), 1);
+  EXPECT_EQ(body(get("/now")), "now") << "the parked request held up another";
+  ready = true;
+  ep.wake();
+  t.join();
+  EXPECT_EQ(woken.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << woken;
+  EXPECT_EQ(body(woken), "woken");
+  ready = false;
+
+  // Nobody wakes it: asked once more when the wait is over.
+  auto t0 = std::chrono::steady_clock::now();
+  std::string late = get("/wait", "HEAD");
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+  EXPECT_EQ(late.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << late;
+  EXPECT_NE(late.find("Content-Length: 4\r\n"), std::string::npos) << late;
+  EXPECT_EQ(body(late), "") << "a body for HEAD";
+
+  // Still no answer then: 503.
+  std::string never = get("/never");
+  EXPECT_EQ(never.rfind("HTTP/1.1 503 Service Unavailable\r\n", 0), 0u) << never;
+}
+
 TEST(HttpEndpoint, ClosesAConnectionAtItsDeadlineWhateverTheClientDoes) {
   EchoEndpoint e(http::Limits{.deadline = std::chrono::milliseconds(300)});
   int silent = tcp_connect(e.port), partial = tcp_connect(e.port);
@@ -1169,10 +1238,51 @@ TEST(MetricsHttp, ScrapeAsksTheDaemonForAFreshSnapshot) {
   // Nobody answers: the scrape gives what it has after the wait.
   metrics::Metrics m2;
   ASSERT_GE(m2.refresh_fd(std::chrono::milliseconds(0), std::chrono::milliseconds(50)), 0);
+  ASSERT_EQ(m2.start(0, err), 0) << err;
   metrics::Snapshot s;
   s.totals.deploys = 7;
   m2.publish(s);
-  EXPECT_NE(m2.scrape().find("syrup_deploys_total 7\n"), std::string::npos);
+  auto t0 = std::chrono::steady_clock::now();
+  std::string r2 = http_exchange(m2.port(), "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(50)) << "it did not wait";
+  EXPECT_NE(r2.find("syrup_deploys_total 7\n"), std::string::npos) << r2;
+}
+
+// A scrape waiting for a fresh snapshot is parked: the endpoint answers other requests
+// meanwhile, and one publish answers every waiting scrape. (Before, the scrape blocked
+// the endpoint's one thread for up to its wait.)
+TEST(MetricsHttp, AScrapeWaitingForAFreshSnapshotHoldsUpNoOtherRequest) {
+  metrics::Metrics m;
+  int efd = m.refresh_fd(std::chrono::milliseconds(0), std::chrono::milliseconds(4000));
+  ASSERT_GE(efd, 0);
+  std::string err;
+  ASSERT_EQ(m.start(0, err), 0) << err;
+  m.publish(sample_snapshot());
+  const std::string get_metrics = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  auto asked = [&] {  // the scrape asked the daemon: the eventfd is readable
+    pollfd p{efd, POLLIN, 0};
+    uint64_t n;
+    return poll(&p, 1, 3000) == 1 && read(efd, &n, sizeof n) == sizeof n;
+  };
+  std::atomic<int> done{0};
+  std::string ra, rc;
+  std::thread a([&] { ra = http_exchange(m.port(), get_metrics); done++; });
+  ASSERT_TRUE(asked()) << "the first scrape did not ask for a fresh snapshot";
+  std::thread c([&] { rc = http_exchange(m.port(), get_metrics); done++; });
+  bool c_asked = asked();
+
+  std::string rb = http_exchange(m.port(), "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  EXPECT_EQ(rb.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << rb;
+  EXPECT_EQ(done.load(), 0) << "a request was answered only after the waiting scrapes";
+
+  metrics::Snapshot s;
+  s.totals.deploys = 42;
+  m.publish(s);
+  a.join();
+  c.join();
+  EXPECT_TRUE(c_asked) << "the second scrape did not ask for a fresh snapshot";
+  EXPECT_NE(ra.find("syrup_deploys_total 42\n"), std::string::npos) << ra;
+  EXPECT_NE(rc.find("syrup_deploys_total 42\n"), std::string::npos) << rc;
 }
 
 }  // namespace

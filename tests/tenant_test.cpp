@@ -476,6 +476,9 @@ TEST_F(Tenants, OneUserCannotTakeEveryConnection) {
   ASSERT_TRUE(held) << "uid A's child never held its connections: " << ja.dump();
   EXPECT_GE(seen, 0) << "no scrape showed uid A's 2 connections:\n" << while_held;
   EXPECT_NE(while_held.find("\nsyrup_control_connections_limit{scope=\"all\"} 4\n"), std::string::npos) << while_held;
+  EXPECT_NE(while_held.find("\nsyrup_user_control_connections{uid=\"" + std::to_string(kUidA) + "\"} 2\n"),
+            std::string::npos)
+      << while_held;
   EXPECT_NE(while_held.find("\nsyrup_control_connections_limit{scope=\"per_user\"} 2\n"), std::string::npos)
       << while_held;
   EXPECT_NE(while_held.find("\nsyrup_errors_total{op=\"connect\",kind=\"EBUSY\"} 1\n"), std::string::npos)
@@ -666,7 +669,11 @@ TEST_F(Tenants, MetricsShowTheCompileWorkers) {
     });
   bool parked = log_says(d_, kParkedLog, 2, 5000);
   // A scrape refreshes a snapshot older than a second, so this sees the pair within ~1 s.
-  int seen = parked ? wait_for([&] { return metric("syrup_compiles_queued") == 1 && metric("syrup_compiles_running") == 1; }, 1800)
+  int seen = parked ? wait_for([&] {
+                        return metric("syrup_compiles_queued") == 1 && metric("syrup_compiles_running") == 1 &&
+                               metric("syrup_user_compiles{uid=\"0\",state=\"queued\"}") == 1 &&
+                               metric("syrup_user_compiles{uid=\"0\",state=\"running\"}") == 1;
+                      }, 1800)
                     : -1;
   std::string during = scraped;
   for (auto& t : ts) t.join();
@@ -679,6 +686,7 @@ TEST_F(Tenants, MetricsShowTheCompileWorkers) {
   EXPECT_EQ(metric("syrup_compiles_total{result=\"error\"}"), 0.0) << scraped;
   EXPECT_EQ(metric("syrup_compiles_queued"), 0.0) << scraped;
   EXPECT_EQ(metric("syrup_compiles_running"), 0.0) << scraped;
+  EXPECT_EQ(scraped.find("syrup_user_compiles{"), std::string::npos) << "a user with no compiles has no series: " << scraped;
   EXPECT_EQ(metric("syrup_compile_duration_seconds_count"), 2.0) << scraped;
   EXPECT_GE(metric("syrup_compile_duration_seconds_sum"), 4.0) << scraped;
   EXPECT_GE(metric("syrup_compile_wait_seconds_sum"), 1.5) << "the second compile waited for the first: " << scraped;

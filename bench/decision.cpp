@@ -11,7 +11,6 @@
 // median over rounds and the round robin ratio, both as the ratio of the medians and as
 // the median of the per-round ratios (the paired one, which the target is checked on).
 #include <bpf/bpf.h>
-#include <bpf/libbpf.h>
 #include <sys/socket.h>
 #include <syrup/syrup.h>
 
@@ -44,51 +43,6 @@ struct Run {
   uint64_t run_cnt = 0;
   std::vector<uint64_t> received;  // per socket, warm-up included
 };
-
-// The hand-written program, loaded once for all its runs.
-class Handwritten {
- public:
-  Handwritten() = default;
-  Handwritten(const Handwritten&) = delete;
-  Handwritten& operator=(const Handwritten&) = delete;
-  ~Handwritten() { bpf_object__close(obj_); }
-
-  int load(const std::string& path, uint32_t num_socks);
-  int prog_fd() const {
-    return bpf_program__fd(bpf_object__find_program_by_name(obj_, "handwritten_rr"));
-  }
-  int socks_fd() const { return bpf_object__find_map_fd_by_name(obj_, "socks"); }
-
- private:
-  bpf_object* obj_ = nullptr;
-};
-
-int Handwritten::load(const std::string& path, uint32_t num_socks) {
-  obj_ = bpf_object__open_file(path.c_str(), nullptr);
-  if (!obj_) {
-    int e = errno;
-    std::fprintf(stderr, "syrup_bench: cannot open %s: %s\n", path.c_str(), std::strerror(e));
-    return -e;
-  }
-  // num_socks is the program's only read-only variable: .rodata holds just it.
-  bpf_map* rodata = nullptr;
-  bpf_map* m;
-  bpf_object__for_each_map(m, obj_) {
-    if (bpf_map__is_internal(m) && std::strstr(bpf_map__name(m), ".rodata")) rodata = m;
-  }
-  size_t size = 0;
-  void* data = rodata ? bpf_map__initial_value(rodata, &size) : nullptr;
-  if (!data || size != sizeof num_socks) {
-    std::fprintf(stderr, "syrup_bench: %s has no 4-byte .rodata for num_socks\n", path.c_str());
-    return -EINVAL;
-  }
-  std::memcpy(data, &num_socks, sizeof num_socks);
-  if (int r = bpf_object__load(obj_)) {
-    std::fprintf(stderr, "syrup_bench: cannot load %s: %s\n", path.c_str(), std::strerror(-r));
-    return r;
-  }
-  return 0;
-}
 
 int measure(UdpGroup& group, int prog_fd, uint32_t datagrams, Run& out) {
   ProgStats before, after;
@@ -136,19 +90,19 @@ int run_policy(const Env& env, const std::string& policy, Run& out) {
   return r;
 }
 
-int run_handwritten(const Env& env, const Handwritten& hw, Run& out) {
+int run_handwritten(const Env& env, const HandwrittenObject& hw, Run& out) {
   UdpGroup group;
   if (int r = group.open(kSockets)) return r;
   const std::vector<int>& fds = group.member_fds();
   for (uint32_t i = 0; i < fds.size(); i++) {
     uint64_t fd = static_cast<uint64_t>(fds[i]);
-    if (bpf_map_update_elem(hw.socks_fd(), &i, &fd, BPF_ANY) < 0) {
+    if (bpf_map_update_elem(hw.map_fd("socks"), &i, &fd, BPF_ANY) < 0) {
       int e = errno;
       std::fprintf(stderr, "syrup_bench: filling the socket array failed: %s\n", std::strerror(e));
       return -e;
     }
   }
-  int prog_fd = hw.prog_fd();
+  int prog_fd = hw.prog_fd(kHandwritten.c_str());
   if (setsockopt(fds[0], SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, &prog_fd, sizeof prog_fd) < 0) {
     int e = errno;
     std::fprintf(stderr, "syrup_bench: attaching %s failed: %s\n", kHandwritten.c_str(),
@@ -161,8 +115,10 @@ int run_handwritten(const Env& env, const Handwritten& hw, Run& out) {
 }  // namespace
 
 int run_decision(const Env& env, json& out) {
-  Handwritten hw;
-  if (int r = hw.load(env.handwritten_obj, kSockets)) return r;
+  // The hand-written program, loaded once for all its runs.
+  HandwrittenObject hw;
+  uint32_t num_socks = kSockets;
+  if (int r = hw.load(env.handwritten_obj, {{"num_socks", &num_socks, sizeof num_socks}})) return r;
 
   std::printf("\n== Per-decision cost at the socket-select hook ==\n"
               "%zu SO_REUSEPORT UDP sockets on 127.0.0.1, %u datagrams of 16 bytes per run, %u "

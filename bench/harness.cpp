@@ -4,6 +4,8 @@
 
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
+#include <bpf/btf.h>
+#include <bpf/libbpf.h>
 #include <fcntl.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -170,6 +172,66 @@ int prog_stats(int prog_fd, ProgStats& out) {
   if (bpf_prog_get_info_by_fd(prog_fd, &info, &len) < 0) return errno_or(-EIO);
   out = {info.run_cnt, info.run_time_ns};
   return 0;
+}
+
+namespace {
+
+// Writes `v` into its .rodata variable of an opened object (found by name in the BTF).
+int set_rodata(bpf_object* obj, const HandwrittenObject::Var& v) {
+  bpf_map* rodata = nullptr;
+  bpf_map* m;
+  bpf_object__for_each_map(m, obj) {
+    if (bpf_map__is_internal(m) && std::strstr(bpf_map__name(m), ".rodata")) rodata = m;
+  }
+  const btf* b = bpf_object__btf(obj);
+  size_t data_size = 0;
+  auto* data = rodata ? static_cast<char*>(bpf_map__initial_value(rodata, &data_size)) : nullptr;
+  int sec = b ? btf__find_by_name_kind(b, ".rodata", BTF_KIND_DATASEC) : -1;
+  if (!data || sec < 0) return -ENOENT;
+  const btf_type* t = btf__type_by_id(b, static_cast<uint32_t>(sec));
+  const btf_var_secinfo* vs = btf_var_secinfos(t);
+  for (int i = 0; i < btf_vlen(t); i++, vs++) {
+    const btf_type* var = btf__type_by_id(b, vs->type);
+    if (std::strcmp(btf__name_by_offset(b, var->name_off), v.name) != 0) continue;
+    if (vs->size != v.size || vs->offset + v.size > data_size) return -EINVAL;
+    std::memcpy(data + vs->offset, v.value, v.size);
+    return 0;
+  }
+  return -ENOENT;
+}
+
+}  // namespace
+
+HandwrittenObject::~HandwrittenObject() { bpf_object__close(obj_); }
+
+int HandwrittenObject::load(const std::string& path, std::initializer_list<Var> rodata) {
+  obj_ = bpf_object__open_file(path.c_str(), nullptr);
+  if (!obj_) {
+    int e = errno;
+    std::fprintf(stderr, "syrup_bench: cannot open %s: %s\n", path.c_str(), std::strerror(e));
+    return -e;
+  }
+  for (auto& v : rodata)
+    if (int r = set_rodata(obj_, v)) {
+      std::fprintf(stderr, "syrup_bench: %s has no %zu-byte const volatile variable %s\n", path.c_str(), v.size,
+                   v.name);
+      return r;
+    }
+  if (int r = bpf_object__load(obj_)) {
+    std::fprintf(stderr, "syrup_bench: cannot load %s: %s\n", path.c_str(), std::strerror(-r));
+    return r;
+  }
+  return 0;
+}
+
+int HandwrittenObject::prog_fd(const char* name) const {
+  bpf_program* p = obj_ ? bpf_object__find_program_by_name(obj_, name) : nullptr;
+  return p ? bpf_program__fd(p) : -ENOENT;
+}
+
+int HandwrittenObject::map_fd(const char* name) const {
+  int fd = obj_ ? bpf_object__find_map_fd_by_name(obj_, name) : -ENOENT;
+  return fd < 0 ? -ENOENT : fd;
 }
 
 int UdpGroup::open(size_t n) {

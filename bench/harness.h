@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -24,6 +25,8 @@
 
 #include "syrup/syrup.h"
 #include "unique_fd.h"
+
+struct bpf_object;
 
 namespace syrup_bench {
 
@@ -74,6 +77,29 @@ struct ProgStats {
   uint64_t run_time_ns = 0;
 };
 int prog_stats(int prog_fd, ProgStats& out);
+
+// A hand-written BPF object (bench/handwritten_*.bpf.c), the yardstick Syrup's policies
+// are measured against: opened, its `const volatile` variables set, loaded; closed with
+// this object.
+class HandwrittenObject {
+ public:
+  struct Var {
+    const char* name;
+    const void* value;
+    size_t size;  // must be the variable's
+  };
+  HandwrittenObject() = default;
+  HandwrittenObject(const HandwrittenObject&) = delete;
+  HandwrittenObject& operator=(const HandwrittenObject&) = delete;
+  ~HandwrittenObject();
+
+  int load(const std::string& path, std::initializer_list<Var> rodata);
+  int prog_fd(const char* name) const;  // -ENOENT when there is none
+  int map_fd(const char* name) const;   // -ENOENT when there is none
+
+ private:
+  bpf_object* obj_ = nullptr;
+};
 
 // Room to read up to 64 datagrams of up to 64 bytes (the benches send 16) with one
 // recvmmsg, whose contents nobody looks at: receivers only count.

@@ -3,7 +3,7 @@
 
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
-#include <bpf/btf.h>
+#include <bpf/libbpf.h>
 #include <linux/bpf.h>
 #include <syrup/syrup.h>
 #include <syrup/xdp_abi.h>
@@ -17,35 +17,6 @@
 
 namespace syrup_bench::xdp {
 namespace {
-
-// Writes `value` (of `size` bytes) into the .rodata variable `name` of an opened object.
-int set_rodata(bpf_object* obj, const char* name, const void* value, size_t size) {
-  bpf_map* rodata = nullptr;
-  bpf_map* m;
-  bpf_object__for_each_map(m, obj) {
-    if (bpf_map__is_internal(m) && std::strstr(bpf_map__name(m), ".rodata")) rodata = m;
-  }
-  const btf* b = bpf_object__btf(obj);
-  size_t data_size = 0;
-  auto* data = rodata ? static_cast<char*>(bpf_map__initial_value(rodata, &data_size)) : nullptr;
-  int sec = b ? btf__find_by_name_kind(b, ".rodata", BTF_KIND_DATASEC) : -1;
-  if (!data || sec < 0) return -ENOENT;
-  const btf_type* t = btf__type_by_id(b, static_cast<uint32_t>(sec));
-  const btf_var_secinfo* vs = btf_var_secinfos(t);
-  for (int i = 0; i < btf_vlen(t); i++, vs++) {
-    const btf_type* var = btf__type_by_id(b, vs->type);
-    if (std::strcmp(btf__name_by_offset(b, var->name_off), name) != 0) continue;
-    if (vs->size != size || vs->offset + size > data_size) return -EINVAL;
-    std::memcpy(data + vs->offset, value, size);
-    return 0;
-  }
-  return -ENOENT;
-}
-
-int prog_fd(bpf_object* obj, const char* name) {
-  bpf_program* p = obj ? bpf_object__find_program_by_name(obj, name) : nullptr;
-  return p ? bpf_program__fd(p) : -ENOENT;
-}
 
 uint16_t csum_fold(uint32_t sum) {
   while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
@@ -65,24 +36,9 @@ std::string pin(const Env& env, const std::string& ifname, const char* obj) {
 }  // namespace
 
 int Handwritten::load(const std::string& path, uint16_t port, const std::vector<int>& cpus) {
-  obj_ = bpf_object__open_file(path.c_str(), nullptr);
-  if (!obj_) {
-    int e = errno;
-    std::fprintf(stderr, "syrup_bench: cannot open %s: %s\n", path.c_str(), std::strerror(e));
-    return -e;
-  }
   uint32_t n = static_cast<uint32_t>(cpus.size());
-  if (int r = set_rodata(obj_, "port", &port, sizeof port); r ||
-      (r = set_rodata(obj_, "num_cpus", &n, sizeof n))) {
-    std::fprintf(stderr, "syrup_bench: %s lacks the .rodata variables port/num_cpus\n", path.c_str());
-    return r;
-  }
-  if (int r = bpf_object__load(obj_)) {
-    std::fprintf(stderr, "syrup_bench: cannot load %s: %s\n", path.c_str(), std::strerror(-r));
-    return r;
-  }
-  int cpumap = bpf_object__find_map_fd_by_name(obj_, "cpu_map");
-  int avail = bpf_object__find_map_fd_by_name(obj_, "cpus_available");
+  if (int r = obj_.load(path, {{"port", &port, sizeof port}, {"num_cpus", &n, sizeof n}})) return r;
+  int cpumap = obj_.map_fd("cpu_map"), avail = obj_.map_fd("cpus_available");
   for (uint32_t i = 0; i < n; i++) {
     uint32_t cpu = static_cast<uint32_t>(cpus[i]);
     bpf_cpumap_val v{};
@@ -98,8 +54,8 @@ int Handwritten::load(const std::string& path, uint16_t port, const std::vector<
   return 0;
 }
 
-int Handwritten::rr_fd() const { return prog_fd(obj_, "handwritten_xdp_rr"); }
-int Handwritten::pass_fd() const { return prog_fd(obj_, "handwritten_xdp_pass"); }
+int Handwritten::rr_fd() const { return obj_.prog_fd("handwritten_xdp_rr"); }
+int Handwritten::pass_fd() const { return obj_.prog_fd("handwritten_xdp_pass"); }
 
 std::vector<uint8_t> udp_frame(const VethNet& net, uint16_t dport) {
   constexpr size_t kPayload = 16;

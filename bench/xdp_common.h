@@ -7,8 +7,6 @@
 // process); nothing here pins anything.
 #pragma once
 
-#include <bpf/libbpf.h>
-
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,17 +18,12 @@ namespace syrup_bench::xdp {
 // handwritten_xdp_rr.bpf.o, loaded with its port and cores set and its CPUMAP filled.
 class Handwritten {
  public:
-  Handwritten() = default;
-  Handwritten(const Handwritten&) = delete;
-  Handwritten& operator=(const Handwritten&) = delete;
-  ~Handwritten() { bpf_object__close(obj_); }
-
   int load(const std::string& path, uint16_t port, const std::vector<int>& cpus);
   int rr_fd() const;    // handwritten_xdp_rr: round robin to the cores through the CPUMAP
   int pass_fd() const;  // handwritten_xdp_pass: same parsing, XDP_PASS
 
  private:
-  bpf_object* obj_ = nullptr;
+  HandwrittenObject obj_;
 };
 
 // Ethernet (peer MAC -> host MAC) + IPv4 (peer_ip -> host_ip, DF, checksum) + UDP

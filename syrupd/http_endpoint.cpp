@@ -171,8 +171,8 @@ void Endpoint::loop() {
       int fd = evs[i].data.fd;
       if (fd == stop_fd_.get()) return;
       if (fd == wake_fd_.get()) {
-        uint64_t n;
-        ssize_t r = read(fd, &n, sizeof n);
+        uint64_t wakes;
+        ssize_t r = read(fd, &wakes, sizeof wakes);
         (void)r;
         resume_parked(false);
         continue;

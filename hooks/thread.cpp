@@ -77,8 +77,15 @@ int restore_registered(pid_t tgid, int threads_fd, const Baseline& b) {
 
 class AgentTarget : public Target {
  public:
-  AgentTarget(pid_t tgid, bool all, Baseline b, std::shared_ptr<std::atomic<bool>> leaving)
-      : tgid_(tgid), all_(all), baseline_(std::move(b)), leaving_(std::move(leaving)) {
+  // agent_cpus: where the agent this target starts runs (syrupd --agent_cpus; empty:
+  // where syrupd may).
+  AgentTarget(pid_t tgid, bool all, Baseline b, std::shared_ptr<std::atomic<bool>> leaving,
+              std::vector<int> agent_cpus)
+      : tgid_(tgid),
+        all_(all),
+        baseline_(std::move(b)),
+        leaving_(std::move(leaving)),
+        agent_cpus_(std::move(agent_cpus)) {
     long n = sysconf(_SC_NPROCESSORS_CONF);
     ncpu_ = n > 0 ? static_cast<uint32_t>(n) : 1;
   }
@@ -121,8 +128,6 @@ class AgentTarget : public Target {
   }
 
   void uninstall(LoadedPolicy&) override { stop(true); }
-  // Where the agent this target starts runs (syrupd --agent_cpus; empty: where syrupd may).
-  void set_agent_cpus(std::vector<int> cpus) { agent_cpus_ = std::move(cpus); }
 
   nlohmann::json describe() const override {
     std::lock_guard lk(mu_);
@@ -134,12 +139,13 @@ class AgentTarget : public Target {
   }
 
   // What a restarted syrupd needs to take the agent over: the scheduled process and the
-  // agent, each by pid and start time (a reused pid is not them), and the baseline to
-  // restore the threads to should the agent be gone by then.
+  // agent, each by pid and start time (a reused pid is not them), the agent's cores, and
+  // the baseline to restore the threads to should the agent be gone by then.
   nlohmann::json save() const override {
     std::lock_guard lk(mu_);
     return {{"backend", "agent"}, {"pid", tgid_}, {"pid_start", tgid_start_}, {"all_threads", all_},
-            {"agent_pid", agent_pid_}, {"agent_start", agent_start_}, {"status", status_},
+            {"agent_pid", agent_pid_}, {"agent_start", agent_start_}, {"agent_cpus", cpus_to_string(agent_cpus_)},
+            {"status", status_},
             {"baseline", {{"policy", baseline_.policy}, {"nice", baseline_.nice},
                           {"cpus", cpus_to_string(baseline_.cpus)}}}};
   }
@@ -163,7 +169,12 @@ class AgentTarget : public Target {
       err = "the saved baseline has no cores";
       return -EINVAL;
     }
-    auto t = std::make_unique<AgentTarget>(tgid, saved.value("all_threads", false), std::move(b), std::move(leaving));
+    // The running agent's cores, as the syrupd that started it recorded them.
+    std::vector<int> agent_cpus;
+    if (std::string ac = saved.value("agent_cpus", std::string()); !ac.empty() && cpus_from_string(ac, agent_cpus))
+      agent_cpus.clear();
+    auto t = std::make_unique<AgentTarget>(tgid, saved.value("all_threads", false), std::move(b), std::move(leaving),
+                                           std::move(agent_cpus));
     t->tgid_start_ = tstart;
     t->adopted_ = true;
     t->threads_fd_.reset(dup(p.map_fd("syrup_threads")));
@@ -447,9 +458,7 @@ int ThreadHook::make_target(const Caller& caller, proto::Message& req, std::uniq
   }
   owner = pid;
   if (backend_ == Backend::kSchedExt) return scx_make_target(scx_, pid, all, std::move(base), out, err);
-  auto t = std::make_unique<AgentTarget>(pid, all, std::move(base), leaving_);
-  t->set_agent_cpus(agent_cpus_);
-  out = std::move(t);
+  out = std::make_unique<AgentTarget>(pid, all, std::move(base), leaving_, agent_cpus_);
   return 0;
 }
 

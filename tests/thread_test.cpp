@@ -461,8 +461,9 @@ TEST_F(ThreadHook, RemoveRestoresThreads) {
 }
 
 // syrupd --agent_cpus: the agent runs on those CPUs only (off the scheduled threads'
-// core), `list` says so, and a list that is not one, or names a CPU that is not online,
-// stops syrupd at start with a message naming the flag.
+// core), `list` says so (also after a restarted syrupd adopted the agent), and a list
+// that is not one, or names a CPU that is not online, stops syrupd at start with a
+// message naming the flag.
 TEST_F(ThreadHook, AgentRunsOnTheCpusSyrupdIsGiven) {
   std::string out;
   EXPECT_EQ(run_cmd(build_bin("syrupd") + " --agent_cpus=0-x", out), 2);
@@ -491,6 +492,18 @@ TEST_F(ThreadHook, AgentRunsOnTheCpusSyrupdIsGiven) {
   EXPECT_EQ(p.value("agent_cpus", ""), std::to_string(agent_cpu)) << p.dump();
   pid_t agent = p.value("agent_pid", 0);
   ASSERT_GT(agent, 0) << p.dump();
+  EXPECT_EQ(cpus_of(agent), std::vector<int>{agent_cpu});
+
+  // A syrupd restarted without the flag adopts the agent where it runs, and says so.
+  d.crash();
+  d.start(d.bpffs_root());
+  run_cmd(build_bin("syrupctl") + " --socket " + d.socket() + " list --json", out);
+  nlohmann::json q;
+  for (auto& e : nlohmann::json::parse(out))
+    if (e["id"] == id) q = e;
+  EXPECT_EQ(q.value("adopted", false), true) << q.dump() << "\n" << d.log();
+  EXPECT_EQ(q.value("agent_pid", 0), agent) << q.dump();
+  EXPECT_EQ(q.value("agent_cpus", ""), std::to_string(agent_cpu)) << q.dump();
   EXPECT_EQ(cpus_of(agent), std::vector<int>{agent_cpu});
   EXPECT_EQ(syr_remove_policy(id), 0) << syr_last_error();
   EXPECT_EQ(d.stop(), 0) << d.log();

@@ -18,6 +18,8 @@
 S=${SYRUP_SRC:?set by init}
 B=${SYRUP_BUILD:?set by init}
 export PATH=$B/bin:/usr/local/bin:/usr/bin:/bin
+# Emulated cores are ~50x slower than the host's: a syrupd restart takes seconds here.
+export SYRUP_TEST_DAEMON_START_S=60
 cd /tmp
 echo "SYRUP-VM: in the guest root at uptime $(cut -d' ' -f1 /proc/uptime) s, sched_ext state '$(cat /sys/kernel/sched_ext/state)'"
 t0=$(cut -d' ' -f1 /proc/uptime)

@@ -93,6 +93,7 @@ class HandwrittenObject {
   HandwrittenObject& operator=(const HandwrittenObject&) = delete;
   ~HandwrittenObject();
 
+  // Once per object. 0 or -errno (and why on stderr).
   int load(const std::string& path, std::initializer_list<Var> rodata);
   int prog_fd(const char* name) const;  // -ENOENT when there is none
   int map_fd(const char* name) const;   // -ENOENT when there is none

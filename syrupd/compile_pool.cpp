@@ -36,10 +36,7 @@ std::vector<CompilePool::Done> CompilePool::take_done() {
 metrics::CompileSample CompilePool::stats() {
   std::lock_guard lk(mu_);
   metrics::CompileSample s = stats_;
-  for (auto& [uid, q] : queued_) {
-    s.queued += q.size();
-    s.queued_by_uid[uid] = q.size();  // queues are never empty (next_locked erases those)
-  }
+  for (auto& [uid, q] : queued_) s.queued_by_uid[uid] = q.size();  // never empty (next_locked erases those)
   return s;
 }
 
@@ -62,7 +59,6 @@ void CompilePool::work() {
       cv_.wait(lk, [&] { return stopping_ || !queued_.empty(); });
       if (stopping_) return;
       j = next_locked();
-      stats_.running++;
       stats_.running_by_uid[j.uid]++;
     }
     auto started = std::chrono::steady_clock::now();
@@ -70,7 +66,6 @@ void CompilePool::work() {
     auto ended = std::chrono::steady_clock::now();
     {
       std::lock_guard lk(mu_);
-      stats_.running--;
       if (--stats_.running_by_uid[j.uid] == 0) stats_.running_by_uid.erase(j.uid);
       (r.err ? stats_.failed : stats_.ok)++;
       stats_.wait_seconds += std::chrono::duration<double>(started - j.submitted).count();

@@ -950,14 +950,8 @@ void Daemon::publish_metrics() {
   s.start_time_unix = static_cast<double>(start_time_);
   s.totals = totals_;
   s.compiles = compile_pool_.stats();
-  s.connections = {.root = clients_of(0),
-                   .others = clients_of_others(),
-                   .busiest_user = 0,
-                   .max_others = cfg_.max_clients,
-                   .max_per_user = cfg_.max_clients_per_uid};
+  s.connections = {.max_others = cfg_.max_clients, .max_per_user = cfg_.max_clients_per_uid};
   for (auto& [fd, c] : clients_) s.connections.by_uid[c.uid]++;
-  for (auto& [uid, n] : s.connections.by_uid)
-    if (uid != 0) s.connections.busiest_user = std::max(s.connections.busiest_user, n);
   std::map<std::string, metrics::TenantSample> tenants;
   for (auto& [id, p] : policies_) {
     s.policies.push_back(metrics::policy_sample(policy_stats(*p), p->hook, p->target->key()));

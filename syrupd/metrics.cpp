@@ -7,6 +7,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cinttypes>
@@ -205,10 +206,15 @@ std::string render(const Snapshot& s) {
            "Unix time the --config file was last applied successfully (0: never).");
   w.sample("syrup_config_last_reload_success_timestamp_seconds", {}, s.totals.config_last_success_unix);
   const CompileSample& c = s.compiles;
+  auto sum = [](const std::map<uid_t, uint64_t>& m) {
+    uint64_t n = 0;
+    for (auto& [uid, k] : m) n += k;
+    return n;
+  };
   w.family("syrup_compiles_queued", "gauge", "Policy compiles waiting for a compile worker.");
-  w.sample("syrup_compiles_queued", {}, c.queued);
+  w.sample("syrup_compiles_queued", {}, sum(c.queued_by_uid));
   w.family("syrup_compiles_running", "gauge", "Policy compiles running on the compile workers.");
-  w.sample("syrup_compiles_running", {}, c.running);
+  w.sample("syrup_compiles_running", {}, sum(c.running_by_uid));
   w.family("syrup_user_compiles", "gauge",
            "Policy compiles of one user (the caller's uid) queued for or running on the compile workers.");
   for (auto& [uid, n] : c.queued_by_uid) w.sample("syrup_user_compiles", {{"uid", std::to_string(uid)}, {"state", "queued"}}, n);
@@ -223,12 +229,17 @@ std::string render(const Snapshot& s) {
   w.sample("syrup_compile_duration_seconds_sum", {}, c.compile_seconds);
   w.sample("syrup_compile_duration_seconds_count", {}, c.ok + c.failed);
   const ConnectionSample& k = s.connections;
+  uint64_t root = 0, others = 0, busiest = 0;
+  for (auto& [uid, n] : k.by_uid) {
+    (uid == 0 ? root : others) += n;
+    if (uid != 0) busiest = std::max(busiest, n);
+  }
   w.family("syrup_control_connections", "gauge", "Open control connections, of root and of other users.");
-  w.sample("syrup_control_connections", {{"user", "root"}}, k.root);
-  w.sample("syrup_control_connections", {{"user", "other"}}, k.others);
+  w.sample("syrup_control_connections", {{"user", "root"}}, root);
+  w.sample("syrup_control_connections", {{"user", "other"}}, others);
   w.family("syrup_control_connections_busiest_user", "gauge",
            "The most open control connections one user other than root holds.");
-  w.sample("syrup_control_connections_busiest_user", {}, k.busiest_user);
+  w.sample("syrup_control_connections_busiest_user", {}, busiest);
   w.family("syrup_user_control_connections", "gauge", "Open control connections of one user (by uid).");
   for (auto& [uid, n] : k.by_uid) w.sample("syrup_user_control_connections", {{"uid", std::to_string(uid)}}, n);
   w.family("syrup_control_connections_limit", "gauge",

@@ -68,18 +68,17 @@ struct Totals {
 
 // The compile workers (syrupd/compile_pool.h): what they hold now, and what they have
 // done since syrupd started. Compiles syrupd runs on its main thread are not counted.
+// The totals now (syrup_compiles_queued, _running) are summed from the per-uid counts.
 struct CompileSample {
-  uint64_t queued = 0, running = 0;  // now
-  std::map<uid_t, uint64_t> queued_by_uid, running_by_uid;  // now, the callers' uids (no zeros)
+  std::map<uid_t, uint64_t> queued_by_uid, running_by_uid;  // now, by the callers' uids (no zeros)
   uint64_t ok = 0, failed = 0;       // finished
   double wait_seconds = 0;           // summed over finished compiles: submit to start
   double compile_seconds = 0;        // summed over finished compiles: start to end
 };
 
 // The control connections (docs/protocol.md, "Connection model"), now, and their caps.
+// Root's, the others' and the busiest user's counts are derived from `by_uid`.
 struct ConnectionSample {
-  uint64_t root = 0, others = 0;              // open connections of uid 0, of other users
-  uint64_t busiest_user = 0;                  // the most one user other than root holds
   std::map<uid_t, uint64_t> by_uid;           // open connections per uid (root's too; no zeros)
   uint64_t max_others = 0, max_per_user = 0;  // --max_clients, --max_clients_per_uid
 };

@@ -117,8 +117,7 @@ int run_handwritten(const Env& env, const HandwrittenObject& hw, Run& out) {
 int run_decision(const Env& env, json& out) {
   // The hand-written program, loaded once for all its runs.
   HandwrittenObject hw;
-  uint32_t num_socks = kSockets;
-  if (int r = hw.load(env.handwritten_obj, {{"num_socks", &num_socks, sizeof num_socks}})) return r;
+  if (int r = hw.load(env.handwritten_obj, {{"num_socks", kSockets}})) return r;
 
   std::printf("\n== Per-decision cost at the socket-select hook ==\n"
               "%zu SO_REUSEPORT UDP sockets on 127.0.0.1, %u datagrams of 16 bytes per run, %u "

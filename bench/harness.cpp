@@ -4,7 +4,6 @@
 
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
-#include <bpf/btf.h>
 #include <bpf/libbpf.h>
 #include <fcntl.h>
 #include <net/if.h>
@@ -32,6 +31,8 @@
 #include <thread>
 
 #include <syrup/syrup.h>
+
+#include "bpf_rodata.h"
 
 namespace syrup_bench {
 namespace fs = std::filesystem;
@@ -174,34 +175,6 @@ int prog_stats(int prog_fd, ProgStats& out) {
   return 0;
 }
 
-namespace {
-
-// Writes `v` into its .rodata variable of an opened object (found by name in the BTF).
-int set_rodata(bpf_object* obj, const HandwrittenObject::Var& v) {
-  bpf_map* rodata = nullptr;
-  bpf_map* m;
-  bpf_object__for_each_map(m, obj) {
-    if (bpf_map__is_internal(m) && std::strstr(bpf_map__name(m), ".rodata")) rodata = m;
-  }
-  const btf* b = bpf_object__btf(obj);
-  size_t data_size = 0;
-  auto* data = rodata ? static_cast<char*>(bpf_map__initial_value(rodata, &data_size)) : nullptr;
-  int sec = b ? btf__find_by_name_kind(b, ".rodata", BTF_KIND_DATASEC) : -1;
-  if (!data || sec < 0) return -ENOENT;
-  const btf_type* t = btf__type_by_id(b, static_cast<uint32_t>(sec));
-  const btf_var_secinfo* vs = btf_var_secinfos(t);
-  for (int i = 0; i < btf_vlen(t); i++, vs++) {
-    const btf_type* var = btf__type_by_id(b, vs->type);
-    if (std::strcmp(btf__name_by_offset(b, var->name_off), v.name) != 0) continue;
-    if (vs->size != v.size || vs->offset + v.size > data_size) return -EINVAL;
-    std::memcpy(data + vs->offset, v.value, v.size);
-    return 0;
-  }
-  return -ENOENT;
-}
-
-}  // namespace
-
 HandwrittenObject::~HandwrittenObject() { bpf_object__close(obj_); }
 
 int HandwrittenObject::load(const std::string& path, std::initializer_list<Var> rodata) {
@@ -212,9 +185,9 @@ int HandwrittenObject::load(const std::string& path, std::initializer_list<Var> 
     return -e;
   }
   for (auto& v : rodata)
-    if (int r = set_rodata(obj_, v)) {
-      std::fprintf(stderr, "syrup_bench: %s has no %zu-byte const volatile variable %s\n", path.c_str(), v.size,
-                   v.name);
+    if (int r = syrup::set_rodata(obj_, v.name, v.value)) {
+      std::fprintf(stderr, "syrup_bench: cannot set the const volatile variable %s of %s to %llu: %s\n", v.name,
+                   path.c_str(), static_cast<unsigned long long>(v.value), std::strerror(-r));
       return r;
     }
   if (int r = bpf_object__load(obj_)) {

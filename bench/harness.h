@@ -85,8 +85,7 @@ class HandwrittenObject {
  public:
   struct Var {
     const char* name;
-    const void* value;
-    size_t size;  // must be the variable's
+    uint64_t value;  // must fit the variable's integer type
   };
   HandwrittenObject() = default;
   HandwrittenObject(const HandwrittenObject&) = delete;

@@ -37,7 +37,7 @@ std::string pin(const Env& env, const std::string& ifname, const char* obj) {
 
 int Handwritten::load(const std::string& path, uint16_t port, const std::vector<int>& cpus) {
   uint32_t n = static_cast<uint32_t>(cpus.size());
-  if (int r = obj_.load(path, {{"port", &port, sizeof port}, {"num_cpus", &n, sizeof n}})) return r;
+  if (int r = obj_.load(path, {{"port", port}, {"num_cpus", n}})) return r;
   int cpumap = obj_.map_fd("cpu_map"), avail = obj_.map_fd("cpus_available");
   for (uint32_t i = 0; i < n; i++) {
     uint32_t cpu = static_cast<uint32_t>(cpus[i]);

@@ -337,17 +337,21 @@ TEST(KvLoadgen, RateAndLatencyMatchAnMD1QueueWithAKnownServiceTime) {
 
     // The generator's side, seen by the server: Poisson gaps (an exponential's
     // coefficient of variation is 1) at the rate, and 50 distinct flows.
+    // Too few arrivals for the gap statistics is a problem of its own, added to the ones
+    // found above; the server's judgement below still decides whether it counts.
     auto arr = srv.arrivals();
-    if (arr.size() < 1000) return Problems{"server saw only " + num(arr.size()) + " requests"};
-    double sum = 0, sq = 0;
-    for (size_t i = 1; i < arr.size(); i++) {
-      double d = static_cast<double>(arr[i] - arr[i - 1]);
-      sum += d;
-      sq += d * d;
+    check(p, arr.size() >= 1000, "server saw only " + num(arr.size()) + " requests");
+    if (arr.size() >= 1000) {
+      double sum = 0, sq = 0;
+      for (size_t i = 1; i < arr.size(); i++) {
+        double d = static_cast<double>(arr[i] - arr[i - 1]);
+        sum += d;
+        sq += d * d;
+      }
+      double n = static_cast<double>(arr.size() - 1), gap = sum / n, cv = std::sqrt(sq / n - gap * gap) / gap;
+      check(p, std::fabs(gap - 1e9 / kRate) <= 0.1 * 1e9 / kRate, "mean gap " + num(gap) + " ns");
+      check(p, std::fabs(cv - 1.0) <= 0.15, "arrivals are not Poisson: gap CV " + num(cv));
     }
-    double n = static_cast<double>(arr.size() - 1), gap = sum / n, cv = std::sqrt(sq / n - gap * gap) / gap;
-    check(p, std::fabs(gap - 1e9 / kRate) <= 0.1 * 1e9 / kRate, "mean gap " + num(gap) + " ns");
-    check(p, std::fabs(cv - 1.0) <= 0.15, "arrivals are not Poisson: gap CV " + num(cv));
     check_exact(p, srv.flows().size() == 50, "flows seen: " + num(srv.flows().size()));
     judge_server(p, srv);
     return p;

@@ -114,6 +114,51 @@ std::string sha256_hex(const std::string& data) {
   return out;
 }
 
+// `clang --version`, run once per clang binary: its output is kept in
+// <cache_dir>/compiler-version under a stamp of the binary (its real path, device, inode,
+// size, mtime and ctime), and a start whose clang has the same stamp reads it from there.
+// Starting clang costs 3 s in an emulated guest, which a restarted syrupd spent before
+// adopting anything. A package upgrade replaces the binary and so changes the stamp. A
+// script (a wrapper that picks the compiler when run) is run every time: its stamp says
+// nothing about the compiler it starts.
+int Compiler::compiler_version(std::string& version) {
+  version_from_cache_ = false;
+  std::string stamp;
+  std::error_code ec;
+  fs::path real = fs::canonical(cfg_.clang, ec);
+  struct stat st {};
+  char magic[2] = {};
+  std::ifstream(real, std::ios::binary).read(magic, 2);
+  if (!ec && stat(real.c_str(), &st) == 0 && !(magic[0] == '#' && magic[1] == '!')) {
+    std::ostringstream ss;
+    ss << "syrup compiler stamp 1 " << real.string() << " dev=" << st.st_dev << " ino=" << st.st_ino
+       << " size=" << st.st_size << " mtime=" << st.st_mtim.tv_sec << '.' << st.st_mtim.tv_nsec
+       << " ctime=" << st.st_ctim.tv_sec << '.' << st.st_ctim.tv_nsec << '\n';
+    stamp = ss.str();
+  }
+  std::string path = cfg_.cache_dir + "/compiler-version";
+  if (!stamp.empty()) {
+    std::string kept = read_file(path);
+    if (kept.size() > stamp.size() && kept.compare(0, stamp.size(), stamp) == 0) {
+      version = kept.substr(stamp.size());
+      version_from_cache_ = true;
+      return 0;
+    }
+  }
+  // As long as a compile may take: on a loaded machine (or an emulated one) starting
+  // clang alone can take seconds.
+  int r = run({cfg_.clang, "--version"}, version, cfg_.timeout_ms);
+  if (r != 0 || stamp.empty() || version.empty()) return r;
+  // Written to a name of this process's and renamed: another syrupd sharing the cache
+  // reads either the old record or the new one. Not keeping it only costs the next start.
+  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  out << stamp << version;
+  out.close();
+  if (!out || rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
+  return 0;
+}
+
 int Compiler::init(const CompilerConfig& cfg, std::string& error) {
   cfg_ = cfg;
   if (access(cfg_.clang.c_str(), X_OK) != 0) {
@@ -124,10 +169,16 @@ int Compiler::init(const CompilerConfig& cfg, std::string& error) {
     error = "policy header not found under '" + cfg_.kernel_dir + "/include' (set --kernel_dir)";
     return -ENOENT;
   }
+  for (auto* sub : {"/obj", "/src"}) {
+    std::error_code ec;
+    fs::create_directories(cfg_.cache_dir + sub, ec);
+    if (ec) {
+      error = "cannot create cache directory " + cfg_.cache_dir + sub + ": " + ec.message();
+      return -ec.value();
+    }
+  }
   std::string version;
-  // As long as a compile may take: on a loaded machine (or an emulated one) starting
-  // clang alone can take seconds.
-  int r = run({cfg_.clang, "--version"}, version, cfg_.timeout_ms);
+  int r = compiler_version(version);
   if (r != 0) {
     error = "'" + cfg_.clang + " --version' failed: " + version;
     return -ENOEXEC;
@@ -144,16 +195,9 @@ int Compiler::init(const CompilerConfig& cfg, std::string& error) {
     headers.push_back(fs::path("/usr/include") / sys);
   for (auto& h : headers) id += h.string() + '\n' + read_file(h);
   identity_ = sha256_hex(id);
-  for (auto* sub : {"/obj", "/src"}) {
-    std::error_code ec;
-    fs::create_directories(cfg_.cache_dir + sub, ec);
-    if (ec) {
-      error = "cannot create cache directory " + cfg_.cache_dir + sub + ": " + ec.message();
-      return -ec.value();
-    }
-  }
-  log(LogLevel::kInfo, "policy compiler: %s (%s)", cfg_.clang.c_str(),
-      version.substr(0, version.find('\n')).c_str());
+  log(LogLevel::kInfo, "policy compiler: %s (%s%s)", cfg_.clang.c_str(),
+      version.substr(0, version.find('\n')).c_str(),
+      version_from_cache_ ? "; version from the cache, the binary is unchanged" : "");
   return 0;
 }
 

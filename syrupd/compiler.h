@@ -57,13 +57,18 @@ class Compiler {
   // While on, running compiles are killed and new ones fail, with -ECANCELED (shutdown).
   void cancel(bool on) { cancel_ = on; }
   const CompilerConfig& config() const { return cfg_; }
+  // Whether init() took clang's version from the cache instead of running clang.
+  bool version_from_cache() const { return version_from_cache_; }
 
  private:
   // The translation unit of `job` and its object's path in the cache.
   std::string object_path(const CompileJob& job, std::string* tu) const;
+  // `clang --version`'s output, from the cache while the binary is unchanged.
+  int compiler_version(std::string& version);
 
   CompilerConfig cfg_;
   std::string identity_;  // digest of compiler version, flags and headers
+  bool version_from_cache_ = false;
   std::atomic<bool> cancel_{false};
   std::atomic<uint64_t> seq_{0};  // makes temporary names unique per compile
 };

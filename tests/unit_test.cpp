@@ -1,11 +1,16 @@
 // Unit tests of pure logic: the control protocol's framing, name validation, the pin
-// layout and the helpers the loader and compiler use. No kernel involved.
+// layout and the helpers the loader and compiler use (the compiler's with a real clang).
+// No kernel involved.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "compiler.h"
 #include "loader.h"
@@ -124,6 +129,60 @@ TEST(Loader, TailLines) {
 
 TEST(Compiler, Sha256KnownVector) {
   EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+// `clang --version` runs once per clang binary: a start with the same binary reads the
+// version from the cache and compiles to the same cache keys; a changed binary (a new
+// mtime, as a package upgrade gives), an unreadable record or a script runs clang again.
+// The clang is a copy of the real one, so that the test can change its mtime.
+TEST(Compiler, ClangVersionIsRunOncePerBinary) {
+  char tmpl[] = "/tmp/syrup-test-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr) << strerror(errno);
+  std::string dir = tmpl;
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() { std::filesystem::remove_all(dir); }
+  } cleanup{dir};
+  std::error_code ec;
+  std::filesystem::copy_file(std::filesystem::canonical("/usr/bin/clang-19", ec), dir + "/clang", ec);
+  ASSERT_FALSE(ec) << "copying clang-19: " << ec.message();
+  std::ofstream(dir + "/wrapper") << "#!/bin/sh\nexec " << dir << "/clang \"$@\"\n";
+  ASSERT_EQ(chmod((dir + "/wrapper").c_str(), 0755), 0);
+
+  CompilerConfig cfg;
+  cfg.clang = dir + "/clang";
+  cfg.kernel_dir = std::string(SYRUP_SOURCE_DIR) + "/kernel";
+  cfg.cache_dir = dir + "/cache";
+  CompileJob job{"int x;", "p.c", "SYR_HOOK_SOCKET_SELECT", "socket_select.bpf.h"};
+  std::string first_key;
+  // Starts a compiler as syrupd does; true when it took the version from the cache.
+  auto start = [&](std::string* key = nullptr) {
+    Compiler c;
+    std::string error;
+    EXPECT_EQ(c.init(cfg, error), 0) << error;
+    if (key) *key = c.key(job);
+    return c.version_from_cache();
+  };
+
+  EXPECT_FALSE(start(&first_key)) << "an empty cache has no version";
+  std::string key;
+  EXPECT_TRUE(start(&key)) << "the same binary: the version comes from the cache";
+  EXPECT_EQ(key, first_key) << "a cached version must give the same cache keys";
+
+  timespec old[2] = {{1000000000, 0}, {1000000000, 0}};  // 2001: any other mtime
+  ASSERT_EQ(utimensat(AT_FDCWD, cfg.clang.c_str(), old, 0), 0) << strerror(errno);
+  EXPECT_FALSE(start(&key)) << "a changed binary must be run again";
+  EXPECT_EQ(key, first_key) << "same version, same keys";
+  EXPECT_TRUE(start());
+
+  std::ofstream(cfg.cache_dir + "/compiler-version", std::ios::trunc) << "garbage";
+  EXPECT_FALSE(start(&key)) << "an unreadable record is a miss";
+  EXPECT_EQ(key, first_key);
+  EXPECT_TRUE(start());
+
+  cfg.clang = dir + "/wrapper";
+  EXPECT_FALSE(start()) << "a script is run every time";
+  EXPECT_FALSE(start()) << "a script is run every time";
 }
 
 // The CPU lists of syrupd --agent_cpus and the agent's baseline (cpuset(7) list format).

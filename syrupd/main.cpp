@@ -22,7 +22,7 @@ DEFINE_string(clang, "/usr/bin/clang-19", "clang used to compile policies to BPF
 DEFINE_string(kernel_dir, "",
               "directory with include/syrup/policy.h and hooks/*.bpf.h (default: the source "
               "tree's kernel/ when run from a build tree, else the installed copy)");
-DEFINE_string(cache_dir, "/var/cache/syrup", "where compiled policy objects are cached by content");
+DEFINE_string(cache_dir, "/var/cache/syrup", "where compiled policy objects are cached by content, and clang's version by its binary");
 DEFINE_uint32(compile_workers, 2,
               "threads compiling policies; a deploy waiting for clang holds up no other request "
               "(1 to 64)");

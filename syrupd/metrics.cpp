@@ -263,7 +263,6 @@ void Metrics::publish(Snapshot s) {
   {
     std::lock_guard lk(mu_);
     latest_ = std::move(p);
-    generation_++;
     latest_at_ = std::chrono::steady_clock::now();
   }
   if (endpoint_) endpoint_->wake();
@@ -272,11 +271,6 @@ void Metrics::publish(Snapshot s) {
 std::shared_ptr<const Snapshot> Metrics::latest() const {
   std::lock_guard lk(mu_);
   return latest_;
-}
-
-uint64_t Metrics::generation() const {
-  std::lock_guard lk(mu_);
-  return generation_;
 }
 
 int Metrics::refresh_fd(std::chrono::milliseconds max_age, std::chrono::milliseconds wait) {

@@ -115,7 +115,6 @@ class Metrics {
   // scrapes from now on render it, and scrapes waiting for a fresh one are answered.
   void publish(Snapshot s);
   std::shared_ptr<const Snapshot> latest() const;
-  uint64_t generation() const;  // counts publish() calls
 
   // Serves GET /metrics on 127.0.0.1:port and, when the host has IPv6, [::1]:port, on
   // threads of its own. port 0: an ephemeral port (see port()), the same on both.
@@ -148,7 +147,6 @@ class Metrics {
 
   mutable std::mutex mu_;
   std::shared_ptr<const Snapshot> latest_;
-  uint64_t generation_ = 0;
   std::chrono::steady_clock::time_point latest_at_{};
   int refresh_fd_ = -1;
   std::chrono::milliseconds max_age_{1000}, wait_{500};

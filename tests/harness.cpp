@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "client.h"
+#include "http_client.h"
 
 namespace syrup::test {
 namespace fs = std::filesystem;
@@ -302,19 +303,7 @@ std::vector<pid_t> ChildProcess::tids() const {
 }
 
 std::string http_get(uint16_t port, const std::string& path) {
-  UniqueFd s(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
-  if (connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) return "";
-  std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  (void)!write(s.get(), req.data(), req.size());
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(s.get(), buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
-  return out;
+  return http_exchange(port, "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n");
 }
 
 int run_cmd(const std::string& cmd, std::string& out) {

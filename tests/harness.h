@@ -151,7 +151,7 @@ int wait_for(F pred, int ms) {
 }
 
 // GET `path` from 127.0.0.1:`port` over HTTP/1.0: the whole response, headers included;
-// "" if nobody listens.
+// "connect: <reason>" if nobody listens (tests/http_client.h).
 std::string http_get(uint16_t port, const std::string& path);
 
 // struct sched_attr and sched_getattr/sched_setattr (hooks/sched_attr.h).

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "config.h"
+#include "http_client.h"
 #include "http_endpoint.h"
 #include "metrics.h"
 
@@ -32,6 +33,9 @@ namespace fs = std::filesystem;
 using config::Config;
 using config::Diagnostic;
 using nlohmann::json;
+using test::http_exchange;
+using test::read_all;
+using test::tcp_connect;
 
 // Policy files by path; any other path does not exist.
 struct FakeFiles {
@@ -963,46 +967,6 @@ size_t open_fds() {
   size_t n = 0;
   for ([[maybe_unused]] auto& e : fs::directory_iterator("/proc/self/fd")) n++;
   return n;
-}
-
-// A TCP connection to 127.0.0.1:port (blocking, 3 s timeouts), or -1.
-int tcp_connect(uint16_t port, bool nonblock = false) {
-  int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0);
-  if (c < 0) return -1;
-  timeval tv{3, 0};
-  setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0 && errno != EINPROGRESS) {
-    close(c);
-    return -1;
-  }
-  return c;
-}
-
-// Everything the server sends on `c` until it closes the connection (or 3 s pass).
-std::string read_all(int c) {
-  std::string out;
-  char buf[4096];
-  for (;;) {
-    ssize_t n = recv(c, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  return out;
-}
-
-// Sends `request` on a new connection; the whole response.
-std::string http_exchange(uint16_t port, const std::string& request) {
-  int c = tcp_connect(port);
-  if (c < 0) return "connect: " + std::string(std::strerror(errno));
-  send(c, request.data(), request.size(), MSG_NOSIGNAL);
-  std::string r = read_all(c);
-  close(c);
-  return r;
 }
 
 // Whether the server has closed `c` (reads 0 within `ms`), as opposed to keeping it open.

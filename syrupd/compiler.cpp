@@ -1,7 +1,6 @@
 #include "compiler.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -18,6 +17,7 @@
 #include <sstream>
 #include <vector>
 
+#include "digest.h"
 #include "log.h"
 #include "pins.h"
 #include "unique_fd.h"
@@ -100,19 +100,6 @@ std::string read_file(const fs::path& p) {
 }
 
 }  // namespace
-
-std::string sha256_hex(const std::string& data) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned i = 0; i < len; i++) {
-    out += hex[md[i] >> 4];
-    out += hex[md[i] & 15];
-  }
-  return out;
-}
 
 // `clang --version`, run once per clang binary: its output is kept in
 // <cache_dir>/compiler-version under a stamp of the binary (its real path, device, inode,

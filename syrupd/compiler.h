@@ -73,7 +73,4 @@ class Compiler {
   std::atomic<uint64_t> seq_{0};  // makes temporary names unique per compile
 };
 
-// Hex SHA-256 of `data`.
-std::string sha256_hex(const std::string& data);
-
 }  // namespace syrup

@@ -6,7 +6,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <openssl/evp.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
@@ -19,6 +18,8 @@
 #include <map>
 #include <set>
 #include <sstream>
+
+#include "digest.h"
 
 namespace syrup::config {
 namespace fs = std::filesystem;
@@ -106,19 +107,6 @@ bool parse_uint(const std::string& s, uint64_t& out) {
   }
   out = v;
   return true;
-}
-
-std::string sha256_hex(const std::string& data) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  EVP_Digest(data.data(), data.size(), md, &n, EVP_sha256(), nullptr);
-  static const char* h = "0123456789abcdef";
-  std::string s;
-  for (unsigned int i = 0; i < n; i++) {
-    s += h[md[i] >> 4];
-    s += h[md[i] & 15];
-  }
-  return s;
 }
 
 int read_regular_file(const std::string& path, size_t limit, std::string& contents, std::string& why) {

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "compiler.h"
+#include "digest.h"
 #include "loader.h"
 #include "pins.h"
 #include "protocol.h"

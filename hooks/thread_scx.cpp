@@ -518,21 +518,11 @@ class ScxTarget : public Target {
 int ScxBackend::ensure_root(std::string& err) {
   std::lock_guard lk(mu_);
   if (obj_ || adopted_) return 0;
-  std::string path = compiler_.config().kernel_dir + "/hooks/thread_scx_root.bpf.c";
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (!in) {
-    err = "cannot read the sched_ext root scheduler " + path;
-    return -ENOENT;
-  }
-  CompileResult cr = compiler_.compile({ss.str(), path, "", ""});
-  if (cr.err) {
-    err = "the sched_ext root scheduler does not compile:\n" + cr.diagnostics;
-    return cr.err;
-  }
+  std::string object_path;
+  if (int e = compiler_.compile_own("thread_scx_root.bpf.c", "the sched_ext root scheduler", object_path, err))
+    return e;
   LIBBPF_OPTS(bpf_object_open_opts, oo, .object_name = "syr_scx_root");
-  bpf_object* obj = bpf_object__open_file(cr.object_path.c_str(), &oo);
+  bpf_object* obj = bpf_object__open_file(object_path.c_str(), &oo);
   if (!obj) {
     int e = -errno;
     err = "cannot open the sched_ext root scheduler: " + std::string(std::strerror(-e));

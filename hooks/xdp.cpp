@@ -110,20 +110,9 @@ class Root {
       err = "no network interface '" + ifname + "'";
       return -ENODEV;
     }
-    std::string path = compiler.config().kernel_dir + "/hooks/xdp_root.bpf.c";
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (!in) {
-      err = "cannot read the XDP root program " + path;
-      return -ENOENT;
-    }
-    CompileResult cr = compiler.compile({ss.str(), path, "", ""});
-    if (cr.err) {
-      err = "the XDP root program does not compile:\n" + cr.diagnostics;
-      return cr.err;
-    }
-    r->obj_ = bpf_object__open_file(cr.object_path.c_str(), nullptr);
+    std::string object_path;
+    if (int e = compiler.compile_own("xdp_root.bpf.c", "the XDP root program", object_path, err)) return e;
+    r->obj_ = bpf_object__open_file(object_path.c_str(), nullptr);
     if (!r->obj_) {
       int e = -errno;
       err = "cannot open the XDP root program: " + std::string(std::strerror(-e));

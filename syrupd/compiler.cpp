@@ -188,6 +188,25 @@ int Compiler::init(const CompilerConfig& cfg, std::string& error) {
   return 0;
 }
 
+int Compiler::compile_own(const std::string& file, const std::string& what, std::string& object_path,
+                          std::string& err) {
+  std::string path = cfg_.kernel_dir + "/hooks/" + file;
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (!in) {
+    err = "cannot read " + what + " " + path;
+    return -ENOENT;
+  }
+  CompileResult cr = compile({ss.str(), path, "", ""});
+  if (cr.err) {
+    err = what + " does not compile:\n" + cr.diagnostics;
+    return cr.err;
+  }
+  object_path = cr.object_path;
+  return 0;
+}
+
 std::string Compiler::object_path(const CompileJob& job, std::string* tu_out) const {
   // The display name is used verbatim in a #line directive: keep it a plain string.
   std::string shown;

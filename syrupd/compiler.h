@@ -50,6 +50,10 @@ class Compiler {
   // Safe to call from several threads at once (syrupd's compile workers and its main
   // thread): every compile writes its source and object under names of its own.
   CompileResult compile(const CompileJob& job);
+  // Compiles a BPF program of syrupd's own, <kernel_dir>/hooks/<file> (the XDP root
+  // program, the sched_ext root scheduler), with the same compiler and cache as policies:
+  // 0 with its object's path, or -errno with `err` naming it by `what`.
+  int compile_own(const std::string& file, const std::string& what, std::string& object_path, std::string& err);
   // Whether `job`'s object is in the cache: compile() would return it without clang.
   bool cached(const CompileJob& job) const;
   // What names `job`'s compile: equal for jobs whose compile is the same (its cache path).

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +15,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -32,7 +35,7 @@ std::vector<std::string> clang_flags(const CompilerConfig& c, const std::string&
   return {"-g", "-O2", "-target", "bpf", "-mcpu=v3", "-D__TARGET_ARCH_x86",
           hook_define.empty() ? "-D__SYRUP_BPF__" : "-D" + hook_define, "-I" + c.kernel_dir + "/include", "-I" + c.kernel_dir + "/hooks",
           "-I" + c.multiarch_include, "-Wall", "-Wno-unused-function",
-          "-fno-color-diagnostics", "-fno-caret-diagnostics"};
+          "-fno-color-diagnostics"};
 }
 
 // Runs argv, returns exit status (or -errno), with stdout+stderr collected in `output`.
@@ -92,10 +95,24 @@ int run(const std::vector<std::string>& argv, std::string& output, int timeout_m
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-std::string read_file(const fs::path& p) {
+// The whole file; "" (and *ok false) when it cannot be opened.
+std::string read_file(const fs::path& p, bool* ok = nullptr) {
   std::ifstream in(p, std::ios::binary);
   std::ostringstream ss;
   ss << in.rdbuf();
+  if (ok) *ok = static_cast<bool>(in);
+  return ss.str();
+}
+
+// What changes when a file is written or replaced: its device, inode, size, mtime and
+// ctime; "" if it cannot be stat'ed.
+std::string file_stamp(const fs::path& p) {
+  struct stat st {};
+  if (stat(p.c_str(), &st) != 0) return "";
+  std::ostringstream ss;
+  ss << "dev=" << st.st_dev << " ino=" << st.st_ino << " size=" << st.st_size
+     << " mtime=" << st.st_mtim.tv_sec << '.' << st.st_mtim.tv_nsec << " ctime=" << st.st_ctim.tv_sec
+     << '.' << st.st_ctim.tv_nsec;
   return ss.str();
 }
 
@@ -113,16 +130,11 @@ int Compiler::compiler_version(std::string& version) {
   std::string stamp;
   std::error_code ec;
   fs::path real = fs::canonical(cfg_.clang, ec);
-  struct stat st {};
   char magic[2] = {};
   std::ifstream(real, std::ios::binary).read(magic, 2);
-  if (!ec && stat(real.c_str(), &st) == 0 && !(magic[0] == '#' && magic[1] == '!')) {
-    std::ostringstream ss;
-    ss << "syrup compiler stamp 1 " << real.string() << " dev=" << st.st_dev << " ino=" << st.st_ino
-       << " size=" << st.st_size << " mtime=" << st.st_mtim.tv_sec << '.' << st.st_mtim.tv_nsec
-       << " ctime=" << st.st_ctim.tv_sec << '.' << st.st_ctim.tv_nsec << '\n';
-    stamp = ss.str();
-  }
+  std::string binary = ec ? "" : file_stamp(real);
+  if (!binary.empty() && !(magic[0] == '#' && magic[1] == '!'))
+    stamp = "syrup compiler stamp 1 " + real.string() + " " + binary + '\n';
   std::string path = cfg_.cache_dir + "/compiler-version";
   if (!stamp.empty()) {
     std::string kept = read_file(path);
@@ -171,17 +183,10 @@ int Compiler::init(const CompilerConfig& cfg, std::string& error) {
     return -ENOEXEC;
   }
   // Identity: compiler version, flags and every header a policy can pull in from us.
-  std::string id = version;
-  for (auto& f : clang_flags(cfg_, "")) id += f + '\n';
-  std::vector<fs::path> headers;
-  for (auto& e : fs::recursive_directory_iterator(cfg_.kernel_dir))
-    if (e.is_regular_file() && e.path().extension() == ".h") headers.push_back(e.path());
-  std::sort(headers.begin(), headers.end());
-  // The system headers <syrup/policy.h> pulls in are part of what a policy compiles to.
-  for (const char* sys : {"linux/bpf.h", "bpf/bpf_helpers.h", "bpf/bpf_helper_defs.h", "bpf/bpf_endian.h"})
-    headers.push_back(fs::path("/usr/include") / sys);
-  for (auto& h : headers) id += h.string() + '\n' + read_file(h);
-  identity_ = sha256_hex(id);
+  toolchain_ = version;
+  for (auto& f : clang_flags(cfg_, "")) toolchain_ += f + '\n';
+  watch_fd_.reset(inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
+  identity();
   log(LogLevel::kInfo, "policy compiler: %s (%s%s)", cfg_.clang.c_str(),
       version.substr(0, version.find('\n')).c_str(),
       version_from_cache_ ? "; version from the cache, the binary is unchanged" : "");
@@ -191,20 +196,68 @@ int Compiler::init(const CompilerConfig& cfg, std::string& error) {
 int Compiler::compile_own(const std::string& file, const std::string& what, std::string& object_path,
                           std::string& err) {
   std::string path = cfg_.kernel_dir + "/hooks/" + file;
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (!in) {
+  bool ok = false;
+  std::string source = read_file(path, &ok);
+  if (!ok) {
     err = "cannot read " + what + " " + path;
     return -ENOENT;
   }
-  CompileResult cr = compile({ss.str(), path, "", ""});
+  CompileResult cr = compile({source, path, "", ""});
   if (cr.err) {
     err = what + " does not compile:\n" + cr.diagnostics;
     return cr.err;
   }
   object_path = cr.object_path;
   return 0;
+}
+
+std::vector<fs::path> Compiler::headers() const {
+  std::vector<fs::path> headers;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(cfg_.kernel_dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file(ec) && it->path().extension() == ".h") headers.push_back(it->path());
+  std::sort(headers.begin(), headers.end());
+  // The system headers <syrup/policy.h> pulls in are part of what a policy compiles to.
+  for (const char* sys : {"linux/bpf.h", "bpf/bpf_helpers.h", "bpf/bpf_helper_defs.h", "bpf/bpf_endian.h"})
+    headers.push_back(fs::path("/usr/include") / sys);
+  return headers;
+}
+
+// The headers are hashed again only when one of them changed, found by their stamps, so
+// objects cached before a header under --kernel_dir was edited are not served while
+// syrupd runs. Stat'ing every header at every deploy cost 0.3 ms of a 1.6 ms warm deploy
+// here; an inotify watch on the headers' directories tells instead whether anything there
+// changed since the last look, for one read(). Without inotify (out of instances or
+// watches) every call compares the stamps.
+std::string Compiler::identity() const {
+  std::lock_guard lock(identity_mu_);
+  if (!identity_.empty() && watch_fd_) {
+    bool changed = false;
+    char buf[4096];
+    while (read(watch_fd_.get(), buf, sizeof buf) > 0) changed = true;  // drains the events
+    if (!changed) return identity_;
+  }
+  std::vector<fs::path> hs = headers();
+  std::string stamps;
+  for (auto& h : hs) stamps += h.string() + ' ' + file_stamp(h) + '\n';
+  if (watch_fd_) {
+    std::set<fs::path> dirs;  // a new subdirectory gets its watch here, at the rescan
+    for (auto& h : hs) dirs.insert(h.parent_path());
+    constexpr uint32_t kChanges = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_CREATE | IN_DELETE |
+                                  IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF;
+    for (auto& d : dirs)
+      if (inotify_add_watch(watch_fd_.get(), d.c_str(), kChanges) < 0) watch_fd_.reset();
+  }
+  if (stamps != header_stamps_) {
+    std::string id = toolchain_;
+    for (auto& h : hs) id += h.string() + '\n' + read_file(h);
+    if (!header_stamps_.empty())
+      log(LogLevel::kInfo, "policy headers under %s changed: compiles use them from now on",
+          cfg_.kernel_dir.c_str());
+    identity_ = sha256_hex(id);
+    header_stamps_ = std::move(stamps);
+  }
+  return identity_;
 }
 
 std::string Compiler::object_path(const CompileJob& job, std::string* tu_out) const {
@@ -216,7 +269,7 @@ std::string Compiler::object_path(const CompileJob& job, std::string* tu_out) co
                        ? "#line 1 \"" + shown + "\"\n" + job.source
                        : "#include <syrup/policy.h>\n#line 1 \"" + shown + "\"\n" + job.source +
                              "\n#include \"" + job.wrapper + "\"\n";
-  std::string key = sha256_hex(identity_ + '\0' + job.hook_define + '\0' + tu);
+  std::string key = sha256_hex(identity() + '\0' + job.hook_define + '\0' + tu);
   if (tu_out) *tu_out = std::move(tu);
   return cfg_.cache_dir + "/obj/" + key + ".o";
 }

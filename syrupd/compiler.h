@@ -9,13 +9,21 @@
 // so diagnostics name the user's file and line. Objects are cached under
 // <cache_dir>/obj/<sha256>.o where the key covers the compiler's identity, its flags,
 // the contents of every header a policy can include, the hook and the source: a warm
-// deploy of the same source skips clang entirely. Invariant: a cache entry is written to
-// a temporary name and renamed, so a reader never sees a partial object.
+// deploy of the same source skips clang entirely. The headers are hashed at start and
+// again whenever one of them changed (an inotify event, then its stat stamp), so an
+// edited header is compiled against, not hidden behind objects cached before.
+// Invariant: a cache entry is written to a temporary name and renamed, so a reader never
+// sees a partial object.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
+#include <mutex>
 #include <string>
+#include <vector>
+
+#include "unique_fd.h"
 
 namespace syrup {
 
@@ -70,8 +78,17 @@ class Compiler {
   // `clang --version`'s output, from the cache while the binary is unchanged.
   int compiler_version(std::string& version);
 
+  // Every header a policy can pull in: *.h under kernel_dir, then the system's.
+  std::vector<std::filesystem::path> headers() const;
+  // The digest of the compiler version, flags and headers that every cache key starts
+  // with; recomputed when a header's stamp changed since the last call.
+  std::string identity() const;
+
   CompilerConfig cfg_;
-  std::string identity_;  // digest of compiler version, flags and headers
+  std::string toolchain_;  // compiler version and flags
+  mutable std::mutex identity_mu_;
+  mutable std::string header_stamps_, identity_;  // under identity_mu_
+  mutable UniqueFd watch_fd_;  // inotify on the headers' directories (empty: none)
   bool version_from_cache_ = false;
   std::atomic<bool> cancel_{false};
   std::atomic<uint64_t> seq_{0};  // makes temporary names unique per compile

@@ -569,6 +569,24 @@ TEST_F(SocketSelectBadInput, SyntaxErrorReturnsClangsMessageWithFileAndLine) {
   std::string err = syr_last_error();
   EXPECT_NE(err.find("does not compile"), std::string::npos) << err;
   EXPECT_NE(err.find("syntax_error.c:5:10: error: expected ';'"), std::string::npos) << err;
+  // As clang shows it on a terminal: the line, a caret under the column, the fix.
+  EXPECT_NE(err.find("\n    5 |         return 0   /* missing semicolon on line 5 */\n"
+                     "      |                 ^\n"
+                     "      |                 ;"),
+            std::string::npos)
+      << err;
+  ExpectGoodPolicyStillWorks();
+}
+
+// A thread policy deployed at a packet hook fails with one error, not one per field of
+// struct syr_thread it reads, naming the hook it is for (the reverse: thread_test).
+TEST_F(SocketSelectBadInput, ThreadPolicyIsRefusedNamingTheHookItIsFor) {
+  EXPECT_EQ(deploy("policies/fifo.c", *group_), -EINVAL);
+  std::string err = syr_last_error(), first = err.substr(0, err.find('\n'));
+  EXPECT_NE(first.find("policy fifo.c does not compile: "), std::string::npos) << err;
+  EXPECT_NE(first.find("fifo.c:5:1: error: static assertion failed"), std::string::npos) << err;
+  EXPECT_NE(first.find("deploy it with --hook thread"), std::string::npos) << err;
+  EXPECT_EQ(occurrences(err, ": error: "), 1u) << err;
   ExpectGoodPolicyStillWorks();
 }
 

@@ -446,6 +446,17 @@ TEST_F(ThreadHook, HungAgentIsKilledAndThreadsRestored) {
 }
 
 // Removing the policy restores the threads at once.
+// A packet policy deployed at the thread hook fails with one error, the first line the
+// user sees, naming the hooks it is for (the reverse: socket_select_test).
+TEST_F(ThreadHook, PacketPolicyIsRefusedNamingTheHooksItIsFor) {
+  EXPECT_EQ(deploy("policies/round_robin.c", {}, "thrwrong"), -EINVAL);
+  std::string err = syr_last_error(), first = err.substr(0, err.find('\n'));
+  EXPECT_NE(first.find("policy round_robin.c does not compile: "), std::string::npos) << err;
+  EXPECT_NE(first.find("round_robin.c:6:1: error: static assertion failed"), std::string::npos) << err;
+  EXPECT_NE(first.find("deploy it with --hook socket-select or --hook xdp"), std::string::npos) << err;
+  EXPECT_EQ(occurrences(err, ": error: "), 1u) << err;
+}
+
 TEST_F(ThreadHook, RemoveRestoresThreads) {
   syr_set_app("thrrm");
   int id = deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}, "thrrm");

@@ -52,8 +52,56 @@ struct syr_input {
 	__u32 l4_off;   /* XDP: offset of the L4 header in the frame (0 elsewhere) */
 };
 
-/* The matching function. Use as: SYR_POLICY(struct syr_input *in) { ... } */
-#define SYR_POLICY static __always_inline __u32 syr_schedule
+/* What a thread-hook policy matches; the thread hook's section below says how. Every
+ * hook knows the type, so a thread policy deployed at a packet hook fails with the one
+ * error SYR_POLICY gives, not with one error per field it reads. */
+#define SYR_NO_EXECUTOR 0xffffffffU
+
+/* Why the policy is asked (t->reason). */
+#define SYR_THREAD_WAKEUP 1    /* it woke up (or was just created: SYR_THREAD_NEW) */
+#define SYR_THREAD_NEW 2
+#define SYR_THREAD_PREEMPTED 3 /* it was running and is still runnable (slice end, preemption) */
+#define SYR_THREAD_TICK 4      /* re-decision while it waits (agent: periodic; sched_ext: dispatch) */
+
+struct syr_thread {
+	__u32 tid;         /* the thread (kernel tid, as gettid() returns) */
+	__u32 tgid;        /* its process */
+	__u32 executor;    /* index it registered with syr_thread_register(), or SYR_NO_EXECUTOR */
+	__u32 prev_cpu;    /* core it last ran on */
+	__u32 nr_cpus;     /* cores the backend schedules on: valid return values are [0, nr_cpus) */
+	__u32 reason;      /* SYR_THREAD_* */
+	__u64 now_ns;      /* monotonic clock (bpf_ktime_get_ns) at this decision */
+	__u64 runnable_ns; /* when it last became runnable (same clock) */
+	__u64 run_ns;      /* how long it has run since it last became runnable */
+	__u64 key;         /* in/out: ordering key, lower first; preset to runnable_ns (FIFO) */
+	__u64 slice_ns;    /* in/out: time slice; preset to the backend's default. sched_ext: the
+			    * dispatch slice; agent: the thread's EEVDF slice (a shorter slice
+			    * than the running thread's lets a waking thread preempt it) */
+};
+
+/* The matching function. Use as: SYR_POLICY(struct syr_input *in) { ... } at the
+ * socket-select and XDP hooks, SYR_POLICY(struct syr_thread *t) { ... } at the thread
+ * hook. A policy whose parameter is not what its hook passes fails to compile with a
+ * static assertion that names the hook to deploy it at, before its body is compiled. */
+#if defined(SYR_HOOK_THREAD)
+#define SYR_POLICY_WANTS(fn)                                                         \
+	(__builtin_types_compatible_p(fn, __u32(struct syr_thread *)))
+#define SYR_POLICY_WRONG_HOOK                                                        \
+	"the thread hook's policy is SYR_POLICY(struct syr_thread *t); one that takes " \
+	"struct syr_input * schedules packets: deploy it with --hook socket-select or --hook xdp"
+#else
+#define SYR_POLICY_WANTS(fn)                                                         \
+	(__builtin_types_compatible_p(fn, __u32(struct syr_input *)) ||                \
+	 __builtin_types_compatible_p(fn, __u32(const struct syr_input *)))
+#define SYR_POLICY_WRONG_HOOK                                                        \
+	"a packet hook's policy is SYR_POLICY(struct syr_input *in); one that takes "  \
+	"struct syr_thread * schedules threads: deploy it with --hook thread"
+#endif
+#define SYR_POLICY(...)                                                              \
+	typedef __u32 syr_policy_fn(__VA_ARGS__);                                      \
+	enum { syr_policy_fits_the_hook = SYR_POLICY_WANTS(syr_policy_fn) };           \
+	_Static_assert(syr_policy_fits_the_hook, SYR_POLICY_WRONG_HOOK);               \
+	static __always_inline __u32 syr_schedule(__VA_ARGS__)
 
 /* A deploy-time parameter: `SYR_PARAM(__u32, scan_type, 2);` declares a constant that
  * defaults to 2 and that `syrupctl deploy --params scan_type=3` (or syr_deploy_opts.params)
@@ -123,31 +171,8 @@ const volatile __u32 syr_num_executors = 1;
  * The same source compiles unchanged for both backends: sched_ext (syrupd's root
  * scheduler tail-calls the application's enqueue and dispatch programs, which call it)
  * and the user-space agent (syrupd's agent runs it with BPF_PROG_TEST_RUN). Only the
- * fields below are the contract.
+ * fields of struct syr_thread (above, beside struct syr_input) are the contract.
  */
-#define SYR_NO_EXECUTOR 0xffffffffU
-
-/* Why the policy is asked (t->reason). */
-#define SYR_THREAD_WAKEUP 1    /* it woke up (or was just created: SYR_THREAD_NEW) */
-#define SYR_THREAD_NEW 2
-#define SYR_THREAD_PREEMPTED 3 /* it was running and is still runnable (slice end, preemption) */
-#define SYR_THREAD_TICK 4      /* re-decision while it waits (agent: periodic; sched_ext: dispatch) */
-
-struct syr_thread {
-	__u32 tid;         /* the thread (kernel tid, as gettid() returns) */
-	__u32 tgid;        /* its process */
-	__u32 executor;    /* index it registered with syr_thread_register(), or SYR_NO_EXECUTOR */
-	__u32 prev_cpu;    /* core it last ran on */
-	__u32 nr_cpus;     /* cores the backend schedules on: valid return values are [0, nr_cpus) */
-	__u32 reason;      /* SYR_THREAD_* */
-	__u64 now_ns;      /* monotonic clock (bpf_ktime_get_ns) at this decision */
-	__u64 runnable_ns; /* when it last became runnable (same clock) */
-	__u64 run_ns;      /* how long it has run since it last became runnable */
-	__u64 key;         /* in/out: ordering key, lower first; preset to runnable_ns (FIFO) */
-	__u64 slice_ns;    /* in/out: time slice; preset to the backend's default. sched_ext: the
-			    * dispatch slice; agent: the thread's EEVDF slice (a shorter slice
-			    * than the running thread's lets a waking thread preempt it) */
-};
 
 /* Maps every thread policy of an application shares with libsyrup:
  *  - syrup_threads: tid -> executor index (syr_thread_register(), or syrupd for --pid);

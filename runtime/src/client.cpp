@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 namespace syrup {
 
@@ -55,8 +56,16 @@ int response_status(const Message& resp, std::string& error) {
   if (b.value("ok", false)) return 0;
   int e = b.value("errno", EIO);
   error = b.value("error", std::string("syrupd reported an error"));
-  if (b.contains("log") && b["log"].is_string() && !b["log"].get<std::string>().empty())
-    error += "\n" + b["log"].get<std::string>();
+  if (b.contains("log") && b["log"].is_string()) {
+    std::string log = b["log"].get<std::string>();
+    // The message may end with the log's first line (clang's first error): not twice.
+    size_t nl = log.find('\n');
+    std::string_view first = std::string_view(log).substr(0, nl);
+    if (!first.empty() && std::string_view(error).ends_with(first))
+      log.erase(0, nl == std::string::npos ? nl : nl + 1);
+    while (!log.empty() && log.back() == '\n') log.pop_back();
+    if (!log.empty()) error += "\n" + log;
+  }
   return -(e > 0 ? e : EIO);
 }
 

@@ -58,28 +58,35 @@ void Daemon::start(const std::string& bpffs_root, const std::vector<std::string>
     execv(bin.c_str(), argv.data());
     _exit(127);
   }
-  // Ready when it answers a ping, within SYRUP_TEST_DAEMON_START_S (default 15 s: a
-  // restart that adopts policies under load needs more than 5). The emulated sched_ext
-  // guest sets 60 (tests/vm/guest.sh): there loading syrupd takes 1.5 s and its first
-  // `clang --version` 3 s on an idle host (a restart reads the version from the cache),
-  // and a restart took 7 to 19 s as the host's load varied.
+  std::string why = answers();
+  if (why.empty()) {
+    setenv("SYRUP_SOCKET", socket_.c_str(), 1);
+    return;
+  }
+  FAIL() << why;
+}
+
+// Ready when it answers a ping, within SYRUP_TEST_DAEMON_START_S (default 15 s: a
+// restart that adopts policies under load needs more than 5). The emulated sched_ext
+// guest sets 60 (tests/vm/guest.sh): there loading syrupd takes 1.5 s and its first
+// `clang --version` 3 s on an idle host (a restart reads the version from the cache),
+// and a restart took 7 to 19 s as the host's load varied.
+std::string Daemon::answers() {
+  if (pid_ <= 0) return "syrupd is not running";
   const char* limit_env = getenv("SYRUP_TEST_DAEMON_START_S");
   const int asked_s = limit_env ? atoi(limit_env) : 0, limit_s = asked_s > 0 ? asked_s : 15;
   for (int i = 0; i < limit_s * 40; i++) {
     Client c;
     Message resp;
-    if (c.connect(socket_) == 0 && c.call({{"op", "ping"}}, resp) == 0) {
-      setenv("SYRUP_SOCKET", socket_.c_str(), 1);
-      return;
-    }
+    if (c.connect(socket_) == 0 && c.call({{"op", "ping"}}, resp) == 0) return "";
     int st;
     if (waitpid(pid_, &st, WNOHANG) == pid_) {
       pid_ = -1;
-      FAIL() << "syrupd exited at start:\n" << log();
+      return "syrupd exited at start:\n" + log();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
-  FAIL() << "syrupd did not answer within " << limit_s << " s:\n" << log();
+  return "syrupd did not answer within " + std::to_string(limit_s) + " s:\n" + log();
 }
 
 int Daemon::stop() {
@@ -154,14 +161,8 @@ std::string uncached_source(const std::string& rel) {
 }
 
 bool log_says(const Daemon& d, const std::string& what, size_t n, int ms) {
-  auto count = [&] {
-    std::string text = d.log();
-    size_t k = 0;
-    for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) k++;
-    return k;
-  };
   auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-  while (count() < n) {
+  while (occurrences(d.log(), what) < n) {
     if (std::chrono::steady_clock::now() > end) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -43,6 +43,9 @@ class Daemon {
   // SIGKILL, as a crash: pins, attachments and the state file stay for the next syrupd;
   // start() again (same bpffs root) restarts on them.
   void crash();
+  // Waits until syrupd answers a ping (within SYRUP_TEST_DAEMON_START_S, default 15 s):
+  // "" then, else why not (it exited, with its log; it did not answer in time).
+  std::string answers();
   ~Daemon() { stop(); }
   const std::string& socket() const { return socket_; }
   const std::string& bpffs_root() const { return bpffs_root_; }
@@ -78,6 +81,14 @@ std::string uncached_source(const std::string& rel);
 inline const std::string kParkedLog = "deploy parked while";
 // Waits up to `ms` for `d`'s log to say `what` `n` times.
 bool log_says(const Daemon& d, const std::string& what, size_t n, int ms);
+
+// How many times `what` occurs in `text`, overlaps counted (e.g. ": error: " in clang's
+// diagnostics, a line in syrupd's log).
+inline size_t occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) n++;
+  return n;
+}
 
 // One syrupd for a whole test suite (from SetUpTestSuite): nullptr unless we are root,
 // since the suite's tests skip then.

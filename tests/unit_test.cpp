@@ -12,8 +12,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "client.h"
 #include "compiler.h"
 #include "digest.h"
+#include "harness.h"
 #include "loader.h"
 #include "pins.h"
 #include "protocol.h"
@@ -104,6 +106,33 @@ TEST(Protocol, ErrorResponseShape) {
   EXPECT_EQ(j["log"], "log text");
 }
 
+// What syr_last_error() and syrupctl show: the message, then the log without the line
+// the message already quotes (a compile error's first diagnostic) and without trailing
+// newlines.
+TEST(Protocol, ResponseStatusJoinsMessageAndLogOnce) {
+  auto text = [](const std::string& err, const std::string& log, int* code = nullptr) {
+    Message m;
+    m.body = proto::error_response(EINVAL, err, log);
+    std::string out;
+    int r = response_status(m, out);
+    if (code) *code = r;
+    return out;
+  };
+  int code = 0;
+  EXPECT_EQ(text("policy p.c does not compile: p.c:2:4: error: x", "p.c:2:4: error: x\n", &code),
+            "policy p.c does not compile: p.c:2:4: error: x");
+  EXPECT_EQ(code, -EINVAL);
+  EXPECT_EQ(text("policy p.c does not compile: p.c:2:4: error: x", "p.c:2:4: error: x\np.c:3:1: error: y\n"),
+            "policy p.c does not compile: p.c:2:4: error: x\np.c:3:1: error: y");
+  EXPECT_EQ(text("the verifier rejected policy v.c: R2 bad", "0: R1=ctx()\nR2 bad\n"),
+            "the verifier rejected policy v.c: R2 bad\n0: R1=ctx()\nR2 bad");
+  EXPECT_EQ(text("no policy 9", ""), "no policy 9");
+  Message ok;
+  ok.body = {{"ok", true}};
+  std::string out = "untouched";
+  EXPECT_EQ(response_status(ok, out), 0);
+}
+
 TEST(Pins, ValidateNameRejectsTraversalAndOverlongNames) {
   EXPECT_EQ(pins::validate_name("map", "scan_map"), "");
   EXPECT_EQ(pins::validate_name("application", "rocksdb-server.v2"), "");
@@ -137,13 +166,9 @@ TEST(Compiler, Sha256KnownVector) {
 // mtime, as a package upgrade gives), an unreadable record or a script runs clang again.
 // The clang is a copy of the real one, so that the test can change its mtime.
 TEST(Compiler, ClangVersionIsRunOncePerBinary) {
-  char tmpl[] = "/tmp/syrup-test-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr) << strerror(errno);
-  std::string dir = tmpl;
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() { std::filesystem::remove_all(dir); }
-  } cleanup{dir};
+  test::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty()) << strerror(errno);
+  const std::string& dir = tmp.path();
   std::error_code ec;
   std::filesystem::copy_file(std::filesystem::canonical("/usr/bin/clang-19", ec), dir + "/clang", ec);
   ASSERT_FALSE(ec) << "copying clang-19: " << ec.message();
@@ -187,6 +212,44 @@ TEST(Compiler, ClangVersionIsRunOncePerBinary) {
 }
 
 // The CPU lists of syrupd --agent_cpus and the agent's baseline (cpuset(7) list format).
+// A header under --kernel_dir edited while syrupd runs is compiled against at the next
+// deploy: its stamp changed, so the cache identity is computed again and the object
+// cached before is not served. Restoring the header's content brings the old key back.
+TEST(Compiler, EditedHeaderIsCompiledAgainstNotHiddenByTheCache) {
+  test::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty()) << strerror(errno);
+  const std::string& dir = tmp.path();
+  std::error_code ec;
+  std::filesystem::copy(std::string(SYRUP_SOURCE_DIR) + "/kernel", dir + "/kernel",
+                        std::filesystem::copy_options::recursive, ec);
+  ASSERT_FALSE(ec) << "copying kernel/: " << ec.message();
+  CompilerConfig cfg;
+  cfg.kernel_dir = dir + "/kernel";
+  cfg.cache_dir = dir + "/cache";
+  Compiler c;
+  std::string error;
+  ASSERT_EQ(c.init(cfg, error), 0) << error;
+  CompileJob job{"SYR_POLICY(struct syr_input *in) { return 0; }", "p.c", "SYR_HOOK_SOCKET_SELECT",
+                 "socket_select.bpf.h"};
+  CompileResult r = c.compile(job);
+  ASSERT_EQ(r.err, 0) << r.diagnostics;
+  EXPECT_FALSE(r.cached);
+  EXPECT_TRUE(c.compile(job).cached);
+  const std::string key = c.key(job), header = cfg.kernel_dir + "/include/syrup/policy.h";
+  std::ifstream in(header, std::ios::binary);
+  std::string original((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+
+  std::ofstream(header, std::ios::app) << "\n#error \"this header was edited\"\n";
+  EXPECT_NE(c.key(job), key);
+  r = c.compile(job);
+  EXPECT_NE(r.err, 0) << "the object cached before the edit was served";
+  EXPECT_NE(r.diagnostics.find("this header was edited"), std::string::npos) << r.diagnostics;
+
+  std::ofstream(header, std::ios::trunc | std::ios::binary) << original;
+  EXPECT_EQ(c.key(job), key) << "the same headers give the same key";
+  EXPECT_TRUE(c.compile(job).cached);
+}
+
 TEST(CpuList, ParsesSinglesRangesAndRejectsTheRest) {
   std::vector<int> v;
   ASSERT_EQ(thread::cpus_from_string("0", v), 0);

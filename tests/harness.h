@@ -148,17 +148,18 @@ class UdpClient {
 int run_cmd(const std::string& cmd, std::string& out);
 
 // Waits up to `ms` for pred(), asking every millisecond; the milliseconds it took, or -1.
+// pred() is asked at least once and once more after the time is up, so a test that was
+// not scheduled for the whole wait (a loaded host, an emulated guest) still gets an answer.
 template <class F>
 int wait_for(F pred, int ms) {
   auto t0 = std::chrono::steady_clock::now();
-  auto took = [&] {
-    return int(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count());
-  };
-  while (took() < ms) {
-    if (pred()) return took();
+  for (;;) {
+    bool done = pred();
+    int took = int(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count());
+    if (done) return took;
+    if (took >= ms) return -1;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  return -1;
 }
 
 // GET `path` from 127.0.0.1:`port` over HTTP/1.0: the whole response, headers included;

@@ -433,7 +433,11 @@ TEST(KvLoadgen, IdleSleepFreesTheCoreAndKeepsTheSchedule) {
           "send lag p99 " + num(lag99) + " us with wake-ups at p99 " + num(wake99) + " us late (timed) and " +
               num(srv_wake99) + " us (the server's), and the generator's send lag without sleeping " + num(spin99) +
               " us at p99");
-    check(p, wake50 < 40, "wake-ups late by " + num(wake50) + " us at p50: the timer slack is not 1 ns");
+    // The slack as the kernel reports it: a median wake-up under some fixed bound is no
+    // proof of it, since these VMs' wake-ups alone took 35-45 us at p50 on slow days.
+    check_exact(p, g.value("timer_slack_ns", -1L) == 1,
+                "the generator's timer slack is " + g.value("timer_slack_ns", json(nullptr)).dump() +
+                    " ns while it sleeps, not 1 ns");
     // A spinning generator uses its whole core for the run (~1.3 s of CPU here); asleep
     // between sends it needs a small part of it (the drain at the end still spins).
     check(p, cpu <= 0.5 * wall, "the generator used " + num(cpu) + " s of CPU in " + num(wall) + " s");

@@ -31,7 +31,8 @@
 //   schedule (send_lag) and the share of its time spent in send/receive system calls
 //   (busy); both are in the JSON so a sweep can reject points where it could not keep up.
 //   With --idle_sleep_us it also reports how late the kernel woke it from the sleeps that
-//   ran to their end (wake_late): a send can only be late by what that exceeds W.
+//   ran to their end (wake_late): a send can only be late by what that exceeds W; its
+//   timer slack is 1 ns then (timer_slack_ns, as the kernel reports it).
 //
 //   kv_loadgen --port P --rate R [--duration S] [--warmup S] [--get_pct 99.5] [--flows 50]
 //              [--keys N] [--cpu C] [--seed N] [--json FILE] [--verify] [--trace FILE.csv]
@@ -164,8 +165,10 @@ int main(int argc, char** argv) {
   }
 
   const uint64_t idle_ns = static_cast<uint64_t>(FLAGS_idle_sleep_us) * 1000ULL;
-  // Sleeps end when asked, not up to 50 us later (the default timer slack).
-  if (idle_ns) prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+  // Sleeps end when asked, not up to 50 us later (the default timer slack). The slack in
+  // force is reported (generator.timer_slack_ns), read back from the kernel.
+  if (idle_ns && prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0) < 0) perror("kv_loadgen: PR_SET_TIMERSLACK");
+  const long timer_slack_ns = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
   int ep = epoll_create1(EPOLL_CLOEXEC);
   std::vector<int> flows;
   for (int i = 0; i < FLAGS_flows; i++) {
@@ -340,6 +343,7 @@ int main(int argc, char** argv) {
         {"send_lag_max_us", lag.max() / 1000.0},
         {"late_sends_pct", sent.empty() ? 0.0 : 100.0 * late / sent.size()},
         {"sleeps", wake_late.count()},
+        {"timer_slack_ns", timer_slack_ns},
         {"wake_late_p50_us", wake_late.percentile(50) / 1000.0},
         {"wake_late_p99_us", wake_late.percentile(99) / 1000.0},
         {"busy_pct", 100.0 * busy_ns / static_cast<double>(end - start)}}}};

@@ -82,7 +82,10 @@ std::string Daemon::answers() {
     int st;
     if (waitpid(pid_, &st, WNOHANG) == pid_) {
       pid_ = -1;
-      return "syrupd exited at start:\n" + log();
+      return std::string("syrupd ") +
+             (WIFSIGNALED(st) ? "was killed by signal " + std::to_string(WTERMSIG(st))
+                              : "exited with status " + std::to_string(WEXITSTATUS(st))) +
+             ":\n" + log();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }

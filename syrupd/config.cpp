@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "digest.h"
+#include "text.h"
 
 namespace syrup::config {
 namespace fs = std::filesystem;
@@ -43,12 +44,6 @@ const std::map<std::string, std::vector<std::string>> kHookKeys = {
     {"xdp", {"ifname", "port", "ports", "protocol", "cpus", "process", "pid", "pidfile"}},
     {"thread", {"process", "pid", "pidfile"}},
 };
-
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (auto& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s;
-}
 
 std::string sub(const std::string& path, const std::string& key) {
   return path.empty() ? key : path + "." + key;

@@ -31,6 +31,7 @@
 #include "config.h"
 #include "log.h"
 #include "pins.h"
+#include "text.h"
 #include "socket_select.h"
 #include "xdp.h"
 #include "thread.h"
@@ -80,9 +81,8 @@ struct MapUsage {
 };
 MapUsage pinned_map_usage(const std::string& app) {
   MapUsage u;
-  std::error_code ec;
-  for (auto& e : fs::directory_iterator(pins::app_maps_dir(app), ec)) {
-    UniqueFd m(bpf_obj_get(e.path().c_str()));
+  for (const auto& name : pins::app_map_names(app)) {
+    UniqueFd m(bpf_obj_get(pins::app_map(app, name).c_str()));
     bpf_map_info info{};
     uint32_t len = sizeof info;
     if (!m || bpf_map_get_info_by_fd(m.get(), &info, &len)) continue;
@@ -186,10 +186,9 @@ int Daemon::init(const DaemonConfig& cfg) {
     else kept.push_back(app);
   }
   for (auto& app : kept) {
-    size_t before = 0, after = 0;
-    for (auto& e : fs::directory_iterator(pins::app_maps_dir(app), ec)) (void)e, before++;
+    size_t before = pins::app_map_names(app).size();
     gc_app(app);
-    for (auto& e : fs::directory_iterator(pins::app_maps_dir(app), ec)) (void)e, after++;
+    size_t after = pins::app_map_names(app).size();
     if (after < before)
       log(LogLevel::kWarn, "removed %zu map pins of application '%s' that no adopted policy declares",
           before - after, app.c_str());
@@ -876,9 +875,8 @@ void Daemon::gc_app(const std::string& app) {
     any = true;
     for (auto& m : p->loaded->user_maps) used[m] = true;
   }
-  std::error_code ec;
-  for (auto& e : fs::directory_iterator(pins::app_maps_dir(app), ec))
-    if (!used.count(e.path().filename().string())) unlink(e.path().c_str());
+  for (const auto& name : pins::app_map_names(app))
+    if (!used.count(name)) unlink(pins::app_map(app, name).c_str());
   if (!any) {
     pins::remove_tree(pins::app_dir(app));
     app_owner_.erase(app);
@@ -1280,9 +1278,13 @@ std::optional<Daemon::Response> Daemon::open_app_map(const Caller& caller, const
   if (std::string why = may_use_app(caller, out.app); !why.empty())
     return Response{proto::error_response(EPERM, why)};
   out.fd.reset(bpf_obj_get(pins::app_map(out.app, out.map).c_str()));
-  if (!out.fd)
-    return Response{proto::error_response(ENOENT, "application '" + out.app + "' has no map '" + out.map +
-                                                      "' (maps exist while a deployed policy declares them)")};
+  if (!out.fd) {
+    // Name the maps it has: a user guessing a map's name needs them.
+    std::vector<std::string> names = pins::app_map_names(out.app);
+    std::string has = names.empty() ? "it has none" : "it has " + join(names);
+    return Response{proto::error_response(ENOENT, "application '" + out.app + "' has no map '" + out.map + "' (" +
+                                                      has + "; maps exist while a deployed policy declares them)")};
+  }
   uint32_t len = sizeof out.info;
   if (bpf_map_get_info_by_fd(out.fd.get(), &out.info, &len) != 0) {
     int e = errno;

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 
@@ -17,6 +18,14 @@ std::string app_dir(std::string_view app) { return g_root + "/apps/" + std::stri
 std::string app_maps_dir(std::string_view app) { return app_dir(app) + "/maps"; }
 std::string app_map(std::string_view app, std::string_view map) {
   return app_maps_dir(app) + "/" + std::string(map);
+}
+std::vector<std::string> app_map_names(std::string_view app) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(app_maps_dir(app), ec))
+    names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 std::string policy_dir(std::string_view app, int id) {
   return app_dir(app) + "/policies/" + std::to_string(id);

@@ -16,6 +16,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace syrup::pins {
 
@@ -25,6 +26,8 @@ const std::string& root();
 std::string app_dir(std::string_view app);
 std::string app_maps_dir(std::string_view app);
 std::string app_map(std::string_view app, std::string_view map);
+// The names of the maps pinned under app_maps_dir(app), sorted; none if it does not exist.
+std::vector<std::string> app_map_names(std::string_view app);
 std::string policy_dir(std::string_view app, int id);
 std::string policy_prog(std::string_view app, int id);
 std::string policy_map(std::string_view app, int id, std::string_view map);

@@ -709,6 +709,8 @@ TEST_F(SocketSelect, SyrupctlDumpsMapsAndSumsStatsPerTenantAndHook) {
   EXPECT_NE(out.find("map queue_len of app dumper (array)"), std::string::npos) << out;
   EXPECT_EQ(run_cmd(build_bin("syrupctl") + " map dump --app dumper no_such_map", out), 1);
   EXPECT_NE(out.find("has no map 'no_such_map'"), std::string::npos) << out;
+  // It names the maps the application has (least_loaded declares one, round_robin none).
+  EXPECT_NE(out.find("(it has queue_len; "), std::string::npos) << out;
 
   UdpClient cg(g.port()), ch(h.port());
   for (int i = 0; i < 10; i++) cg.send_request(1, i), ch.send_request(1, i);

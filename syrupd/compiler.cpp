@@ -187,9 +187,9 @@ int Compiler::init(const CompilerConfig& cfg, std::string& error) {
   for (auto& f : clang_flags(cfg_, "")) toolchain_ += f + '\n';
   watch_fd_.reset(inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
   identity();
-  log(LogLevel::kInfo, "policy compiler: %s (%s%s)", cfg_.clang.c_str(),
+  log(LogLevel::kInfo, "policy compiler: %s (%s%s), headers from %s", cfg_.clang.c_str(),
       version.substr(0, version.find('\n')).c_str(),
-      version_from_cache_ ? "; version from the cache, the binary is unchanged" : "");
+      version_from_cache_ ? "; version from the cache, the binary is unchanged" : "", cfg_.kernel_dir.c_str());
   return 0;
 }
 

@@ -57,11 +57,21 @@ DEFINE_string(on_exit, "keep",
 
 namespace {
 
+// The headers policies compile against: the source tree's kernel/ when this syrupd is the
+// build tree's (an edit there is used at once, no install needed), else the installed
+// copy beside this binary (<prefix>/bin/syrupd -> <prefix>/share/syrup/kernel), else the
+// configured install path. An installed syrupd never follows a source tree that happens
+// to still exist on the machine.
 std::string default_kernel_dir() {
   namespace fs = std::filesystem;
-  for (const char* d : {SYRUP_SOURCE_KERNEL_DIR, SYRUP_INSTALL_KERNEL_DIR})
-    if (fs::exists(std::string(d) + "/include/syrup/policy.h")) return d;
-  return SYRUP_INSTALL_KERNEL_DIR;
+  auto has_headers = [](const fs::path& d) { return fs::exists(d / "include/syrup/policy.h"); };
+  std::error_code ec;
+  fs::path bin = fs::read_symlink("/proc/self/exe", ec).parent_path();
+  if (ec) return SYRUP_INSTALL_KERNEL_DIR;
+  if (fs::equivalent(bin, SYRUP_BUILD_BIN_DIR, ec) && has_headers(SYRUP_SOURCE_KERNEL_DIR))
+    return SYRUP_SOURCE_KERNEL_DIR;
+  fs::path beside = (bin / SYRUP_KERNEL_FROM_BINDIR).lexically_normal();
+  return has_headers(beside) ? beside.string() : SYRUP_INSTALL_KERNEL_DIR;
 }
 
 }  // namespace

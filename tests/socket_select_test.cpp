@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -687,6 +688,22 @@ TEST_F(SocketSelect, PoliciesOfOneAppShareMapsByName) {
   for (int i = 0; i < 20; i++) cc.send_request(1, i);
   EXPECT_EQ(c.drain(), (std::vector<int>{10, 10}));
   syr_map_munmap(&m);
+}
+
+// syr_map_mmap(syr_map_open(name), &a), the README's form, with a name the application
+// does not have: the open's reason reaches the caller, and `a` is zeroed, so nothing
+// stores through a stale pointer.
+TEST_F(SocketSelect, MmapOfAMapTheApplicationLacksSaysWhyAndZeroesTheArray) {
+  UdpGroup g(2);
+  ASSERT_GT(deploy("policies/scan_avoid.c", g), 0) << syr_last_error();
+  syr_mapped_array a;
+  std::memset(&a, 0xab, sizeof a);
+  EXPECT_EQ(syr_map_mmap(syr_map_open_app("socktest", "scan_mpa"), &a), -ENOENT);
+  EXPECT_EQ(a.base, nullptr);
+  EXPECT_EQ(a.mapped_len, 0u);
+  EXPECT_EQ(std::string(syr_last_error()),
+            "application 'socktest' has no map 'scan_mpa' (it has scan_map; maps exist while a deployed policy "
+            "declares them)");
 }
 
 TEST_F(SocketSelect, SyrupctlDumpsMapsAndSumsStatsPerTenantAndHook) {

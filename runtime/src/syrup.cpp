@@ -203,6 +203,12 @@ int syr_map_update_elem(int map_fd, const void* key, const void* value, uint64_t
 
 int syr_map_mmap(int map_fd, struct syr_mapped_array* out) {
   if (!out) return fail(-EINVAL, "out is NULL");
+  // Zeroed first: a caller that stores through it after a failure faults at once instead
+  // of writing wherever an uninitialised base pointed.
+  *out = {};
+  // A failed syr_map_open()'s result, as in syr_map_mmap(syr_map_open(name), &a): its
+  // error (and syr_last_error()'s text, "no map ...") is the one to report.
+  if (map_fd < 0) return map_fd;
   bpf_map_info info{};
   uint32_t len = sizeof info;
   if (bpf_map_get_info_by_fd(map_fd, &info, &len) < 0) {

@@ -112,6 +112,10 @@ struct syr_mapped_array {
 	uint32_t max_entries;
 };
 
+/* Maps the array behind map_fd into *out: 0, or a negative errno with *out zeroed. A
+ * negative map_fd (a failed syr_map_open()'s result, as in
+ * syr_map_mmap(syr_map_open(name), &a)) is returned as it is, syr_last_error() still
+ * saying why the open failed. */
 int syr_map_mmap(int map_fd, struct syr_mapped_array *out);
 void syr_map_munmap(struct syr_mapped_array *arr);
 

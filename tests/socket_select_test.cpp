@@ -147,6 +147,32 @@ TEST_F(SocketSelect, SitaSendsEveryLongRequestToExecutorZeroAndNoShortOne) {
   }
 }
 
+// The README's policy example, as the README shows it (the first C block under "Writing
+// a policy"): long requests (type 2) to executor 0, short ones round robin over the rest.
+TEST_F(SocketSelect, ReadmePolicyExampleDoesWhatItsCommentSays) {
+  std::ifstream in(source_path("README.md"));
+  std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t section = readme.find("\n## Writing a policy\n");
+  ASSERT_NE(section, std::string::npos) << "README.md has no 'Writing a policy' section";
+  size_t begin = readme.find("\n```c\n", section), end = readme.find("\n```\n", begin + 1);
+  ASSERT_TRUE(begin != std::string::npos && end != std::string::npos) << "no C block under 'Writing a policy'";
+  std::string source = readme.substr(begin + 6, end + 1 - (begin + 6));
+  ASSERT_NE(source.find("SYR_POLICY("), std::string::npos) << source;
+  UdpGroup g(4);
+  auto fds = g.fds();
+  syr_deploy_opts o{.sz = sizeof o, .app = "socktest", .fds = fds.data(), .n_fds = fds.size()};
+  int id = syr_deploy_policy_source(source.data(), source.size(), "README.md", SYR_HOOK_SOCKET_SELECT, &o);
+  ASSERT_GT(id, 0) << syr_last_error() << "\n" << source;
+  ids_.push_back(id);
+  UdpClient c(g.port());
+  for (int i = 0; i < 40; i++) c.send_request(i % 4 == 0 ? 2 : 1, i);
+  std::vector<std::vector<std::string>> got;
+  EXPECT_EQ(g.drain(&got), (std::vector<int>{10, 10, 10, 10}));
+  for (auto& p : got[0]) EXPECT_EQ(p[0], 2) << "a short request reached executor 0";
+  for (int i = 1; i < 4; i++)
+    for (auto& p : got[i]) EXPECT_EQ(p[0], 1) << "a long request reached executor " << i;
+}
+
 TEST_F(SocketSelect, ScanAvoidNeverPicksAMarkedExecutorWhileAnUnmarkedOneExists) {
   UdpGroup g(4);
   ASSERT_GT(deploy("policies/scan_avoid.c", g), 0) << syr_last_error();

@@ -861,6 +861,8 @@ void Daemon::remove_policy(int id, bool detach_hook, const char* why) {
   if (p.loaded) p.loaded->unpin();
   std::string app = p.app;
   log(LogLevel::kInfo, "removed policy %d (%s) of app '%s': %s", id, p.name.c_str(), app.c_str(), why);
+  gone_[id] = Gone{p.uid, app, p.name, why};
+  if (gone_.size() > kGoneKept) gone_.erase(gone_.begin());
   policies_.erase(it);
   gc_app(app);
   totals_.removals++;
@@ -905,7 +907,7 @@ Daemon::Response Daemon::remove(const Caller& caller, const json& req) {
   int id = req["id"].get<int>();
   auto it = policies_.find(id);
   if (it == policies_.end())
-    return {proto::error_response(ENOENT, "no policy " + std::to_string(id))};
+    return {proto::error_response(ENOENT, no_policy(caller, id))};
   if (!caller.admin() && it->second->uid != caller.uid &&
       !may_use_app(caller, it->second->app).empty())
     return {proto::error_response(EPERM, "policy " + std::to_string(id) + " belongs to uid " +
@@ -1209,6 +1211,14 @@ json Daemon::describe(const Policy& p) const {
   return j;
 }
 
+std::string Daemon::no_policy(const Caller& caller, int id) const {
+  std::string text = "no policy " + std::to_string(id);
+  auto it = gone_.find(id);
+  if (it == gone_.end() || (!caller.admin() && it->second.uid != caller.uid)) return text;
+  const Gone& g = it->second;
+  return text + " (" + g.name + " of app '" + g.app + "' was removed: " + g.why + ")";
+}
+
 bool Daemon::visible(const Caller& caller, const Policy& p) const {
   return caller.admin() || p.uid == caller.uid || may_use_app(caller, p.app).empty();
 }
@@ -1256,7 +1266,7 @@ Daemon::Response Daemon::stats(const Caller& caller, const json& req) {
     int id = req["id"].get<int>();
     auto it = policies_.find(id);
     if (it == policies_.end() || !visible(caller, *it->second))
-      return {proto::error_response(ENOENT, "no policy " + std::to_string(id))};
+      return {proto::error_response(ENOENT, no_policy(caller, id))};
     arr.push_back(policy_stats(*it->second));
   } else {
     for (auto& [id, p] : policies_)

@@ -235,6 +235,16 @@ class Daemon {
   // are destroyed first.
   std::vector<std::unique_ptr<Hook>> hooks_;
   std::map<int, std::unique_ptr<Policy>> policies_;
+  // The most recently removed policies (ids only grow, so the first is the oldest), for
+  // "no policy N" to say what became of N: a script removing an id that was replaced
+  // or whose owner exited learns why. Shown to its uid and admins only.
+  struct Gone {
+    uid_t uid = 0;
+    std::string app, name, why;
+  };
+  static constexpr size_t kGoneKept = 256;
+  std::map<int, Gone> gone_;
+  std::string no_policy(const Caller& caller, int id) const;  // "no policy N[ (what became of it)]"
   std::map<std::string, uid_t> app_owner_;
   struct Bucket {
     double tokens = 0;

@@ -732,6 +732,26 @@ TEST_F(SocketSelect, MmapOfAMapTheApplicationLacksSaysWhyAndZeroesTheArray) {
             "declares them)");
 }
 
+// Removing an id that is gone says what became of it: replaced, or removed by whom.
+TEST_F(SocketSelect, RemovingAGonePolicySaysWhatBecameOfIt) {
+  UdpGroup g(2);
+  int first = deploy("policies/round_robin.c", g);
+  ASSERT_GT(first, 0) << syr_last_error();
+  int second = deploy("policies/pass.c", g);
+  ASSERT_GT(second, 0) << syr_last_error();
+  EXPECT_EQ(syr_remove_policy(first), -ENOENT);
+  EXPECT_EQ(std::string(syr_last_error()), "no policy " + std::to_string(first) +
+                                               " (round_robin.c of app 'socktest' was removed: replaced by policy " +
+                                               std::to_string(second) + ")");
+  ASSERT_EQ(syr_remove_policy(second), 0) << syr_last_error();
+  std::string out;
+  EXPECT_EQ(run_cmd(build_bin("syrupctl") + " remove " + std::to_string(second), out), 1);
+  EXPECT_EQ(out, "syrupctl: no policy " + std::to_string(second) + " (pass.c of app 'socktest' was removed: removed by pid " +
+                     std::to_string(getpid()) + ")\n");
+  EXPECT_EQ(syr_remove_policy(999999), -ENOENT);
+  EXPECT_EQ(std::string(syr_last_error()), "no policy 999999");
+}
+
 TEST_F(SocketSelect, SyrupctlDumpsMapsAndSumsStatsPerTenantAndHook) {
   UdpGroup g(2), h(2);
   ASSERT_GT(deploy("policies/least_loaded.c", g, {}, "dumper"), 0) << syr_last_error();

@@ -78,6 +78,40 @@ class Tenants : public ::testing::Test {
   Daemon d_;
 };
 
+// What became of a removed policy is told to its own user, not to another one: to user B
+// root's replaced policy is only "no policy N"; to root (and to B about B's own) the
+// reason comes with it.
+TEST_F(Tenants, WhatBecameOfARemovedPolicyIsToldOnlyToItsUser) {
+  UdpGroup g(2);
+  int first = deploy_on(g, "policies/round_robin.c", "tenant-root");
+  ASSERT_GT(first, 0) << syr_last_error();
+  int second = deploy_on(g, "policies/pass.c", "tenant-root");
+  ASSERT_GT(second, 0) << syr_last_error();
+  json jb = as_user(kUidB, [&] {
+    json out;
+    out["other"] = result(syr_remove_policy(first));
+    UdpGroup h(2);
+    int own = deploy_on(h, "policies/round_robin.c", "tenant-b");
+    out["own_deploy"] = result(own);
+    syr_remove_policy(own);
+    out["own"] = result(syr_remove_policy(own));
+    out["own_id"] = own;
+    return out;
+  });
+  EXPECT_EQ(jb["other"]["r"], -ENOENT) << jb.dump();
+  EXPECT_EQ(jb["other"]["err"], "no policy " + std::to_string(first)) << jb.dump();
+  ASSERT_GT(jb["own_deploy"]["r"].get<int>(), 0) << jb.dump();
+  EXPECT_NE(jb["own"]["err"].get<std::string>().find("(round_robin.c of app 'tenant-b' was removed: removed by pid"),
+            std::string::npos)
+      << jb.dump();
+  EXPECT_EQ(syr_remove_policy(first), -ENOENT);
+  EXPECT_NE(std::string(syr_last_error()).find("was removed: replaced by policy " + std::to_string(second)),
+            std::string::npos)
+      << syr_last_error();
+  EXPECT_NE(std::string(syr_last_error()).find("tenant-root"), std::string::npos) << syr_last_error();
+  syr_remove_policy(second);
+}
+
 TEST_F(Tenants, EachUserOwnsItsPoliciesMapsAndProcessesAndNothingElse) {
   // Tenant A: a long-lived process with its group, policy and mapped hint.
   int ready[2], quit[2];

@@ -445,7 +445,6 @@ TEST_F(ThreadHook, HungAgentIsKilledAndThreadsRestored) {
   EXPECT_NE(status.find("hung"), std::string::npos) << status;
 }
 
-// Removing the policy restores the threads at once.
 // A packet policy deployed at the thread hook fails with one error, the first line the
 // user sees, naming the hooks it is for (the reverse: socket_select_test).
 TEST_F(ThreadHook, PacketPolicyIsRefusedNamingTheHooksItIsFor) {
@@ -457,6 +456,7 @@ TEST_F(ThreadHook, PacketPolicyIsRefusedNamingTheHooksItIsFor) {
   EXPECT_EQ(occurrences(err, ": error: "), 1u) << err;
 }
 
+// Removing the policy restores the threads at once.
 TEST_F(ThreadHook, RemoveRestoresThreads) {
   syr_set_app("thrrm");
   int id = deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}, "thrrm");

@@ -211,7 +211,6 @@ TEST(Compiler, ClangVersionIsRunOncePerBinary) {
   EXPECT_FALSE(start()) << "a script is run every time";
 }
 
-// The CPU lists of syrupd --agent_cpus and the agent's baseline (cpuset(7) list format).
 // A header under --kernel_dir edited while syrupd runs is compiled against at the next
 // deploy: its stamp changed, so the cache identity is computed again and the object
 // cached before is not served. Restoring the header's content brings the old key back.
@@ -250,6 +249,7 @@ TEST(Compiler, EditedHeaderIsCompiledAgainstNotHiddenByTheCache) {
   EXPECT_TRUE(c.compile(job).cached);
 }
 
+// The CPU lists of syrupd --agent_cpus and the agent's baseline (cpuset(7) list format).
 TEST(CpuList, ParsesSinglesRangesAndRejectsTheRest) {
   std::vector<int> v;
   ASSERT_EQ(thread::cpus_from_string("0", v), 0);

@@ -125,8 +125,10 @@ void Daemon::crash() {
   pid_ = -1;
 }
 
-std::string Daemon::log() const {
-  std::ifstream in(dir_ + "/syrupd.log");
+std::string Daemon::log() const { return read_text(dir_ + "/syrupd.log"); }
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -156,11 +158,8 @@ std::string slow_clang(const std::string& dir, double secs) {
 
 std::string uncached_source(const std::string& rel) {
   static std::atomic<int> n{0};
-  std::ifstream in(source_path(rel));
-  std::stringstream ss;
-  ss << in.rdbuf() << "\n// " << getpid() << " " << ++n << " "
-     << std::chrono::steady_clock::now().time_since_epoch().count() << "\n";
-  return ss.str();
+  return read_text(source_path(rel)) + "\n// " + std::to_string(getpid()) + " " + std::to_string(++n) + " " +
+         std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + "\n";
 }
 
 bool log_says(const Daemon& d, const std::string& what, size_t n, int ms) {

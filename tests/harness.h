@@ -82,6 +82,9 @@ inline const std::string kParkedLog = "deploy parked while";
 // Waits up to `ms` for `d`'s log to say `what` `n` times.
 bool log_says(const Daemon& d, const std::string& what, size_t n, int ms);
 
+// The whole file at `path`; "" if it cannot be read.
+std::string read_text(const std::string& path);
+
 // How many times `what` occurs in `text`, overlaps counted (e.g. ": error: " in clang's
 // diagnostics, a line in syrupd's log).
 inline size_t occurrences(const std::string& text, const std::string& what) {

@@ -185,12 +185,10 @@ json loadgen(uint16_t port, const std::string& args) {
   close(fd);
   std::string out;
   int rc = run_cmd(build_bin("kv_loadgen") + " --port=" + std::to_string(port) + " --json=" + tmpl + " " + args, out);
-  std::ifstream f(tmpl);
-  std::stringstream ss;
-  ss << f.rdbuf();
+  std::string text = read_text(tmpl);
   unlink(tmpl);
   EXPECT_EQ(rc, 0) << out;
-  json j = json::parse(ss.str(), nullptr, false);
+  json j = json::parse(text, nullptr, false);
   EXPECT_TRUE(j.is_object()) << out;
   return j;
 }

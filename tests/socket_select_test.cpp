@@ -150,8 +150,7 @@ TEST_F(SocketSelect, SitaSendsEveryLongRequestToExecutorZeroAndNoShortOne) {
 // The README's policy example, as the README shows it (the first C block under "Writing
 // a policy"): long requests (type 2) to executor 0, short ones round robin over the rest.
 TEST_F(SocketSelect, ReadmePolicyExampleDoesWhatItsCommentSays) {
-  std::ifstream in(source_path("README.md"));
-  std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string readme = read_text(source_path("README.md"));
   size_t section = readme.find("\n## Writing a policy\n");
   ASSERT_NE(section, std::string::npos) << "README.md has no 'Writing a policy' section";
   size_t begin = readme.find("\n```c\n", section), end = readme.find("\n```\n", begin + 1);

@@ -753,8 +753,7 @@ TEST_F(Tenants, AParkedDeployIsAnsweredWhenSyrupdStops) {
   // Its compilers are the ones that name its cache, in the directory of its socket.
   std::string dir_of_daemon = std::filesystem::path(d_.socket()).parent_path().string();
   for (auto& e : std::filesystem::directory_iterator("/proc")) {
-    std::ifstream cl(e.path() / "cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(cl)), std::istreambuf_iterator<char>());
+    std::string cmd = read_text(e.path() / "cmdline");
     EXPECT_EQ(cmd.find(dir_of_daemon), std::string::npos) << "a compiler outlived syrupd: " << e.path();
   }
 }

@@ -554,8 +554,7 @@ TEST_F(ThreadHook, SyrupctlDeploysForAnUnmodifiedProcess) {
 
 // The core a thread last ran on (field 39 of /proc/self/task/TID/stat).
 int last_cpu(pid_t tid) {
-  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/stat");
-  std::string st((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string st = read_text("/proc/self/task/" + std::to_string(tid) + "/stat");
   auto rp = st.rfind(')');
   if (rp == std::string::npos) return -1;
   std::istringstream ss(st.substr(rp + 2));
@@ -689,8 +688,7 @@ struct Restart {
 // The process exists and has not exited (a zombie waiting for its new parent to reap it
 // counts as exited: an orphaned agent is reparented, not to this test).
 bool alive(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string s = read_text("/proc/" + std::to_string(pid) + "/stat");
   auto rp = s.rfind(')');
   return rp != std::string::npos && rp + 2 < s.size() && s[rp + 2] != 'Z' && s[rp + 2] != 'X';
 }

@@ -235,8 +235,7 @@ TEST(Compiler, EditedHeaderIsCompiledAgainstNotHiddenByTheCache) {
   EXPECT_FALSE(r.cached);
   EXPECT_TRUE(c.compile(job).cached);
   const std::string key = c.key(job), header = cfg.kernel_dir + "/include/syrup/policy.h";
-  std::ifstream in(header, std::ios::binary);
-  std::string original((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string original = test::read_text(header);
 
   std::ofstream(header, std::ios::app) << "\n#error \"this header was edited\"\n";
   EXPECT_NE(c.key(job), key);

@@ -16,6 +16,7 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <map>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -431,6 +432,45 @@ TEST_F(KvServer, CoreShareWithYieldingIsRefusedWithAClearError) {
   EXPECT_EQ(s->child->stop(10000), 2);
   EXPECT_NE(slurp(dir_->path() + "/share2.err").find("deadline reservations excludes --yield_keys"), std::string::npos)
       << slurp(dir_->path() + "/share2.err");
+}
+
+// --thread_policy (the study's cross-layer pair): the server deploys the thread policy
+// beside its socket policy and each worker registers itself as the executor of its
+// socket, so the thread policy reads the hints the socket policy writes for the same
+// index. The application's syrup_threads map holds exactly the server's kv-w threads,
+// worker i as executor i; requests are still answered; on SIGTERM both policies go.
+TEST_F(KvServer, ThreadPolicyRegistersEachWorkerAsTheExecutorOfItsSocket) {
+  auto s = start_server(dir_->path() + "/db", "scan_avoid.c", "kvtest-thr", dir_->path() + "/thr.err",
+                        {"--thread_policy=" + source_path("policies/get_first.c")});
+  ASSERT_NE(s->port, 0) << slurp(dir_->path() + "/thr.err");
+  int thread_id = s->ready["thread_policy_id"].get<int>();
+  ASSERT_GT(thread_id, 0) << s->ready.dump();
+  pid_t pid = s->ready["pid"].get<pid_t>();
+
+  std::string out;
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json map dump --app kvtest-thr syrup_threads", out), 0) << out;
+  std::map<pid_t, int> executor_of;
+  json dump = json::parse(out);
+  for (auto& e : dump["entries"]) executor_of[e["key_int"].get<pid_t>()] = e["value_int"].get<int>();
+  std::map<pid_t, int> workers;  // tid -> i, from the thread's name kv-w<i>
+  for (auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+    std::string comm = read_text(t.path().string() + "/comm");
+    if (comm.rfind("kv-w", 0) == 0) workers[std::stoi(t.path().filename().string())] = std::stoi(comm.substr(4));
+  }
+  ASSERT_EQ(workers.size(), size_t(kWorkers));
+  EXPECT_EQ(executor_of, workers) << "syrup_threads (tid -> executor) must be the server's workers, kv-w<i> as i: " << out;
+
+  {
+    KvClient c(s->port);
+    for (int i = 0; i < 30; i++) c.send_req(i % 10 ? KV_GET : KV_SCAN, i, i);
+    int got = 0;
+    while (got < 30 && c.recv_reply()) got++;
+    EXPECT_EQ(got, 30);
+  }
+  EXPECT_EQ(s->child->stop(10000), 0) << slurp(dir_->path() + "/thr.err");
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json list", out), 0) << out;
+  EXPECT_EQ(out.find("kvtest-thr"), std::string::npos) << "a policy is still listed: " << out;
+  EXPECT_FALSE(std::filesystem::exists(daemon_->bpffs_root() + "/apps/kvtest-thr"));
 }
 
 TEST_F(KvServer, ShutsDownCleanlyPolicyRemovedPinsGone) {

@@ -760,18 +760,13 @@ TEST_F(SchedExtNoGuard, StallIsBlamedOnTheStarvingApplication) {
   ASSERT_GT(id, 0) << syr_last_error();
   auto high = mapped("high");
   syr_hint_set(&high, 0, 1);
-  // The spinners are registered from here, through the application's map, not each by
-  // itself: once thread 0 runs marked, a thread switched in right after registering
-  // starves before it can tell the constructor it is ready, and the constructor then
-  // waited out the watchdog (a CI failure).
+  // The spinners are registered from here (syr_thread_register_tid), not each by itself:
+  // once thread 0 runs marked, a thread switched in right after registering starves
+  // before it can tell the constructor it is ready, and the constructor then waited out
+  // the watchdog (a CI failure).
   Spinners a(3, false, 1);
-  int threads = syr_map_open("syrup_threads");
-  ASSERT_GE(threads, 0) << syr_last_error();
-  for (uint32_t i = 0; i < 3; i++) {
-    uint32_t tid = static_cast<uint32_t>(a.tid(static_cast<int>(i)));
-    ASSERT_EQ(syr_map_update_elem(threads, &tid, &i, 0), 0) << syr_last_error();
-  }
-  close(threads);
+  for (uint32_t i = 0; i < 3; i++)
+    ASSERT_EQ(syr_thread_register_tid(a.tid(static_cast<int>(i)), i), 0) << syr_last_error();
   ASSERT_GE(wait_for([&] { return all_policy(a.tids(), kSchedExt); }, 3000), 0);
   int ms = wait_for([&] {
     return listed(daemon_, id).value("status", "").find("ejected by the kernel") != std::string::npos;

@@ -321,6 +321,83 @@ TEST_F(ThreadHook, MarkedThreadGetsTheCoreAndTheMarkMoves) {
   syr_map_munmap(&high);
 }
 
+// A main thread registers its workers by tid once they have started (a thread that
+// registers itself may be kept waiting by the policy before it can say it is ready): the
+// marked worker gets the core; a thread registered by another counts its critical
+// sections at its executor's syrup_cs element from its next syr_cs_enter() on, even
+// though it had looked for its counter before, and no longer once unregistered by tid; a
+// thread of another process is refused with the reason.
+TEST_F(ThreadHook, MainThreadRegistersItsWorkersByTid) {
+  syr_set_app("thrtid");
+  ASSERT_GT(deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}, "thrtid"), 0) << syr_last_error();
+  syr_mapped_array high{}, cs{};
+  ASSERT_EQ(mmap_app_map("high", &high), "");
+  ASSERT_EQ(mmap_app_map("syrup_cs", &cs), "");
+  for (uint32_t i = 0; i < 8; i++) syr_hint_set(&high, i, 0);
+  syr_hint_set(&high, 1, 1);
+  {
+    Spinners workers(3, false);
+    for (int i = 0; i < 3; i++)
+      ASSERT_EQ(syr_thread_register_tid(workers.tid(i), static_cast<uint32_t>(i)), 0) << syr_last_error();
+    ASSERT_GE(wait_for([&] { return sched_policy_of(workers.tid(1)) == SCHED_OTHER &&
+                                    sched_policy_of(workers.tid(0)) == SCHED_IDLE &&
+                                    sched_policy_of(workers.tid(2)) == SCHED_IDLE; }, 2000), 0)
+        << "the workers registered by tid were not scheduled by the policy";
+    auto m = measure({workers.clock(0), workers.clock(1), workers.clock(2)});
+    double sum = m[0] + m[1] + m[2];
+    std::printf("  workers registered by the main thread, mark on 1: %s\n", fmt(m).c_str());
+    ASSERT_GT(sum, 0.0);
+    EXPECT_GE(m[1] / sum, 0.95) << fmt(m);
+    for (int i = 0; i < 3; i++) EXPECT_EQ(syr_thread_unregister_tid(workers.tid(i)), 0) << syr_last_error();
+  }
+
+  // A thread that takes a step each time `step` moves on: odd steps enter a critical
+  // section, even ones leave it.
+  std::atomic<int> step{0}, done{0};
+  std::atomic<pid_t> tid{0};
+  std::thread marker([&] {
+    tid = static_cast<pid_t>(syscall(SYS_gettid));
+    for (int k = 1; k <= 6; k++) {
+      while (step.load() < k) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (k % 2) syr_cs_enter(); else syr_cs_exit();
+      done = k;
+    }
+  });
+  auto take = [&](int k) {
+    step = k;
+    return wait_for([&] { return done.load() == k; }, 2000) >= 0;
+  };
+  struct Join {
+    std::thread& t;
+    std::atomic<int>& step;
+    ~Join() { step = 6; t.join(); }
+  } join{marker, step};
+  while (tid.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const uint32_t exec = 5;
+  ASSERT_TRUE(take(1));
+  EXPECT_EQ(syr_hint_get(&cs, exec), 0u) << "an unregistered thread's syr_cs_enter() counted";
+  ASSERT_TRUE(take(2));
+  ASSERT_EQ(syr_thread_register_tid(tid, exec), 0) << syr_last_error();
+  ASSERT_TRUE(take(3));
+  EXPECT_EQ(syr_hint_get(&cs, exec), 1u) << "the critical section of a thread registered by tid was not counted";
+  ASSERT_TRUE(take(4));
+  EXPECT_EQ(syr_hint_get(&cs, exec), 0u);
+  ASSERT_EQ(syr_thread_unregister_tid(tid), 0) << syr_last_error();
+  ASSERT_TRUE(take(5));
+  EXPECT_EQ(syr_hint_get(&cs, exec), 0u) << "a thread unregistered by tid still counts its critical sections";
+  std::string out;
+  run_cmd(build_bin("syrupctl") + " --socket " + daemon_->socket() + " map dump --app thrtid syrup_threads", out);
+  EXPECT_NE(out.find(", 0 entries"), std::string::npos) << "the workers and the marker are still registered: " << out;
+
+  ChildProcess other(1, [] { for (;;) std::this_thread::sleep_for(std::chrono::milliseconds(5)); });
+  ASSERT_GT(other.pid(), 0);
+  EXPECT_EQ(syr_thread_register_tid(other.pid(), 0), -ESRCH);
+  EXPECT_NE(std::string(syr_last_error()).find("not a thread of this process"), std::string::npos) << syr_last_error();
+  EXPECT_EQ(syr_thread_unregister_tid(other.pid()), -ESRCH);
+  syr_map_munmap(&cs);
+  syr_map_munmap(&high);
+}
+
 // Cross-layer: the socket-select policy records which executor just got a long request in
 // scan_map; the thread policy (get_first) reads the same map and runs the others first.
 TEST_F(ThreadHook, CrossLayerLongRequestRunsLast) {

@@ -331,19 +331,6 @@ void scan_idle(Worker& w) {
     w.c.scan_marks_cleared.fetch_add(v, std::memory_order_relaxed);
 }
 
-// The thread hook: a worker registers itself as executor i of the application's thread
-// policy, so the policy can tell the workers apart and read their hints (scan_map[i]).
-// syr_thread_register() is being added to libsyrup by the thread hook's work; it is
-// referenced weakly so this server builds and runs
-// against a libsyrup with or without it (without: -EOPNOTSUPP, and --thread_policy has
-// already failed at deploy time with the daemon's message).
-extern "C" int syr_thread_register(uint32_t executor_index) __attribute__((weak));
-
-int register_for_thread_hook(int idx) {
-  if (!syr_thread_register) return -EOPNOTSUPP;
-  return syr_thread_register(static_cast<uint32_t>(idx));
-}
-
 // sched_setattr(2) with a custom slice for SCHED_OTHER (Linux 6.12+): a SCAN then cannot
 // keep a core for a whole default slice while GET workers wait on the same core.
 int set_slice(int slice_us) {
@@ -503,10 +490,11 @@ void worker_main(Worker* w) {
     }
   }
   if (FLAGS_core_share > 0) w->pacer.start(FLAGS_core_share, FLAGS_core_hold_us);
-  if (g.thread_policy_id > 0) {
-    int e = register_for_thread_hook(w->idx);
-    if (e) fprintf(stderr, "kv_server: worker %d: thread hook registration: %s\n", w->idx, strerror(-e));
-  }
+  // The thread hook: the worker registers itself as executor idx of the application's
+  // thread policy, so the policy can tell the workers apart and read their hints
+  // (scan_map[idx]).
+  if (g.thread_policy_id > 0 && syr_thread_register(static_cast<uint32_t>(w->idx)) != 0)
+    fprintf(stderr, "kv_server: worker %d: thread hook registration: %s\n", w->idx, syr_last_error());
   __atomic_store_n(&w->ready, true, __ATOMIC_RELEASE);
 
   constexpr int kBatch = 32;

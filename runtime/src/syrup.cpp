@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -315,26 +316,62 @@ int syr_open_reuseport_group(int type, struct sockaddr* addr, socklen_t addrlen,
 }
 
 // ---- The thread hook -----------------------------------------------------------------
+//
+// A thread's critical-section counter is found by its tid in g_cs_of, which registration
+// (of the calling thread or, by tid, of another) writes; each thread caches its own in
+// t_cs and looks again only after g_registry_gen moved, so syr_cs_enter() stays one
+// atomic load and a store while no registration happens.
 
 namespace {
 std::mutex g_thread_mu;
 // The syrup_cs maps this process has mapped, by kernel map id: kept mapped for the life
 // of the process, since threads may still hold pointers into them.
 std::map<uint32_t, syr_mapped_array> g_cs_maps;
-int g_threads_fd = -1;                  // the syrup_threads map of the last registration
-thread_local uint64_t* t_cs = nullptr;  // this thread's critical-section depth
+int g_threads_fd = -1;                 // the syrup_threads map of the last registration
+std::map<pid_t, uint64_t*> g_cs_of;    // registered tid -> its critical-section depth
+std::atomic<uint64_t> g_registry_gen{1};  // bumped (under g_thread_mu) on each change of g_cs_of
+thread_local uint64_t* t_cs = nullptr;    // this thread's entry of g_cs_of, as of t_cs_gen
+thread_local uint64_t t_cs_gen = 0;
+
+pid_t my_tid() { return static_cast<pid_t>(syscall(SYS_gettid)); }
+
+bool is_my_thread(pid_t tid) {
+  return tid > 0 && access(("/proc/self/task/" + std::to_string(tid)).c_str(), F_OK) == 0;
+}
 
 uint32_t map_id(int fd) {
   bpf_map_info info{};
   uint32_t len = sizeof info;
   return bpf_map_get_info_by_fd(fd, &info, &len) == 0 ? info.id : 0;
 }
+
+// Call with g_thread_mu held.
+void set_cs_of(pid_t tid, uint64_t* counter) {
+  if (counter)
+    g_cs_of[tid] = counter;
+  else
+    g_cs_of.erase(tid);
+  g_registry_gen.fetch_add(1, std::memory_order_release);
+}
+
+uint64_t* my_cs() {
+  if (t_cs_gen != g_registry_gen.load(std::memory_order_acquire)) {
+    std::lock_guard lk(g_thread_mu);
+    auto it = g_cs_of.find(my_tid());
+    t_cs = it == g_cs_of.end() ? nullptr : it->second;
+    t_cs_gen = g_registry_gen.load(std::memory_order_relaxed);
+  }
+  return t_cs;
+}
 }  // namespace
 
-int syr_thread_register(uint32_t executor_index) {
+int syr_thread_register_tid(pid_t tid, uint32_t executor_index) {
   if (executor_index >= SYR_MAX_EXECUTORS)
     return fail(-EINVAL, "executor index " + std::to_string(executor_index) + " is not below " +
                              std::to_string(SYR_MAX_EXECUTORS));
+  if (!is_my_thread(tid))
+    return fail(-ESRCH, "cannot register thread " + std::to_string(tid) + ": not a thread of this process (pid " +
+                            std::to_string(getpid()) + ")");
   std::lock_guard lk(g_thread_mu);
   // Opened each time (registration is rare): the application's policy may have been
   // removed and deployed anew, with new maps, since the last call.
@@ -358,30 +395,38 @@ int syr_thread_register(uint32_t executor_index) {
     it = g_cs_maps.emplace(id, a).first;
   }
   close(cfd);
-  uint32_t tid = static_cast<uint32_t>(syscall(SYS_gettid));
-  if (int r = syr_map_update_elem(g_threads_fd, &tid, &executor_index, 0)) return r;
-  t_cs = static_cast<uint64_t*>(syr_array_elem(&it->second, executor_index));
+  uint32_t key = static_cast<uint32_t>(tid);
+  if (int r = syr_map_update_elem(g_threads_fd, &key, &executor_index, 0)) return r;
+  set_cs_of(tid, static_cast<uint64_t*>(syr_array_elem(&it->second, executor_index)));
   return 0;
 }
 
-int syr_thread_unregister(void) {
+int syr_thread_register(uint32_t executor_index) { return syr_thread_register_tid(my_tid(), executor_index); }
+
+int syr_thread_unregister_tid(pid_t tid) {
   std::lock_guard lk(g_thread_mu);
-  t_cs = nullptr;
+  bool registered_here = g_cs_of.count(tid) > 0;
+  if (!registered_here && !is_my_thread(tid))
+    return fail(-ESRCH, "cannot unregister thread " + std::to_string(tid) +
+                            ": not a thread of this process (pid " + std::to_string(getpid()) + ")");
+  if (registered_here) set_cs_of(tid, nullptr);
   if (g_threads_fd < 0) return 0;
-  uint32_t tid = static_cast<uint32_t>(syscall(SYS_gettid));
-  if (bpf_map_delete_elem(g_threads_fd, &tid) < 0 && errno != ENOENT) {
+  uint32_t key = static_cast<uint32_t>(tid);
+  if (bpf_map_delete_elem(g_threads_fd, &key) < 0 && errno != ENOENT) {
     int e = errno;
     return fail(-e, std::string("cannot unregister the thread: ") + std::strerror(e));
   }
   return 0;
 }
 
+int syr_thread_unregister(void) { return syr_thread_unregister_tid(my_tid()); }
+
 void syr_cs_enter(void) {
-  if (uint64_t* p = t_cs) __atomic_store_n(p, *p + 1, __ATOMIC_RELEASE);
+  if (uint64_t* p = my_cs()) __atomic_store_n(p, *p + 1, __ATOMIC_RELEASE);
 }
 
 void syr_cs_exit(void) {
-  if (uint64_t* p = t_cs; p && *p > 0) __atomic_store_n(p, *p - 1, __ATOMIC_RELEASE);
+  if (uint64_t* p = my_cs(); p && *p > 0) __atomic_store_n(p, *p - 1, __ATOMIC_RELEASE);
 }
 
 }  // extern "C"

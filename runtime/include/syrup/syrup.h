@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include <syrup/abi.h> /* SYR_PASS, SYR_DROP, SYR_MAX_EXECUTORS */
 
@@ -144,10 +145,23 @@ static inline uint64_t syr_hint_get(const struct syr_mapped_array *arr, uint32_t
  * thread only, and only threads of the process the policy was deployed for are ever
  * scheduled by it. Register again after the policy was removed and deployed anew.
  */
-/* Registers the calling thread as executor `executor_index` (< SYR_MAX_EXECUTORS). */
+/* Registers the calling thread as executor `executor_index` (< SYR_MAX_EXECUTORS). The
+ * policy may schedule the thread before this call returns: under a policy that keeps it
+ * waiting (a FIFO behind always-busy threads, say) its next line runs only when the
+ * policy, the starvation guard or the watchdog lets it. A thread that must report back
+ * first (a pool starting up) should be registered by another with
+ * syr_thread_register_tid(). */
 int syr_thread_register(uint32_t executor_index);
+/* Registers thread `tid` (its gettid()) of this process as executor `executor_index`,
+ * as if it had called syr_thread_register() itself: its syr_cs_enter()/syr_cs_exit()
+ * count for that executor from its next call on. -ESRCH if `tid` is not a thread of this
+ * process. */
+int syr_thread_register_tid(pid_t tid, uint32_t executor_index);
 /* Unregisters the calling thread: it returns to normal scheduling. */
 int syr_thread_unregister(void);
+/* Unregisters thread `tid` of this process (or one this process registered, even if it
+ * has exited): 0 also if it was not registered; -ESRCH for another process's thread. */
+int syr_thread_unregister_tid(pid_t tid);
 /* Marks the start and end of a critical section of the calling (registered) thread:
  * a store into the mapped syrup_cs map, no syscall. Sections nest. Policies such as
  * cs_aware avoid preempting a thread inside one. No effect if the thread is not

@@ -180,6 +180,17 @@ std::vector<pid_t> list_tids(pid_t tgid) {
   return v;
 }
 
+int drop_exited_registrations(int threads_fd, const std::vector<pid_t>& stale) {
+  int n = 0;
+  for (pid_t tid : stale) {
+    // /proc/TID resolves for any thread, not only a process's main one.
+    if (access(("/proc/" + std::to_string(tid)).c_str(), F_OK) == 0 || errno != ENOENT) continue;
+    uint32_t k = static_cast<uint32_t>(tid);
+    n += bpf_map_delete_elem(threads_fd, &k) == 0;
+  }
+  return n;
+}
+
 namespace {
 
 class Agent {
@@ -307,10 +318,14 @@ void Agent::on_event(const syr_tev& e) {
       }
       dirty_ = true;
       break;
-    case SYR_TEV_EXIT:
+    case SYR_TEV_EXIT: {
       thr_.erase(it);
+      // Exited registered: its entry goes now (the next scan would find it gone too).
+      uint32_t k = e.tid;
+      bpf_map_delete_elem(threads_fd_, &k);
       dirty_ = true;
       break;
+    }
   }
 }
 
@@ -349,11 +364,15 @@ void Agent::refresh_registrations() {
   // New registrations: only threads of our process (a map entry naming another process's
   // thread is ignored: an application schedules its own threads only).
   uint64_t now = mono_ns();
+  std::vector<pid_t> not_ours;
   for (auto& [tid, exec] : reg) {
     if (thr_.count(tid)) continue;
     bool runnable = false;
     uint32_t cpu = 0;
-    if (!read_task_stat(o_.tgid, tid, runnable, cpu)) continue;
+    if (!read_task_stat(o_.tgid, tid, runnable, cpu)) {
+      not_ours.push_back(tid);
+      continue;
+    }
     Thr t;
     t.tid = tid;
     t.exec = exec;
@@ -364,6 +383,7 @@ void Agent::refresh_registrations() {
     thr_.emplace(tid, t);
     dirty_ = true;
   }
+  drop_exited_registrations(threads_fd_, not_ours);
 }
 
 void Agent::decide(uint64_t now) {

@@ -53,6 +53,12 @@ int capture_baseline(pid_t tgid, Baseline& out);
 int restore_thread(pid_t tid, const Baseline& b);
 // Threads of a process, ascending.
 std::vector<pid_t> list_tids(pid_t tgid);
+// Deletes from syrup_threads (`threads_fd`) the entries `stale` names whose thread exists
+// no more, in any process (it exited without unregistering): the map (4096 entries)
+// would fill with them, and a new thread of the process given a dead one's tid would
+// inherit its registration. A live thread of another process keeps its entry (ignored
+// here, not ours to drop). Returns how many went.
+int drop_exited_registrations(int threads_fd, const std::vector<pid_t>& stale);
 // SCHED_OTHER/SCHED_IDLE/SCHED_BATCH with a nice value and, for SCHED_OTHER, an EEVDF
 // slice (sched_attr.sched_runtime, Linux 6.12+; older kernels ignore it; 0: the default).
 // 0 or -errno.

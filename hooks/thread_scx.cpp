@@ -439,14 +439,19 @@ class ScxTarget : public Target {
         bpf_map_update_elem(threads_fd_.get(), &k, &v, BPF_NOEXIST);
       }
     std::set<pid_t> reg;
+    std::vector<pid_t> not_ours;
     uint32_t key, next;
     bool first = true;
     while (bpf_map_get_next_key(threads_fd_.get(), first ? nullptr : &key, &next) == 0) {
       first = false;
       key = next;
       pid_t t = static_cast<pid_t>(key);
-      if (alive.count(t)) reg.insert(t);  // another process's thread in the map: ignored
+      if (alive.count(t))
+        reg.insert(t);
+      else
+        not_ours.push_back(t);  // exited (dropped), or another process's thread (ignored)
     }
+    drop_exited_registrations(threads_fd_.get(), not_ours);
     bool changed = false;
     for (pid_t t : reg)
       if (!switched_.count(t) && set_policy(t, kSchedExt, baseline_.nice) == 0) switched_.insert(t), changed = true;

@@ -397,6 +397,8 @@ int syr_thread_register_tid(pid_t tid, uint32_t executor_index) {
   close(cfd);
   uint32_t key = static_cast<uint32_t>(tid);
   if (int r = syr_map_update_elem(g_threads_fd, &key, &executor_index, 0)) return r;
+  // Threads that exited registered: a new thread given one's tid must not find its counter.
+  for (auto i = g_cs_of.begin(); i != g_cs_of.end();) i = is_my_thread(i->first) ? std::next(i) : g_cs_of.erase(i);
   set_cs_of(tid, static_cast<uint64_t*>(syr_array_elem(&it->second, executor_index)));
   return 0;
 }

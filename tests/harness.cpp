@@ -271,6 +271,45 @@ std::string mmap_app_map(const char* name, syr_mapped_array* out, const char* ap
   return r == 0 ? "" : std::string("syr_map_mmap(") + name + "): " + syr_last_error();
 }
 
+pid_t register_and_exit(uint32_t exec) {
+  pid_t tid = -1;
+  std::thread([&] {
+    if (syr_thread_register(exec) == 0) tid = static_cast<pid_t>(syscall(SYS_gettid));
+  }).join();
+  return tid;
+}
+
+std::string exited_registrations_dropped(const std::vector<pid_t>& exited, int within_ms, int settle_ms) {
+  ChildProcess other(1, [] { for (;;) std::this_thread::sleep_for(std::chrono::milliseconds(5)); });
+  if (other.pid() <= 0) return "cannot start a child process";
+  int threads = syr_map_open("syrup_threads");
+  if (threads < 0) return syr_last_error();
+  uint32_t key = static_cast<uint32_t>(other.pid()), exec = 4;
+  if (syr_map_update_elem(threads, &key, &exec, 0) != 0) {
+    close(threads);
+    return syr_last_error();
+  }
+  auto registered = [&](pid_t tid) {
+    uint32_t k = static_cast<uint32_t>(tid), v;
+    return syr_map_lookup_elem(threads, &k, &v) == 0;
+  };
+  int ms = wait_for([&] {
+    for (pid_t t : exited)
+      if (registered(t)) return false;
+    return true;
+  }, within_ms);
+  std::printf("  the exited threads' entries went after %d ms\n", ms);
+  std::string err;
+  for (pid_t t : exited)
+    if (registered(t))
+      err += "thread " + std::to_string(t) + " exited " + std::to_string(within_ms) +
+             " ms ago and is still in syrup_threads; ";
+  std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
+  if (!registered(other.pid())) err += "the entry of another process's live thread was dropped";
+  close(threads);
+  return err;
+}
+
 ChildProcess::ChildProcess(int n_threads, void (*body)()) {
   int ready[2];
   if (pipe(ready) != 0) return;

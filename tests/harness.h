@@ -179,6 +179,16 @@ using syrup::sched_attr_set;
 // libsyrup's error: ASSERT_EQ(mmap_app_map(...), "").
 std::string mmap_app_map(const char* name, syr_mapped_array* out, const char* app = nullptr);
 
+// A thread of this process that registers as executor `exec` of the current application
+// and exits at once, without unregistering: its tid, or -1 (syr_last_error() says why).
+pid_t register_and_exit(uint32_t exec);
+
+// The thread hook's cleanup of registrations, as each backend must do it: the `exited`
+// threads (of this process, gone after registering) leave the application's
+// syrup_threads within `within_ms`, while an entry naming a live thread of another
+// process (a child made and written here) stays `settle_ms` longer. "" or what failed.
+std::string exited_registrations_dropped(const std::vector<pid_t>& exited, int within_ms, int settle_ms);
+
 // An unmodified process (for `syrupctl deploy --pid`): a child of this one running
 // `n_threads` threads of `body` (which never returns) beside its main thread, until this
 // object dies (SIGKILL, reaped). Returns once those threads exist; pid() is -1 if the

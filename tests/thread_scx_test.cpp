@@ -737,44 +737,23 @@ TEST_F(SchedExt, SyrupctlSchedulesAnUnmodifiedProcess) {
 // entry of another process's live thread stays.
 TEST_F(SchedExt, ThreadsThatExitRegisteredLeaveTheRegistrationMap) {
   ASSERT_GT(deploy("policies/fifo.c", "scxexit"), 0) << syr_last_error();
-  pid_t quick = 0;
-  int reg_quick = -1;
+  pid_t quick = register_and_exit(0);
+  ASSERT_GT(quick, 0) << syr_last_error();
   std::atomic<pid_t> scheduled{0};
-  std::atomic<int> reg_scheduled{-1};
-  std::thread([&] {
-    quick = static_cast<pid_t>(syscall(SYS_gettid));
-    reg_quick = syr_thread_register(0);
-  }).join();
+  std::atomic<int> reg{-1};
   std::atomic<bool> leave{false};
   std::thread t([&] {
+    reg = syr_thread_register(1);
     scheduled = static_cast<pid_t>(syscall(SYS_gettid));
-    reg_scheduled = syr_thread_register(1);
     while (!leave) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   });
   int in_ms = wait_for([&] { return scheduled && policy_of(scheduled) == kSchedExt; }, 3000);
   leave = true;
   t.join();
-  ASSERT_EQ(reg_quick, 0);
-  ASSERT_EQ(reg_scheduled, 0);
+  ASSERT_EQ(reg, 0);
   ASSERT_GE(in_ms, 0) << "the registered thread was never switched into SCHED_EXT";
-
-  ChildProcess other(1, [] { for (;;) std::this_thread::sleep_for(std::chrono::milliseconds(5)); });
-  ASSERT_GT(other.pid(), 0);
-  int threads = syr_map_open("syrup_threads");
-  ASSERT_GE(threads, 0) << syr_last_error();
-  uint32_t key = static_cast<uint32_t>(other.pid()), exec = 4;
-  ASSERT_EQ(syr_map_update_elem(threads, &key, &exec, 0), 0) << syr_last_error();
-  auto registered = [&](pid_t tid) {
-    uint32_t k = static_cast<uint32_t>(tid), v;
-    return syr_map_lookup_elem(threads, &k, &v) == 0;
-  };
-  int ms = wait_for([&] { return !registered(quick) && !registered(scheduled); }, 3000);
-  std::printf("  the exited threads' entries went after %d ms\n", ms);
-  EXPECT_FALSE(registered(quick)) << "thread " << quick << " exited 3 s ago and is still in syrup_threads";
-  EXPECT_FALSE(registered(scheduled)) << "thread " << scheduled << " exited 3 s ago and is still in syrup_threads";
-  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // more than an idle scan period
-  EXPECT_TRUE(registered(other.pid())) << "the entry of another process's live thread was dropped";
-  close(threads);
+  // More than an idle scan period (250 ms) for the live entry to stay.
+  EXPECT_EQ(exited_registrations_dropped({quick, scheduled}, 3000, 600), "");
 }
 
 // A separate syrupd with the starvation guard off and a 2 s watchdog: a policy that

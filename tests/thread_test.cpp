@@ -407,13 +407,9 @@ TEST_F(ThreadHook, ThreadsThatExitRegisteredLeaveTheRegistrationMap) {
   ASSERT_GT(deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}, "threxit"), 0) << syr_last_error();
   // Two threads exit registered: one at once, before a scan sees it, one once the
   // agent schedules it (on core_, where the policy puts it).
-  pid_t quick = 0, scheduled = 0;
-  int reg = -1;
-  std::thread([&] {
-    quick = static_cast<pid_t>(syscall(SYS_gettid));
-    reg = syr_thread_register(3);
-  }).join();
-  ASSERT_EQ(reg, 0) << syr_last_error();
+  pid_t quick = register_and_exit(3);
+  ASSERT_GT(quick, 0) << syr_last_error();
+  pid_t scheduled = 0;
   {
     Sleeper s(5);
     ASSERT_EQ(s.reg_result(), 0) << syr_last_error();
@@ -421,23 +417,7 @@ TEST_F(ThreadHook, ThreadsThatExitRegisteredLeaveTheRegistrationMap) {
     ASSERT_GE(wait_for([&] { return cpus_of(scheduled) == std::vector<int>{core_}; }, 2000), 0)
         << "the agent did not take the registered thread on";
   }
-  ChildProcess other(1, [] { for (;;) std::this_thread::sleep_for(std::chrono::milliseconds(5)); });
-  ASSERT_GT(other.pid(), 0);
-  int threads = syr_map_open("syrup_threads");
-  ASSERT_GE(threads, 0) << syr_last_error();
-  uint32_t key = static_cast<uint32_t>(other.pid()), exec = 4;
-  ASSERT_EQ(syr_map_update_elem(threads, &key, &exec, 0), 0) << syr_last_error();
-  auto registered = [&](pid_t tid) {
-    uint32_t k = static_cast<uint32_t>(tid), v;
-    return bpf_map_lookup_elem(threads, &k, &v) == 0;
-  };
-  int ms = wait_for([&] { return !registered(quick) && !registered(scheduled); }, 2000);
-  std::printf("  the exited threads' entries went after %d ms\n", ms);
-  EXPECT_FALSE(registered(quick)) << "thread " << quick << " exited 2 s ago and is still in syrup_threads";
-  EXPECT_FALSE(registered(scheduled)) << "thread " << scheduled << " exited 2 s ago and is still in syrup_threads";
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // several scans
-  EXPECT_TRUE(registered(other.pid())) << "the entry of another process's live thread was dropped";
-  close(threads);
+  EXPECT_EQ(exited_registrations_dropped({quick, scheduled}, 2000, 100), "");
 }
 
 // Cross-layer: the socket-select policy records which executor just got a long request in

@@ -182,6 +182,7 @@ std::vector<pid_t> list_tids(pid_t tgid) {
 
 int drop_exited_registrations(int threads_fd, const std::vector<pid_t>& stale) {
   int n = 0;
+  if (stale.empty() || access("/proc/self", F_OK) != 0) return 0;  // no /proc: nothing is known gone
   for (pid_t tid : stale) {
     // /proc/TID resolves for any thread, not only a process's main one.
     if (access(("/proc/" + std::to_string(tid)).c_str(), F_OK) == 0 || errno != ENOENT) continue;

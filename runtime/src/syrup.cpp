@@ -335,8 +335,15 @@ thread_local uint64_t t_cs_gen = 0;
 
 pid_t my_tid() { return static_cast<pid_t>(syscall(SYS_gettid)); }
 
+// Whether `tid` is a thread of this process. The calling thread is, without asking /proc
+// (which a sandbox may not mount).
 bool is_my_thread(pid_t tid) {
-  return tid > 0 && access(("/proc/self/task/" + std::to_string(tid)).c_str(), F_OK) == 0;
+  return tid == my_tid() || (tid > 0 && access(("/proc/self/task/" + std::to_string(tid)).c_str(), F_OK) == 0);
+}
+
+// Whether /proc says `tid` is no thread of this process (any more). False without /proc.
+bool has_left(pid_t tid) {
+  return access("/proc/self/task", F_OK) == 0 && !is_my_thread(tid);
 }
 
 uint32_t map_id(int fd) {
@@ -398,7 +405,7 @@ int syr_thread_register_tid(pid_t tid, uint32_t executor_index) {
   uint32_t key = static_cast<uint32_t>(tid);
   if (int r = syr_map_update_elem(g_threads_fd, &key, &executor_index, 0)) return r;
   // Threads that exited registered: a new thread given one's tid must not find its counter.
-  for (auto i = g_cs_of.begin(); i != g_cs_of.end();) i = is_my_thread(i->first) ? std::next(i) : g_cs_of.erase(i);
+  for (auto i = g_cs_of.begin(); i != g_cs_of.end();) i = has_left(i->first) ? g_cs_of.erase(i) : std::next(i);
   set_cs_of(tid, static_cast<uint64_t*>(syr_array_elem(&it->second, executor_index)));
   return 0;
 }

@@ -66,18 +66,14 @@ json server_totals(KvClient& c) {
   return json::parse(r->body, nullptr, false)["total"];
 }
 
-std::string slurp(const std::string& path) {
-  std::string out;
-  run_cmd("cat " + path, out);
-  return out;
-}
-
-// The server's worker threads (named kv-w<i>).
-std::vector<pid_t> worker_tids(pid_t pid) {
-  std::vector<pid_t> v;
-  for (auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task"))
-    if (slurp(t.path().string() + "/comm").rfind("kv-w", 0) == 0) v.push_back(std::stoi(t.path().filename().string()));
-  return v;
+// The server's worker threads, named kv-w<i>: tid -> i.
+std::map<pid_t, int> workers_of(pid_t pid) {
+  std::map<pid_t, int> w;
+  for (auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+    std::string comm = read_text(t.path().string() + "/comm");
+    if (comm.rfind("kv-w", 0) == 0) w[std::stoi(t.path().filename().string())] = std::stoi(comm.substr(4));
+  }
+  return w;
 }
 
 // With --core_share 0.02 (0.1 with a reservation): a SCAN of every key costs milliseconds
@@ -117,7 +113,7 @@ class KvServer : public ::testing::Test {
   void SetUp() override {
     SYRUP_REQUIRE_ROOT();
     ASSERT_NE(server_, nullptr);
-    ASSERT_NE(server_->port, 0) << "kv_server did not start:\n" << slurp(dir_->path() + "/server.err");
+    ASSERT_NE(server_->port, 0) << "kv_server did not start:\n" << read_text(dir_->path() + "/server.err");
   }
 
   // The server's database, opened read-only next to it.
@@ -270,7 +266,7 @@ TEST_F(KvServer, ScanMarksItsWorkerInScanMapWhileItRuns) {
   // A server of its own with scan_avoid, so scan_map exists; a SCAN over every key is long
   // enough (milliseconds) to see the mark through the test's own mapping of the map.
   auto s = start_server(dir_->path() + "/db", "scan_avoid.c", "kvtest-hints", dir_->path() + "/hints.err");
-  ASSERT_NE(s->port, 0) << slurp(dir_->path() + "/hints.err");
+  ASSERT_NE(s->port, 0) << read_text(dir_->path() + "/hints.err");
   EXPECT_TRUE(s->ready["hints"]["scan_map"].get<bool>());
   syr_mapped_array m{};
   ASSERT_EQ(mmap_app_map("scan_map", &m, "kvtest-hints"), "");
@@ -308,7 +304,7 @@ TEST_F(KvServer, ScanMarksItsWorkerInScanMapWhileItRuns) {
 TEST_F(KvServer, CountsOfScansThatNeverReachAWorkerAreTakenOff) {
   auto s = start_server(dir_->path() + "/db", "scan_avoid.c", "kvtest-lost", dir_->path() + "/lost.err",
                         {"--rcvbuf=2048"});
-  ASSERT_NE(s->port, 0) << slurp(dir_->path() + "/lost.err");
+  ASSERT_NE(s->port, 0) << read_text(dir_->path() + "/lost.err");
   syr_mapped_array m{};
   ASSERT_EQ(mmap_app_map("scan_map", &m, "kvtest-lost"), "");
   auto marks = [&] {
@@ -372,13 +368,13 @@ TEST_F(KvServer, CoreShareGivesEachWorkerADeadlineReservationOfItsOwn) {
   auto s = start_server(dir_->path() + "/db", "round_robin.c", "kvtest-share", dir_->path() + "/share.err",
                         {"--core_share=0.1", "--core_period_us=10000"});
   if (s->port == 0) {
-    std::string err = slurp(dir_->path() + "/share.err");
+    std::string err = read_text(dir_->path() + "/share.err");
     if (err.find("admits no more deadline bandwidth") != std::string::npos)
       GTEST_SKIP() << "the kernel admits no more SCHED_DEADLINE bandwidth here: " << err;
     FAIL() << "kv_server --core_share did not start:\n" << err;
   }
-  auto tids = worker_tids(s->child->pid());
-  for (pid_t tid : tids) {
+  auto tids = workers_of(s->child->pid());
+  for (auto [tid, i] : tids) {
     SchedAttr a;
     int e = sched_attr_get(tid, a);
     ASSERT_EQ(e, 0) << strerror(-e);
@@ -394,7 +390,7 @@ TEST_F(KvServer, CoreShareGivesEachWorkerADeadlineReservationOfItsOwn) {
     EXPECT_EQ(r->hdr.status, KV_OK);
   }
   expect_scan_paced(c);
-  EXPECT_EQ(s->child->stop(10000), 0) << slurp(dir_->path() + "/share.err");
+  EXPECT_EQ(s->child->stop(10000), 0) << read_text(dir_->path() + "/share.err");
 }
 
 TEST_F(KvServer, CoreSharePacingOnlyKeepsWorkersOnTheirCpuInTheFairClass) {
@@ -404,9 +400,9 @@ TEST_F(KvServer, CoreSharePacingOnlyKeepsWorkersOnTheirCpuInTheFairClass) {
   int cpu = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) - 1;
   auto s = start_server(dir_->path() + "/db", "round_robin.c", "kvtest-pace", dir_->path() + "/pace.err",
                         {"--core_share=0.02", "--core_deadline=false", "--cpus=" + std::to_string(cpu)});
-  ASSERT_NE(s->port, 0) << slurp(dir_->path() + "/pace.err");
-  auto tids = worker_tids(s->child->pid());
-  for (pid_t tid : tids) {
+  ASSERT_NE(s->port, 0) << read_text(dir_->path() + "/pace.err");
+  auto tids = workers_of(s->child->pid());
+  for (auto [tid, i] : tids) {
     SchedAttr a;
     int e = sched_attr_get(tid, a);
     ASSERT_EQ(e, 0) << strerror(-e);
@@ -422,7 +418,7 @@ TEST_F(KvServer, CoreSharePacingOnlyKeepsWorkersOnTheirCpuInTheFairClass) {
   ASSERT_TRUE(r) << "no answer to a GET";
   EXPECT_EQ(r->hdr.status, KV_OK);
   expect_scan_paced(c);
-  EXPECT_EQ(s->child->stop(10000), 0) << slurp(dir_->path() + "/pace.err");
+  EXPECT_EQ(s->child->stop(10000), 0) << read_text(dir_->path() + "/pace.err");
 }
 
 TEST_F(KvServer, CoreShareWithYieldingIsRefusedWithAClearError) {
@@ -430,8 +426,8 @@ TEST_F(KvServer, CoreShareWithYieldingIsRefusedWithAClearError) {
                         {"--core_share=0.1", "--yield_keys=10"});
   EXPECT_EQ(s->port, 0);
   EXPECT_EQ(s->child->stop(10000), 2);
-  EXPECT_NE(slurp(dir_->path() + "/share2.err").find("deadline reservations excludes --yield_keys"), std::string::npos)
-      << slurp(dir_->path() + "/share2.err");
+  EXPECT_NE(read_text(dir_->path() + "/share2.err").find("deadline reservations excludes --yield_keys"), std::string::npos)
+      << read_text(dir_->path() + "/share2.err");
 }
 
 // --thread_policy (the study's cross-layer pair): the server deploys the thread policy
@@ -442,7 +438,7 @@ TEST_F(KvServer, CoreShareWithYieldingIsRefusedWithAClearError) {
 TEST_F(KvServer, ThreadPolicyRegistersEachWorkerAsTheExecutorOfItsSocket) {
   auto s = start_server(dir_->path() + "/db", "scan_avoid.c", "kvtest-thr", dir_->path() + "/thr.err",
                         {"--thread_policy=" + source_path("policies/get_first.c")});
-  ASSERT_NE(s->port, 0) << slurp(dir_->path() + "/thr.err");
+  ASSERT_NE(s->port, 0) << read_text(dir_->path() + "/thr.err");
   int thread_id = s->ready["thread_policy_id"].get<int>();
   ASSERT_GT(thread_id, 0) << s->ready.dump();
   pid_t pid = s->ready["pid"].get<pid_t>();
@@ -452,11 +448,7 @@ TEST_F(KvServer, ThreadPolicyRegistersEachWorkerAsTheExecutorOfItsSocket) {
   std::map<pid_t, int> executor_of;
   json dump = json::parse(out);
   for (auto& e : dump["entries"]) executor_of[e["key_int"].get<pid_t>()] = e["value_int"].get<int>();
-  std::map<pid_t, int> workers;  // tid -> i, from the thread's name kv-w<i>
-  for (auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
-    std::string comm = read_text(t.path().string() + "/comm");
-    if (comm.rfind("kv-w", 0) == 0) workers[std::stoi(t.path().filename().string())] = std::stoi(comm.substr(4));
-  }
+  std::map<pid_t, int> workers = workers_of(pid);
   ASSERT_EQ(workers.size(), size_t(kWorkers));
   EXPECT_EQ(executor_of, workers) << "syrup_threads (tid -> executor) must be the server's workers, kv-w<i> as i: " << out;
 
@@ -467,7 +459,7 @@ TEST_F(KvServer, ThreadPolicyRegistersEachWorkerAsTheExecutorOfItsSocket) {
     while (got < 30 && c.recv_reply()) got++;
     EXPECT_EQ(got, 30);
   }
-  EXPECT_EQ(s->child->stop(10000), 0) << slurp(dir_->path() + "/thr.err");
+  EXPECT_EQ(s->child->stop(10000), 0) << read_text(dir_->path() + "/thr.err");
   ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json list", out), 0) << out;
   EXPECT_EQ(out.find("kvtest-thr"), std::string::npos) << "a policy is still listed: " << out;
   EXPECT_FALSE(std::filesystem::exists(daemon_->bpffs_root() + "/apps/kvtest-thr"));
@@ -475,7 +467,7 @@ TEST_F(KvServer, ThreadPolicyRegistersEachWorkerAsTheExecutorOfItsSocket) {
 
 TEST_F(KvServer, ShutsDownCleanlyPolicyRemovedPinsGone) {
   auto s = start_server(dir_->path() + "/db", "scan_avoid.c", "kvtest-stop", dir_->path() + "/stop.err");
-  ASSERT_NE(s->port, 0) << slurp(dir_->path() + "/stop.err");
+  ASSERT_NE(s->port, 0) << read_text(dir_->path() + "/stop.err");
   int id = s->ready["policy_id"].get<int>();
   ASSERT_GT(id, 0);
   std::string app_pins = daemon_->bpffs_root() + "/apps/kvtest-stop";
@@ -491,7 +483,7 @@ TEST_F(KvServer, ShutsDownCleanlyPolicyRemovedPinsGone) {
     EXPECT_EQ(got, 50);
   }
 
-  EXPECT_EQ(s->child->stop(10000), 0) << "kv_server must exit 0 on SIGTERM:\n" << slurp(dir_->path() + "/stop.err");
+  EXPECT_EQ(s->child->stop(10000), 0) << "kv_server must exit 0 on SIGTERM:\n" << read_text(dir_->path() + "/stop.err");
   json fin;
   std::string rest = s->child->rest();
   size_t p = rest.find("{\"event\":\"exit\"");

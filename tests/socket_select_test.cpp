@@ -605,13 +605,26 @@ TEST_F(SocketSelectBadInput, SyntaxErrorReturnsClangsMessageWithFileAndLine) {
 }
 
 // A thread policy deployed at a packet hook fails with one error, not one per field of
-// struct syr_thread it reads, naming the hook it is for (the reverse: thread_test).
+// struct syr_thread or thread helper it uses, naming the hook it is for (the reverse:
+// thread_test). A packet policy that calls a thread helper is told it is for threads.
 TEST_F(SocketSelectBadInput, ThreadPolicyIsRefusedNamingTheHookItIsFor) {
-  EXPECT_EQ(deploy("policies/fifo.c", *group_), -EINVAL);
-  std::string err = syr_last_error(), first = err.substr(0, err.find('\n'));
-  EXPECT_NE(first.find("policy fifo.c does not compile: "), std::string::npos) << err;
-  EXPECT_NE(first.find("fifo.c:5:1: error: static assertion failed"), std::string::npos) << err;
-  EXPECT_NE(first.find("deploy it with --hook thread"), std::string::npos) << err;
+  // fifo.c uses only struct syr_thread; get_first.c syr_thread_hint(); cs_aware.c syr_thread_in_cs().
+  for (std::string name : {"fifo.c", "get_first.c", "cs_aware.c"}) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(deploy("policies/" + name, *group_), -EINVAL);
+    std::string err = syr_last_error(), first = err.substr(0, err.find('\n'));
+    EXPECT_NE(first.find("policy " + name + " does not compile: "), std::string::npos) << err;
+    EXPECT_NE(first.find(name + ":"), std::string::npos) << err;
+    EXPECT_NE(first.find(": error: static assertion failed"), std::string::npos) << err;
+    EXPECT_NE(first.find("deploy it with --hook thread"), std::string::npos) << err;
+    EXPECT_EQ(occurrences(err, ": error: "), 1u) << err;
+    EXPECT_EQ(occurrences(err, "warning:"), 0u) << err;  // only the assertion
+  }
+  EXPECT_EQ(deploy("tests/policies/thread_helper_at_packet_hook.c", *group_), -EINVAL);
+  std::string err = syr_last_error();
+  EXPECT_NE(err.find("thread_helper_at_packet_hook.c:8:9: error: static assertion failed"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("syr_thread_hint() is for thread policies (--hook thread)"), std::string::npos) << err;
   EXPECT_EQ(occurrences(err, ": error: "), 1u) << err;
   ExpectGoodPolicyStillWorks();
 }

@@ -553,6 +553,7 @@ TEST_F(ThreadHook, PacketPolicyIsRefusedNamingTheHooksItIsFor) {
   EXPECT_NE(first.find("round_robin.c:6:1: error: static assertion failed"), std::string::npos) << err;
   EXPECT_NE(first.find("deploy it with --hook socket-select or --hook xdp"), std::string::npos) << err;
   EXPECT_EQ(occurrences(err, ": error: "), 1u) << err;
+  EXPECT_EQ(occurrences(err, "warning:"), 0u) << err;  // only the assertion
 }
 
 // Removing the policy restores the threads at once.

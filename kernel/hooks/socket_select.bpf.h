@@ -34,7 +34,7 @@ int syr_socket_select(struct sk_reuseport_md *md)
 		.ip_protocol = md->ip_protocol,
 		.ctx = md,
 	};
-	__u32 idx = syr_schedule(&in);
+	__u32 idx = syr_schedule(SYR_POLICY_ARG(&in));
 
 	if (idx == SYR_DROP) {
 		syr_count(SYR_STAT_DROP);

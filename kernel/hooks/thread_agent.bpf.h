@@ -48,7 +48,7 @@ static long syr_decide_one(__u32 i, void *unused)
 
 	if (!s)
 		return 1;
-	core = syr_schedule(&s->t);
+	core = syr_schedule(SYR_POLICY_ARG(&s->t));
 	if (core == SYR_PASS) {
 		syr_count(SYR_STAT_PASS);
 	} else if (core >= s->t.nr_cpus || core >= SYR_MAX_EXECUTORS) {

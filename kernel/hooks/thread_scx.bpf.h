@@ -71,7 +71,7 @@ static __always_inline __u32 syr_scx_decide(struct task_struct *p, __u32 reason,
 	}
 	t.key = t.runnable_ns;
 	t.slice_ns = SYR_SCX_SLICE_NS;
-	core = syr_schedule(&t);
+	core = syr_schedule(SYR_POLICY_ARG(&t));
 	if (core == SYR_PASS) {
 		syr_count(SYR_STAT_PASS);
 	} else if (core >= t.nr_cpus || !bpf_cpumask_test_cpu(core, p->cpus_ptr)) {

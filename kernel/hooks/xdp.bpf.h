@@ -82,7 +82,7 @@ int syr_xdp(struct xdp_md *ctx)
 		.ctx = ctx,
 		.l4_off = off,
 	};
-	__u32 idx = syr_schedule(&in);
+	__u32 idx = syr_schedule(SYR_POLICY_ARG(&in));
 
 	if (idx == SYR_DROP)
 		return syr_counted(SYR_STAT_DROP, XDP_DROP);

@@ -102,6 +102,10 @@ struct syr_thread {
 	enum { syr_policy_fits_the_hook = SYR_POLICY_WANTS(syr_policy_fn) };           \
 	_Static_assert(syr_policy_fits_the_hook, SYR_POLICY_WRONG_HOOK);               \
 	static __always_inline __u32 syr_schedule(__VA_ARGS__)
+/* What a hook wrapper passes to syr_schedule(): its argument when the policy fits the
+ * hook; otherwise a null pointer, so that the static assertion above is the only
+ * diagnostic the user reads (not also a pointer-type warning from inside the wrapper). */
+#define SYR_POLICY_ARG(p) __builtin_choose_expr(syr_policy_fits_the_hook, (p), (void *)0)
 
 /* A deploy-time parameter: `SYR_PARAM(__u32, scan_type, 2);` declares a constant that
  * defaults to 2 and that `syrupctl deploy --params scan_type=3` (or syr_deploy_opts.params)
@@ -200,6 +204,18 @@ static __always_inline int syr_thread_in_cs(const struct syr_thread *t)
 		__u64 *__h = __e == SYR_NO_EXECUTOR ? (void *)0 : bpf_map_lookup_elem(&(map), &__e); \
 		__h ? *__h : 0;                                                        \
 	})
+#else
+/* At a packet hook the thread helpers exist only so that a thread policy deployed here
+ * by mistake fails with SYR_POLICY's one error; a packet policy that calls them gets an
+ * error of its own. */
+#define SYR_THREAD_ONLY(what)                                                        \
+	({                                                                             \
+		_Static_assert(!syr_policy_fits_the_hook,                              \
+			       what " is for thread policies (--hook thread)");        \
+		0;                                                                     \
+	})
+#define syr_thread_in_cs(t) SYR_THREAD_ONLY("syr_thread_in_cs()")
+#define syr_thread_hint(map, t) SYR_THREAD_ONLY("syr_thread_hint()")
 #endif /* SYR_HOOK_THREAD */
 
 /* Bounds-checked reads: 0 on success, -1 when [off, off+len) is outside the input. */

@@ -278,15 +278,47 @@ bool Compiler::cached(const CompileJob& job) const {
   return access(object_path(job, nullptr).c_str(), R_OK) == 0;
 }
 
+// A header edited while clang runs leaves an object that may reflect either version (or
+// both), and the key computed before the compile names the old one: such an object is
+// not stored, and the compile runs again against the headers as they are now.
 CompileResult Compiler::compile(const CompileJob& job) {
-  CompileResult res;
-  std::string tu;
-  std::string obj = object_path(job, &tu);
-  if (access(obj.c_str(), R_OK) == 0) {
+  constexpr int kAttempts = 3;
+  for (int attempt = 1;; ++attempt) {
+    std::string tu, obj = object_path(job, &tu);
+    CompileResult res;
+    if (access(obj.c_str(), R_OK) == 0) {
+      res.object_path = obj;
+      res.cached = true;
+      return res;
+    }
+    std::string tmp;
+    res.err = run_clang(job, tu, obj, tmp, res.diagnostics);
+    if (res.err) return res;
+    if (object_path(job, nullptr) != obj) {
+      unlink(tmp.c_str());
+      if (attempt == kAttempts) {
+        res.err = -EAGAIN;
+        res.diagnostics = "syrupd: the policy headers under " + cfg_.kernel_dir + " changed during each of " +
+                          std::to_string(kAttempts) + " compiles; deploy again once they are written";
+        return res;
+      }
+      log(LogLevel::kInfo, "policy headers under %s changed during a compile of %s: compiling it again",
+          cfg_.kernel_dir.c_str(), job.display_name.c_str());
+      continue;
+    }
+    if (rename(tmp.c_str(), obj.c_str()) < 0) {
+      res.err = -errno;
+      unlink(tmp.c_str());
+      res.diagnostics = "syrupd: cannot store compiled object: " + std::string(std::strerror(errno));
+      return res;
+    }
     res.object_path = obj;
-    res.cached = true;
     return res;
   }
+}
+
+int Compiler::run_clang(const CompileJob& job, const std::string& tu, const std::string& obj, std::string& tmp,
+                        std::string& diagnostics) {
   // Names of this compile's own: another thread may be compiling the same source.
   std::string unique = "." + std::to_string(getpid()) + "." + std::to_string(seq_++);
   std::string src = cfg_.cache_dir + "/src/" + fs::path(obj).stem().string() + unique + ".c";
@@ -294,32 +326,20 @@ CompileResult Compiler::compile(const CompileJob& job) {
     std::ofstream out(src, std::ios::binary | std::ios::trunc);
     out << tu;
     if (!out) {
-      res.err = -EIO;
-      res.diagnostics = "syrupd: cannot write " + src;
-      return res;
+      diagnostics = "syrupd: cannot write " + src;
+      return -EIO;
     }
   }
-  std::string tmp = obj + ".tmp" + unique;
+  tmp = obj + ".tmp" + unique;
   auto argv = clang_flags(cfg_, job.hook_define);
   argv.insert(argv.begin(), cfg_.clang);
   argv.insert(argv.end(), {"-c", src, "-o", tmp});
-  int r = run(argv, res.diagnostics, cfg_.timeout_ms, &cancel_);
+  int r = run(argv, diagnostics, cfg_.timeout_ms, &cancel_);
   unlink(src.c_str());
-  if (r != 0) {
-    unlink(tmp.c_str());
-    res.err = r < 0 ? r : -EINVAL;
-    if (r < 0 && res.diagnostics.empty())
-      res.diagnostics = "syrupd: cannot run " + cfg_.clang + ": " + std::strerror(-r);
-    return res;
-  }
-  if (rename(tmp.c_str(), obj.c_str()) < 0) {
-    res.err = -errno;
-    unlink(tmp.c_str());
-    res.diagnostics = "syrupd: cannot store compiled object: " + std::string(std::strerror(errno));
-    return res;
-  }
-  res.object_path = obj;
-  return res;
+  if (r == 0) return 0;
+  unlink(tmp.c_str());
+  if (r < 0 && diagnostics.empty()) diagnostics = "syrupd: cannot run " + cfg_.clang + ": " + std::strerror(-r);
+  return r < 0 ? r : -EINVAL;
 }
 
 }  // namespace syrup

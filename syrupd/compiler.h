@@ -12,8 +12,9 @@
 // deploy of the same source skips clang entirely. The headers are hashed at start and
 // again whenever one of them changed (an inotify event, then its stat stamp), so an
 // edited header is compiled against, not hidden behind objects cached before.
-// Invariant: a cache entry is written to a temporary name and renamed, so a reader never
-// sees a partial object.
+// Invariants: a cache entry is written to a temporary name and renamed, so a reader never
+// sees a partial object; an object is stored only under the key of the headers it was
+// compiled against (a header edited during the compile: compiled again).
 #pragma once
 
 #include <atomic>
@@ -75,6 +76,10 @@ class Compiler {
  private:
   // The translation unit of `job` and its object's path in the cache.
   std::string object_path(const CompileJob& job, std::string* tu) const;
+  // Runs clang on `tu` into a temporary object `tmp` beside `obj`: 0, or -errno with
+  // clang's (or syrupd's) message in `diagnostics`.
+  int run_clang(const CompileJob& job, const std::string& tu, const std::string& obj, std::string& tmp,
+                std::string& diagnostics);
   // `clang --version`'s output, from the cache while the binary is unchanged.
   int compiler_version(std::string& version);
 

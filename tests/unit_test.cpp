@@ -248,6 +248,53 @@ TEST(Compiler, EditedHeaderIsCompiledAgainstNotHiddenByTheCache) {
   EXPECT_TRUE(c.compile(job).cached);
 }
 
+// A header edited while clang runs: the object may reflect either version, and the key
+// computed before the compile names the old headers. It is not stored under that key
+// (restoring the header's content would serve it); the compile runs again against the
+// headers as they are. The edit is made by a wrapper around clang, on its first compile.
+TEST(Compiler, HeaderEditedDuringTheCompileIsNotCachedUnderTheOldKey) {
+  test::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty()) << strerror(errno);
+  const std::string& dir = tmp.path();
+  std::error_code ec;
+  std::filesystem::copy(std::string(SYRUP_SOURCE_DIR) + "/kernel", dir + "/kernel",
+                        std::filesystem::copy_options::recursive, ec);
+  ASSERT_FALSE(ec) << "copying kernel/: " << ec.message();
+  const std::string header = dir + "/kernel/include/syrup/policy.h";
+  const std::string original = test::read_text(header);
+  std::ofstream(dir + "/clang") << "#!/bin/sh\n"
+                                << "case \" $* \" in *\" -c \"*)\n"
+                                << "  if [ ! -e " << dir << "/edited ]; then\n"
+                                << "    : > " << dir << "/edited; echo '/* edited */' >> " << header << "\n"
+                                << "  fi;;\n"
+                                << "esac\n"
+                                << "exec /usr/bin/clang-19 \"$@\"\n";
+  ASSERT_EQ(chmod((dir + "/clang").c_str(), 0755), 0);
+  CompilerConfig cfg;
+  cfg.clang = dir + "/clang";
+  cfg.kernel_dir = dir + "/kernel";
+  cfg.cache_dir = dir + "/cache";
+  Compiler c;
+  std::string error;
+  ASSERT_EQ(c.init(cfg, error), 0) << error;
+  CompileJob job{"SYR_POLICY(struct syr_input *in) { return 0; }", "p.c", "SYR_HOOK_SOCKET_SELECT",
+                 "socket_select.bpf.h"};
+  const std::string before = c.key(job);
+
+  CompileResult r = c.compile(job);
+  ASSERT_EQ(r.err, 0) << r.diagnostics;
+  ASSERT_TRUE(std::filesystem::exists(dir + "/edited")) << "the wrapper did not edit the header";
+  EXPECT_FALSE(std::filesystem::exists(before)) << "an object compiled during the edit was stored under the key "
+                                                   "of the headers before it";
+  EXPECT_EQ(r.object_path, c.key(job)) << "the object is stored under the key of the headers it was compiled against";
+  EXPECT_TRUE(c.compile(job).cached);
+
+  std::ofstream(header, std::ios::trunc | std::ios::binary) << original;
+  EXPECT_EQ(c.key(job), before);
+  EXPECT_FALSE(c.compile(job).cached) << "the original headers must be compiled against, not served an object "
+                                         "compiled while they were being edited";
+}
+
 // The CPU lists of syrupd --agent_cpus and the agent's baseline (cpuset(7) list format).
 TEST(CpuList, ParsesSinglesRangesAndRejectsTheRest) {
   std::vector<int> v;

@@ -164,7 +164,7 @@ int Daemon::init(const DaemonConfig& cfg) {
     for (auto& pol : fs::directory_iterator(app_dir.path() / "policies", ec)) {
       int id = std::atoi(pol.path().filename().c_str());
       if (policies_.count(id) && policies_[id]->app == app_dir.path().filename().string()) continue;
-      for (auto& h : hooks_) h->release_leftover(pol.path());
+      for (auto& h : hooks_) h->release_leftover(app_dir.path().filename().string(), pol.path());
       pins::remove_tree(pol.path());
       released++;
     }
@@ -861,8 +861,7 @@ void Daemon::remove_policy(int id, bool detach_hook, const char* why) {
   if (p.loaded) p.loaded->unpin();
   std::string app = p.app;
   log(LogLevel::kInfo, "removed policy %d (%s) of app '%s': %s", id, p.name.c_str(), app.c_str(), why);
-  gone_[id] = Gone{p.uid, app, p.name, why};
-  if (gone_.size() > kGoneKept) gone_.erase(gone_.begin());
+  remember_gone(id, Gone{p.uid, app, p.name, why});
   policies_.erase(it);
   gc_app(app);
   totals_.removals++;
@@ -1105,6 +1104,12 @@ void Daemon::apply_config(bool retry) {
       plan.to_deploy.size() - failed, plan.to_remove.size(), plan.unchanged.size(), failed);
 }
 
+void Daemon::remember_gone(int id, Gone g) {
+  g.state_json = json{{"id", id}, {"uid", g.uid}, {"app", g.app}, {"name", g.name}, {"why", g.why}}.dump();
+  gone_[id] = std::move(g);
+  if (gone_.size() > kGoneKept) gone_.erase(gone_.begin());
+}
+
 void Daemon::save_state() {
   // Written after every change, synchronously, so a crash right after a deploy loses
   // nothing; each policy's entry is serialised once (record()), which keeps a write
@@ -1121,6 +1126,13 @@ void Daemon::save_state() {
     if (!first) text += ",\n";
     first = false;
     text += p->state_json;
+  }
+  text += "],\n\"gone\":[";
+  first = true;
+  for (auto& [id, g] : gone_) {
+    if (!first) text += ",\n";
+    first = false;
+    text += g.state_json;
   }
   text += "]}\n";
   std::string tmp = cfg_.state_file + ".tmp";
@@ -1147,6 +1159,11 @@ void Daemon::adopt_state() {
     return;
   }
   next_id_ = std::max(next_id_, state.value("next_id", 1));
+  if (state.contains("gone") && state["gone"].is_array())
+    for (auto& g : state["gone"])
+      if (g.is_object() && g.value("id", 0) > 0)
+        remember_gone(g.value("id", 0), Gone{g.value("uid", 0u), g.value("app", std::string()),
+                                             g.value("name", std::string()), g.value("why", std::string())});
   int adopted = 0;
   for (auto& s : state["policies"]) {
     auto pol = std::make_unique<Policy>();
@@ -1172,6 +1189,7 @@ void Daemon::adopt_state() {
     if (r) {
       log(LogLevel::kWarn, "cannot adopt policy %d (%s) of app '%s': %s", pol->id, pol->name.c_str(),
           pol->app.c_str(), err.c_str());
+      remember_gone(pol->id, Gone{pol->uid, pol->app, pol->name, "not adopted when syrupd restarted: " + err});
       continue;
     }
     if (pol->owner_pid) {

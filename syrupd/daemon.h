@@ -237,13 +237,16 @@ class Daemon {
   std::map<int, std::unique_ptr<Policy>> policies_;
   // The most recently removed policies (ids only grow, so the first is the oldest), for
   // "no policy N" to say what became of N: a script removing an id that was replaced
-  // or whose owner exited learns why. Shown to its uid and admins only.
+  // or whose owner exited learns why. Shown to its uid and admins only. Those not adopted
+  // at a restart count as removed; the list is kept in the state file, so a restart does
+  // not forget it (`state_json`: the entry as written there).
   struct Gone {
     uid_t uid = 0;
-    std::string app, name, why;
+    std::string app, name, why, state_json;
   };
   static constexpr size_t kGoneKept = 256;
   std::map<int, Gone> gone_;
+  void remember_gone(int id, Gone g);
   std::string no_policy(const Caller& caller, int id) const;  // "no policy N[ (what became of it)]"
   std::map<std::string, uid_t> app_owner_;
   struct Bucket {

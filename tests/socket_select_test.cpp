@@ -728,7 +728,7 @@ TEST_F(SocketSelect, PoliciesOfOneAppShareMapsByName) {
   syr_map_munmap(&m);
 }
 
-// syr_map_mmap(syr_map_open(name), &a), the README's form, with a name the application
+// syr_map_mmap() of syr_map_open(name)'s unchecked result, the README's form, with a name the application
 // does not have: the open's reason reaches the caller, and `a` is zeroed, so nothing
 // stores through a stale pointer.
 TEST_F(SocketSelect, MmapOfAMapTheApplicationLacksSaysWhyAndZeroesTheArray) {
@@ -899,6 +899,45 @@ TEST(SocketSelectRestart, SigkillUnderTrafficLosesNothingAndTheRestartAdopts) {
   for (int i = 0; i < 30; i++) c.send_request(1, i);
   auto counts = g.drain();
   EXPECT_EQ(std::count(counts.begin(), counts.end(), 30), 1);
+  EXPECT_EQ(d.stop(), 0);
+}
+
+// What became of a removed policy outlives syrupd, even one killed: a restart reads it
+// from the state file. A policy the restarted syrupd cannot adopt (its sockets closed while syrupd was
+// down) counts as removed, with the reason.
+TEST(SocketSelectRestart, WhatBecameOfARemovedPolicyIsKeptAcrossARestart) {
+  SYRUP_REQUIRE_ROOT();
+  Daemon d;
+  d.start();
+  auto deploy = [](const UdpGroup& g, const char* policy) {
+    auto fds = g.fds();
+    syr_deploy_opts o{.sz = sizeof o, .app = "gonetest", .fds = fds.data(), .n_fds = fds.size()};
+    return syr_deploy_policy(source_path(policy).c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+  };
+  UdpGroup g(2);
+  auto h = std::make_unique<UdpGroup>(2);
+  int removed = deploy(g, "policies/pass.c");
+  ASSERT_GT(removed, 0) << syr_last_error();
+  ASSERT_EQ(syr_remove_policy(removed), 0) << syr_last_error();
+  int orphaned = deploy(*h, "policies/round_robin.c");
+  ASSERT_GT(orphaned, 0) << syr_last_error();
+  d.crash();  // what the state file holds is what each change wrote
+  h.reset();  // the group's last sockets: nothing left for the next syrupd to take over
+  d.start(d.bpffs_root());
+  ASSERT_EQ(d.answers(), "");
+  EXPECT_NE(d.log().find("cannot adopt policy " + std::to_string(orphaned)), std::string::npos) << d.log();
+
+  EXPECT_EQ(syr_remove_policy(removed), -ENOENT);
+  EXPECT_EQ(std::string(syr_last_error()), "no policy " + std::to_string(removed) +
+                                               " (pass.c of app 'gonetest' was removed: removed by pid " +
+                                               std::to_string(getpid()) + ")");
+  std::string out;
+  EXPECT_EQ(run_cmd(build_bin("syrupctl") + " remove " + std::to_string(orphaned), out), 1);
+  EXPECT_EQ(out.rfind("syrupctl: no policy " + std::to_string(orphaned) +
+                          " (round_robin.c of app 'gonetest' was removed: not adopted when syrupd restarted: ",
+                      0),
+            0u)
+      << out;
   EXPECT_EQ(d.stop(), 0);
 }
 

@@ -394,7 +394,7 @@ int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy&, std::uni
   return 0;
 }
 
-void SocketSelectHook::release_leftover(const std::string& policy_dir) {
+void SocketSelectHook::release_leftover(std::string_view, const std::string& policy_dir) {
   // The program may still be attached to its group, which syrupd cannot reach without a
   // socket; emptying its executor map makes it fall back to the kernel's hash and frees
   // the sockets for a new deploy.

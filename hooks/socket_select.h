@@ -69,7 +69,7 @@ class SocketSelectHook : public Hook {
   bool allows_kfuncs() const override { return false; }
   int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
                   pid_t& owner, std::string& err) override;
-  void release_leftover(const std::string& policy_dir) override;
+  void release_leftover(std::string_view app, const std::string& policy_dir) override;
   int adopt(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
             std::string& err) override;
 };

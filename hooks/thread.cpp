@@ -474,7 +474,7 @@ int ThreadHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::unique_
   return AgentTarget::adopt(saved, p, leaving_, out, err);
 }
 
-void ThreadHook::release_leftover(const std::string& policy_dir) {
+void ThreadHook::release_leftover(std::string_view app, const std::string& policy_dir) {
   // A policy a previous syrupd left and this one could not adopt (no state file, its
   // process gone, another backend): an agent may still be running on its pins. It is
   // found by its command line and stopped with SIGTERM, on which it restores the
@@ -503,7 +503,7 @@ void ThreadHook::release_leftover(const std::string& policy_dir) {
         break;
       }
   }
-  if (backend_ == Backend::kSchedExt) scx_release_leftover(scx_, policy_dir);
+  if (backend_ == Backend::kSchedExt) scx_release_leftover(scx_, app);
 }
 
 void ThreadHook::recover() {

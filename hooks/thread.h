@@ -63,7 +63,7 @@ class ThreadHook : public Hook {
   std::vector<std::string> system_maps() const override;
   int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
                   pid_t& owner, std::string& err) override;
-  void release_leftover(const std::string& policy_dir) override;
+  void release_leftover(std::string_view app, const std::string& policy_dir) override;
   void recover() override;
   // Agent: takes over the running agent (or restores the threads if it is gone);
   // sched_ext: takes over the slot in the pinned root scheduler.

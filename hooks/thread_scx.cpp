@@ -901,12 +901,11 @@ void ScxBackend::recover() {
 void scx_recover(const std::shared_ptr<ScxBackend>& b) { b->recover(); }
 void scx_leave(const std::shared_ptr<ScxBackend>& b) { b->leave(); }
 
-void scx_release_leftover(const std::shared_ptr<ScxBackend>&, const std::string& policy_dir) {
+void scx_release_leftover(const std::shared_ptr<ScxBackend>&, std::string_view app) {
   // A sched_ext policy that was not adopted: its process's registered threads may still
   // be SCHED_EXT (running in the fair class once its slot is emptied by recover(), or the
-  // root detached): back to SCHED_OTHER. The application's maps are two levels up.
-  std::string threads = policy_dir + "/../../maps/syrup_threads";
-  UniqueFd m(bpf_obj_get(threads.c_str()));
+  // root detached): back to SCHED_OTHER.
+  UniqueFd m(bpf_obj_get(pins::app_map(app, "syrup_threads").c_str()));
   if (!m) return;
   uint32_t key, next;
   bool first = true;

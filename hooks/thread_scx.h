@@ -47,6 +47,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "compiler.h"
@@ -70,7 +71,7 @@ int scx_adopt(const std::shared_ptr<ScxBackend>& b, const nlohmann::json& saved,
 // Once after the adoptions: clears what no adopted policy owns (Hook::recover).
 void scx_recover(const std::shared_ptr<ScxBackend>& b);
 // A policy directory that was not adopted: its threads back to the fair class.
-void scx_release_leftover(const std::shared_ptr<ScxBackend>& b, const std::string& policy_dir);
+void scx_release_leftover(const std::shared_ptr<ScxBackend>& b, std::string_view app);
 // syrupd exits keeping its policies: the scheduler stays attached (pinned).
 void scx_leave(const std::shared_ptr<ScxBackend>& b);
 

@@ -19,6 +19,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <linux/bpf.h>
@@ -112,8 +113,12 @@ class Hook {
   // dispatcher, which passes what no installed policy claims).
   virtual int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
                           pid_t& owner, std::string& err) = 0;
-  // A policy directory left by a syrupd that did not shut down: release what it holds.
-  virtual void release_leftover(const std::string& policy_dir) { (void)policy_dir; }
+  // A policy directory of application `app` left by a syrupd that did not shut down:
+  // release what it holds.
+  virtual void release_leftover(std::string_view app, const std::string& policy_dir) {
+    (void)app;
+    (void)policy_dir;
+  }
   // Once at start, before any deploy: hook-wide state a previous syrupd left behind.
   virtual void recover() {}
   // Takes over an attachment a previous syrupd made (Target::save()'s `saved`), with its

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -669,6 +670,35 @@ TEST_F(SchedExt, SchedulerSurvivesSyrupdCrashAndIsAdopted) {
   EXPECT_GE(wait_for([&] { return read_line("/sys/kernel/sched_ext/state") != "enabled"; }, 2000), 0)
       << "the last policy went: the adopted scheduler must be detached";
   syr_map_munmap(&high);
+}
+
+// A restarted syrupd without the state file cannot adopt the policy: its registered
+// threads, still SCHED_EXT, go back to SCHED_OTHER (found through the application's
+// syrup_threads pin), and the root scheduler nothing was adopted into is detached.
+TEST_F(SchedExt, PolicyNotAdoptedAfterACrashReturnsItsThreadsToTheFairClass) {
+  int id = deploy("tests/policies/thread_prio.c", "scxleft", {{"core", 1}});
+  ASSERT_GT(id, 0) << syr_last_error();
+  Spinners reg(2, true, 1);
+  ASSERT_GE(wait_for([&] { return all_policy(reg.tids(), kSchedExt); }, 3000), 0);
+  struct Restart {
+    Daemon* d;
+    ~Restart() {
+      if (d->pid() <= 0) d->start(d->bpffs_root());
+    }
+  } restart{daemon_};
+  daemon_->crash();
+  std::string state = std::filesystem::path(daemon_->socket()).parent_path() / "syrupd.state.json";
+  ASSERT_EQ(unlink(state.c_str()), 0) << state << ": " << strerror(errno);
+  daemon_->start(daemon_->bpffs_root());
+  ASSERT_EQ(daemon_->answers(), "");
+  EXPECT_TRUE(all_policy(reg.tids(), SCHED_OTHER)) << "the threads of the policy not adopted stay SCHED_EXT";
+  EXPECT_NE(daemon_->log().find("2 threads of a policy that was not adopted are back in the fair class"),
+            std::string::npos)
+      << daemon_->log();
+  EXPECT_GE(wait_for([&] { return read_line("/sys/kernel/sched_ext/state") != "enabled"; }, 2000), 0)
+      << "nothing was adopted into the root scheduler: it must be detached";
+  EXPECT_EQ(listed(daemon_, id).value("id", 0), 0) << "policy " << id << " is listed although not adopted";
+  ids_.clear();
 }
 
 // A policy that makes the kernel eject the scheduler (a runtime error) is blamed and

@@ -207,7 +207,7 @@ int syr_map_mmap(int map_fd, struct syr_mapped_array* out) {
   // Zeroed first: a caller that stores through it after a failure faults at once instead
   // of writing wherever an uninitialised base pointed.
   *out = {};
-  // A failed syr_map_open()'s result, as in syr_map_mmap(syr_map_open(name), &a): its
+  // A failed syr_map_open()'s result passed on unchecked (the README's form): its
   // error (and syr_last_error()'s text, "no map ...") is the one to report.
   if (map_fd < 0) return map_fd;
   bpf_map_info info{};

@@ -113,10 +113,10 @@ struct syr_mapped_array {
 	uint32_t max_entries;
 };
 
-/* Maps the array behind map_fd into *out: 0, or a negative errno with *out zeroed. A
- * negative map_fd (a failed syr_map_open()'s result, as in
- * syr_map_mmap(syr_map_open(name), &a)) is returned as it is, syr_last_error() still
- * saying why the open failed. */
+/* Maps the array behind map_fd into *out: 0, or a negative errno with *out zeroed. The
+ * mapping outlives map_fd: the caller may close it at once. A negative map_fd (a failed
+ * syr_map_open()'s result, passed on unchecked) is returned as it is, syr_last_error()
+ * still saying why the open failed. */
 int syr_map_mmap(int map_fd, struct syr_mapped_array *out);
 void syr_map_munmap(struct syr_mapped_array *arr);
 
@@ -165,7 +165,9 @@ int syr_thread_unregister_tid(pid_t tid);
 /* Marks the start and end of a critical section of the calling (registered) thread:
  * a store into the mapped syrup_cs map, no syscall. Sections nest. Policies such as
  * cs_aware avoid preempting a thread inside one. No effect if the thread is not
- * registered. */
+ * registered. Not async-signal-safe: after a registration changed, the next call takes
+ * libsyrup's registration lock to find the thread's counter, so a signal handler that
+ * interrupted syr_thread_register*() or syr_thread_unregister*() must not call them. */
 void syr_cs_enter(void);
 void syr_cs_exit(void);
 

@@ -214,27 +214,38 @@ TEST(Compiler, ClangVersionIsRunOncePerBinary) {
 // A header under --kernel_dir edited while syrupd runs is compiled against at the next
 // deploy: its stamp changed, so the cache identity is computed again and the object
 // cached before is not served. Restoring the header's content brings the old key back.
-TEST(Compiler, EditedHeaderIsCompiledAgainstNotHiddenByTheCache) {
+// A compiler configuration over a copy of kernel/ (headers a test may edit) and a cache,
+// both in a temporary directory; `error` says why the copy failed.
+struct KernelCopy {
   test::TempDir tmp;
-  ASSERT_FALSE(tmp.path().empty()) << strerror(errno);
-  const std::string& dir = tmp.path();
-  std::error_code ec;
-  std::filesystem::copy(std::string(SYRUP_SOURCE_DIR) + "/kernel", dir + "/kernel",
-                        std::filesystem::copy_options::recursive, ec);
-  ASSERT_FALSE(ec) << "copying kernel/: " << ec.message();
   CompilerConfig cfg;
-  cfg.kernel_dir = dir + "/kernel";
-  cfg.cache_dir = dir + "/cache";
+  std::string header, error;  // the copy's policy.h
+  KernelCopy() {
+    std::error_code ec;
+    std::filesystem::copy(std::string(SYRUP_SOURCE_DIR) + "/kernel", tmp.path() + "/kernel",
+                          std::filesystem::copy_options::recursive, ec);
+    if (tmp.path().empty() || ec) error = "copying kernel/: " + (ec ? ec.message() : strerror(errno));
+    cfg.kernel_dir = tmp.path() + "/kernel";
+    cfg.cache_dir = tmp.path() + "/cache";
+    header = cfg.kernel_dir + "/include/syrup/policy.h";
+  }
+};
+const CompileJob kReturnsZero{"SYR_POLICY(struct syr_input *in) { return 0; }", "p.c", "SYR_HOOK_SOCKET_SELECT",
+                              "socket_select.bpf.h"};
+
+TEST(Compiler, EditedHeaderIsCompiledAgainstNotHiddenByTheCache) {
+  KernelCopy k;
+  ASSERT_EQ(k.error, "");
+  const CompilerConfig& cfg = k.cfg;
   Compiler c;
   std::string error;
   ASSERT_EQ(c.init(cfg, error), 0) << error;
-  CompileJob job{"SYR_POLICY(struct syr_input *in) { return 0; }", "p.c", "SYR_HOOK_SOCKET_SELECT",
-                 "socket_select.bpf.h"};
+  const CompileJob& job = kReturnsZero;
   CompileResult r = c.compile(job);
   ASSERT_EQ(r.err, 0) << r.diagnostics;
   EXPECT_FALSE(r.cached);
   EXPECT_TRUE(c.compile(job).cached);
-  const std::string key = c.key(job), header = cfg.kernel_dir + "/include/syrup/policy.h";
+  const std::string key = c.key(job), header = k.header;
   std::string original = test::read_text(header);
 
   std::ofstream(header, std::ios::app) << "\n#error \"this header was edited\"\n";
@@ -253,14 +264,9 @@ TEST(Compiler, EditedHeaderIsCompiledAgainstNotHiddenByTheCache) {
 // (restoring the header's content would serve it); the compile runs again against the
 // headers as they are. The edit is made by a wrapper around clang, on its first compile.
 TEST(Compiler, HeaderEditedDuringTheCompileIsNotCachedUnderTheOldKey) {
-  test::TempDir tmp;
-  ASSERT_FALSE(tmp.path().empty()) << strerror(errno);
-  const std::string& dir = tmp.path();
-  std::error_code ec;
-  std::filesystem::copy(std::string(SYRUP_SOURCE_DIR) + "/kernel", dir + "/kernel",
-                        std::filesystem::copy_options::recursive, ec);
-  ASSERT_FALSE(ec) << "copying kernel/: " << ec.message();
-  const std::string header = dir + "/kernel/include/syrup/policy.h";
+  KernelCopy k;
+  ASSERT_EQ(k.error, "");
+  const std::string &dir = k.tmp.path(), &header = k.header;
   const std::string original = test::read_text(header);
   std::ofstream(dir + "/clang") << "#!/bin/sh\n"
                                 << "case \" $* \" in *\" -c \"*)\n"
@@ -270,15 +276,11 @@ TEST(Compiler, HeaderEditedDuringTheCompileIsNotCachedUnderTheOldKey) {
                                 << "esac\n"
                                 << "exec /usr/bin/clang-19 \"$@\"\n";
   ASSERT_EQ(chmod((dir + "/clang").c_str(), 0755), 0);
-  CompilerConfig cfg;
-  cfg.clang = dir + "/clang";
-  cfg.kernel_dir = dir + "/kernel";
-  cfg.cache_dir = dir + "/cache";
+  k.cfg.clang = dir + "/clang";
   Compiler c;
   std::string error;
-  ASSERT_EQ(c.init(cfg, error), 0) << error;
-  CompileJob job{"SYR_POLICY(struct syr_input *in) { return 0; }", "p.c", "SYR_HOOK_SOCKET_SELECT",
-                 "socket_select.bpf.h"};
+  ASSERT_EQ(c.init(k.cfg, error), 0) << error;
+  const CompileJob& job = kReturnsZero;
   const std::string before = c.key(job);
 
   CompileResult r = c.compile(job);

@@ -1105,7 +1105,9 @@ void Daemon::apply_config(bool retry) {
 }
 
 void Daemon::remember_gone(int id, Gone g) {
-  g.state_json = json{{"id", id}, {"uid", g.uid}, {"app", g.app}, {"name", g.name}, {"why", g.why}}.dump();
+  // `why` may quote what another process or the kernel said: never a reason to throw.
+  g.state_json = json{{"id", id}, {"uid", g.uid}, {"app", g.app}, {"name", g.name}, {"why", g.why}}.dump(
+      -1, ' ', false, json::error_handler_t::replace);
   gone_[id] = std::move(g);
   if (gone_.size() > kGoneKept) gone_.erase(gone_.begin());
 }

@@ -260,7 +260,7 @@ std::string Compiler::identity() const {
   return identity_;
 }
 
-std::string Compiler::object_path(const CompileJob& job, std::string* tu_out) const {
+std::string Compiler::object_path(const CompileJob& job, const std::string& id, std::string* tu_out) const {
   // The display name is used verbatim in a #line directive: keep it a plain string.
   std::string shown;
   for (char c : job.display_name) shown += (c == '"' || c == '\\' || c == '\n') ? '_' : c;
@@ -269,13 +269,13 @@ std::string Compiler::object_path(const CompileJob& job, std::string* tu_out) co
                        ? "#line 1 \"" + shown + "\"\n" + job.source
                        : "#include <syrup/policy.h>\n#line 1 \"" + shown + "\"\n" + job.source +
                              "\n#include \"" + job.wrapper + "\"\n";
-  std::string key = sha256_hex(identity() + '\0' + job.hook_define + '\0' + tu);
+  std::string key = sha256_hex(id + '\0' + job.hook_define + '\0' + tu);
   if (tu_out) *tu_out = std::move(tu);
   return cfg_.cache_dir + "/obj/" + key + ".o";
 }
 
 bool Compiler::cached(const CompileJob& job) const {
-  return access(object_path(job, nullptr).c_str(), R_OK) == 0;
+  return access(key(job).c_str(), R_OK) == 0;
 }
 
 // A header edited while clang runs leaves an object that may reflect either version (or
@@ -284,7 +284,7 @@ bool Compiler::cached(const CompileJob& job) const {
 CompileResult Compiler::compile(const CompileJob& job) {
   constexpr int kAttempts = 3;
   for (int attempt = 1;; ++attempt) {
-    std::string tu, obj = object_path(job, &tu);
+    std::string id = identity(), tu, obj = object_path(job, id, &tu);
     CompileResult res;
     if (access(obj.c_str(), R_OK) == 0) {
       res.object_path = obj;
@@ -294,7 +294,7 @@ CompileResult Compiler::compile(const CompileJob& job) {
     std::string tmp;
     res.err = run_clang(job, tu, obj, tmp, res.diagnostics);
     if (res.err) return res;
-    if (object_path(job, nullptr) != obj) {
+    if (identity() != id) {
       unlink(tmp.c_str());
       if (attempt == kAttempts) {
         res.err = -EAGAIN;

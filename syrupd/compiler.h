@@ -66,7 +66,7 @@ class Compiler {
   // Whether `job`'s object is in the cache: compile() would return it without clang.
   bool cached(const CompileJob& job) const;
   // What names `job`'s compile: equal for jobs whose compile is the same (its cache path).
-  std::string key(const CompileJob& job) const { return object_path(job, nullptr); }
+  std::string key(const CompileJob& job) const { return object_path(job, identity(), nullptr); }
   // While on, running compiles are killed and new ones fail, with -ECANCELED (shutdown).
   void cancel(bool on) { cancel_ = on; }
   const CompilerConfig& config() const { return cfg_; }
@@ -74,8 +74,9 @@ class Compiler {
   bool version_from_cache() const { return version_from_cache_; }
 
  private:
-  // The translation unit of `job` and its object's path in the cache.
-  std::string object_path(const CompileJob& job, std::string* tu) const;
+  // The translation unit of `job` and its object's path in the cache, under the headers'
+  // identity `id` (identity()).
+  std::string object_path(const CompileJob& job, const std::string& id, std::string* tu) const;
   // Runs clang on `tu` into a temporary object `tmp` beside `obj`: 0, or -errno with
   // clang's (or syrupd's) message in `diagnostics`.
   int run_clang(const CompileJob& job, const std::string& tu, const std::string& obj, std::string& tmp,

@@ -27,6 +27,7 @@
 #include <set>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 #include "config.h"
 #include "log.h"
@@ -104,6 +105,11 @@ void policy_names(const json& b, std::string& name, std::string& source_name) {
   if (source_name.empty()) source_name = name;
   if (auto slash = name.rfind('/'); slash != std::string::npos) name = name.substr(slash + 1);
 }
+
+// A state-file entry as one line. Its strings may not be UTF-8 (a removal's reason quotes
+// another process or the kernel; a --config policy's name is a file name): the dump
+// replaces such bytes, so writing the state file can never make syrupd throw.
+std::string state_entry(const json& entry) { return entry.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 json as_number(const unsigned char* p, size_t n) {
   switch (n) {
@@ -926,7 +932,7 @@ void Daemon::record(Policy& p) {
     p.state_json.clear();
     return;
   }
-  p.state_json = json{{"id", p.id},
+  p.state_json = state_entry(json{{"id", p.id},
                       {"app", p.app},
                       {"hook", p.hook},
                       {"name", p.name},
@@ -939,8 +945,7 @@ void Daemon::record(Policy& p) {
                       {"config_hash", p.config_hash},
                       {"user_maps", p.loaded->user_maps},
                       {"system_maps", p.loaded->system_maps},
-                      {"target", saved}}
-                     .dump();
+                      {"target", saved}});
 }
 
 void Daemon::publish_metrics() {
@@ -1105,9 +1110,7 @@ void Daemon::apply_config(bool retry) {
 }
 
 void Daemon::remember_gone(int id, Gone g) {
-  // `why` may quote what another process or the kernel said: never a reason to throw.
-  g.state_json = json{{"id", id}, {"uid", g.uid}, {"app", g.app}, {"name", g.name}, {"why", g.why}}.dump(
-      -1, ' ', false, json::error_handler_t::replace);
+  g.state_json = state_entry(json{{"id", id}, {"uid", g.uid}, {"app", g.app}, {"name", g.name}, {"why", g.why}});
   gone_[id] = std::move(g);
   if (gone_.size() > kGoneKept) gone_.erase(gone_.begin());
 }
@@ -1119,7 +1122,7 @@ void Daemon::save_state() {
   json apps = json::object();
   for (auto& [a, uid] : app_owner_) apps[a] = uid;
   json head = {{"version", 1}, {"bpffs_root", pins::root()}, {"next_id", next_id_}, {"apps", apps}};
-  std::string text = head.dump();
+  std::string text = state_entry(head);
   text.pop_back();  // the closing brace: the policies follow
   text += ",\"policies\":[";
   bool first = true;
@@ -1152,54 +1155,93 @@ void Daemon::save_state() {
 }
 
 void Daemon::adopt_state() {
+  // The file is syrupd's own, but it outlives the binary that wrote it and can be edited
+  // by hand: a field of the wrong type costs its entry (whose pins the caller then
+  // releases as leftovers), never the start.
   std::ifstream in(cfg_.state_file);
   if (!in) return;
   json state = json::parse(in, nullptr, false);
-  if (state.is_discarded() || state.value("version", 0) != 1 ||
-      state.value("bpffs_root", std::string()) != pins::root()) {
+  auto field = [](const json& o, const char* k, json::value_t t) {
+    return o.is_object() && o.contains(k) && o[k].type() == t;
+  };
+  if (!state.is_object() || state.value("version", json()) != 1 ||
+      state.value("bpffs_root", json()) != pins::root()) {
     log(LogLevel::kWarn, "ignoring the state file %s (unreadable or for another pin root)", cfg_.state_file.c_str());
     return;
   }
-  next_id_ = std::max(next_id_, state.value("next_id", 1));
-  if (state.contains("gone") && state["gone"].is_array())
-    for (auto& g : state["gone"])
-      if (g.is_object() && g.value("id", 0) > 0)
-        remember_gone(g.value("id", 0), Gone{g.value("uid", 0u), g.value("app", std::string()),
-                                             g.value("name", std::string()), g.value("why", std::string())});
-  int adopted = 0;
-  for (auto& s : state["policies"]) {
+  if (state.contains("next_id") && state["next_id"].is_number_integer())
+    next_id_ = std::max(next_id_, state["next_id"].get<int>());
+  const json no_apps = json::object();
+  const json& apps = field(state, "apps", json::value_t::object) ? state["apps"] : no_apps;
+  int skipped = 0;
+  if (field(state, "gone", json::value_t::array))
+    for (auto& g : state["gone"]) try {
+        if (g.value("id", 0) > 0)
+          remember_gone(g.value("id", 0), Gone{g.value("uid", 0u), g.value("app", std::string()),
+                                               g.value("name", std::string()), g.value("why", std::string())});
+      } catch (const json::exception&) {
+        skipped++;
+      }
+  int adopted = 0, entry = 0;
+  const json no_policies = json::array();
+  for (auto& s : field(state, "policies", json::value_t::array) ? state["policies"] : no_policies) {
     auto pol = std::make_unique<Policy>();
-    pol->id = s.value("id", 0);
-    pol->app = s.value("app", std::string());
-    pol->hook = s.value("hook", std::string());
-    pol->name = s.value("name", std::string());
-    pol->uid = s.value("uid", 0u);
-    pol->owner_pid = s.value("owner_pid", 0);
-    pol->owner_start = s.value("owner_start", uint64_t{0});
-    pol->params = s.value("params", std::map<std::string, uint64_t>{});
-    pol->created = s.value("created", time_t{0});
-    pol->config_identity = s.value("config_identity", std::string());
-    pol->config_hash = s.value("config_hash", std::string());
-    Hook* hook = hook_named(pol->hook);
     std::string err;
-    int r = hook ? 0 : -EOPNOTSUPP;
-    if (!hook) err = "unknown hook '" + pol->hook + "'";
-    if (!r)
-      r = adopt_policy(pol->app, pol->id, s.value("user_maps", std::vector<std::string>{}),
-                       s.value("system_maps", std::vector<std::string>{}), pol->loaded, err);
-    if (!r) r = hook->adopt(s["target"], *pol->loaded, pol->target, err);
+    int r = 0;
+    const char* reading = "";   // the field being read, for the error
+    std::string malformed;      // what was wrong with the entry
+    auto get = [&](const char* k, auto fallback) {
+      reading = k;
+      return s.value(k, fallback);
+    };
+    entry++;
+    try {
+      if (!s.is_object()) throw std::invalid_argument("not a JSON object");
+      pol->id = get("id", 0);
+      pol->app = get("app", std::string());
+      pol->hook = get("hook", std::string());
+      pol->name = get("name", std::string());
+      pol->uid = get("uid", 0u);
+      pol->owner_pid = get("owner_pid", 0);
+      pol->owner_start = get("owner_start", uint64_t{0});
+      pol->params = get("params", std::map<std::string, uint64_t>{});
+      pol->created = get("created", time_t{0});
+      pol->config_identity = get("config_identity", std::string());
+      pol->config_hash = get("config_hash", std::string());
+      auto user_maps = get("user_maps", std::vector<std::string>{});
+      auto system_maps = get("system_maps", std::vector<std::string>{});
+      Hook* hook = hook_named(pol->hook);
+      if (pol->id <= 0) r = -EINVAL, err = "its entry in the state file has no policy id";
+      else if (!hook) r = -EOPNOTSUPP, err = "unknown hook '" + pol->hook + "'";
+      if (!r) r = adopt_policy(pol->app, pol->id, user_maps, system_maps, pol->loaded, err);
+      reading = "target";
+      if (!r) r = hook->adopt(get("target", json::object()), *pol->loaded, pol->target, err);
+      reading = "apps";
+      if (!r) app_owner_[pol->app] = apps.value(pol->app, pol->uid);
+    } catch (const std::exception& e) {  // json's type errors; not an object
+      malformed = e.what();  // "[json.exception.type_error.302] type must be ..."
+      if (auto b = malformed.find("] "); b != std::string::npos) malformed.erase(0, b + 2);
+      if (*reading) malformed = reading + (": " + malformed);
+      r = -EINVAL;
+      err = "its entry in the state file is malformed (" + malformed + ")";
+    }
     if (r) {
-      log(LogLevel::kWarn, "cannot adopt policy %d (%s) of app '%s': %s", pol->id, pol->name.c_str(),
-          pol->app.c_str(), err.c_str());
-      remember_gone(pol->id, Gone{pol->uid, pol->app, pol->name, "not adopted when syrupd restarted: " + err});
+      if (pol->id > 0) {
+        log(LogLevel::kWarn, "cannot adopt policy %d (%s) of app '%s': %s", pol->id, pol->name.c_str(),
+            pol->app.c_str(), err.c_str());
+        remember_gone(pol->id, Gone{pol->uid, pol->app, pol->name, "not adopted when syrupd restarted: " + err});
+      } else {
+        log(LogLevel::kWarn, "cannot adopt entry %d of the state file's policies: %s", entry,
+            malformed.empty() ? err.c_str() : ("it is malformed (" + malformed + ")").c_str());
+      }
       continue;
     }
+    next_id_ = std::max(next_id_, pol->id + 1);  // ids are never reused, even if next_id was lost
     if (pol->owner_pid) {
       pol->owner_pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, pol->owner_pid, 0)));
       // The same process, not a new one that reused its pid.
       if (pol->owner_pidfd && process_start_time(pol->owner_pid) != pol->owner_start) pol->owner_pidfd.reset();
     }
-    app_owner_[pol->app] = state["apps"].value(pol->app, pol->uid);
     record(*pol);
     int id = pol->id;
     bool owner_gone = pol->owner_pid && !pol->owner_pidfd;
@@ -1207,6 +1249,10 @@ void Daemon::adopt_state() {
     adopted++;
     if (owner_gone) remove_policy(id, true, "its owner exited while syrupd was down");
   }
+  if (!gone_.empty()) next_id_ = std::max(next_id_, gone_.rbegin()->first + 1);
+  if (skipped)
+    log(LogLevel::kWarn, "skipped %d malformed entries of removed policies in the state file %s", skipped,
+        cfg_.state_file.c_str());
   log(LogLevel::kInfo, "adopted %d policies of the previous syrupd from %s", adopted, cfg_.state_file.c_str());
 }
 

@@ -357,7 +357,7 @@ TEST(Config, RebootStyleCleanStartRebuildsFromTheFile) {
   Daemon d;
   d.start("", {"--config=" + yaml.path, "--on_exit=keep"});
   check_deployed(d, "first start");
-  std::string root = d.bpffs_root(), state = fs::path(d.socket()).parent_path() / "syrupd.state.json";
+  std::string root = d.bpffs_root(), state = d.state_file();
   ASSERT_EQ(d.terminate(), 0);
   EXPECT_TRUE(fs::exists(root + "/apps/kv")) << "a keep shutdown leaves the pins";
   EXPECT_TRUE(fs::exists(state));

@@ -126,6 +126,8 @@ void Daemon::crash() {
 }
 
 std::string Daemon::log() const { return read_text(dir_ + "/syrupd.log"); }
+// syrupd's default: beside its socket.
+std::string Daemon::state_file() const { return dir_ + "/syrupd.state.json"; }
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -49,6 +49,7 @@ class Daemon {
   ~Daemon() { stop(); }
   const std::string& socket() const { return socket_; }
   const std::string& bpffs_root() const { return bpffs_root_; }
+  std::string state_file() const;  // the --state_file it runs with, beside the socket
   std::string log() const;  // what syrupd printed so far
   pid_t pid() const { return pid_; }
 

@@ -941,5 +941,69 @@ TEST(SocketSelectRestart, WhatBecameOfARemovedPolicyIsKeptAcrossARestart) {
   EXPECT_EQ(d.stop(), 0);
 }
 
+// A state file with an entry of the wrong shape (edited by hand, or written by another
+// version): syrupd still starts and adopts the rest; the entry's policy is released, its
+// group back on the kernel's hash, and "no policy N" says which field was wrong.
+TEST(SocketSelectRestart, AMalformedStateFileEntryCostsThatPolicyNotTheStart) {
+  SYRUP_REQUIRE_ROOT();
+  Daemon d;
+  d.start();
+  auto deploy = [](const UdpGroup& g) {
+    auto fds = g.fds();
+    syr_deploy_opts o{.sz = sizeof o, .app = "statefile", .fds = fds.data(), .n_fds = fds.size()};
+    return syr_deploy_policy(source_path("tests/policies/by_key.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+  };
+  UdpGroup kept(2), spoiled(2);
+  int kept_id = deploy(kept), spoiled_id = deploy(spoiled);
+  ASSERT_GT(kept_id, 0) << syr_last_error();
+  ASSERT_GT(spoiled_id, 0) << syr_last_error();
+  d.crash();
+  nlohmann::json state = nlohmann::json::parse(read_text(d.state_file()));
+  ASSERT_EQ(state["policies"].size(), 2u) << state.dump();
+  for (auto& p : state["policies"])
+    if (p["id"] == spoiled_id) p["uid"] = "root";
+  state["policies"].push_back(42);  // not an entry at all
+  state["apps"] = nlohmann::json::array();
+  {
+    std::ofstream out(d.state_file(), std::ios::trunc);
+    out << state.dump();
+  }
+  d.start(d.bpffs_root());
+  ASSERT_EQ(d.answers(), "");
+  EXPECT_NE(d.log().find("cannot adopt policy " + std::to_string(spoiled_id) +
+                              " (by_key.c) of app 'statefile': its entry in the state file is malformed "
+                              "(uid: type must be number, but is string)"),
+            std::string::npos)
+      << d.log();
+  EXPECT_NE(d.log().find("cannot adopt entry 3 of the state file's policies: it is malformed (not a JSON object)"),
+            std::string::npos)
+      << d.log();
+  EXPECT_NE(d.log().find("adopted 1 policies"), std::string::npos) << d.log();
+
+  std::string out;
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json list", out), 0) << out;
+  auto listed = nlohmann::json::parse(out);
+  ASSERT_EQ(listed.size(), 1u) << out;
+  EXPECT_EQ(listed[0]["id"], kept_id);
+  EXPECT_FALSE(std::filesystem::exists(d.bpffs_root() + "/apps/statefile/policies/" + std::to_string(spoiled_id)));
+  // by_key.c sends key k to executor k % 2: the adopted policy still does, the released
+  // one's group is on the kernel's hash (one flow, one socket).
+  UdpClient to_kept(kept.port()), to_spoiled(spoiled.port());
+  for (int k = 0; k < 20; k++) to_kept.send_request(1, k), to_spoiled.send_request(1, k);
+  EXPECT_EQ(kept.drain(), (std::vector<int>{10, 10}));
+  auto hashed = spoiled.drain();
+  EXPECT_EQ(std::count(hashed.begin(), hashed.end(), 20), 1) << hashed[0] << " and " << hashed[1];
+
+  EXPECT_EQ(syr_remove_policy(spoiled_id), -ENOENT);
+  EXPECT_EQ(std::string(syr_last_error()),
+            "no policy " + std::to_string(spoiled_id) +
+                " (by_key.c of app 'statefile' was removed: not adopted when syrupd restarted: its entry in the "
+                "state file is malformed (uid: type must be number, but is string))");
+  EXPECT_EQ(syr_remove_policy(kept_id), 0) << syr_last_error();
+  // Ids are never handed out twice, whatever the file said.
+  EXPECT_GT(deploy(spoiled), spoiled_id) << syr_last_error();
+  EXPECT_EQ(d.stop(), 0);
+}
+
 }  // namespace
 }  // namespace syrup::test

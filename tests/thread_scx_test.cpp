@@ -296,7 +296,9 @@ class ScxBase : public ::testing::Test {
     // A test that failed while syrupd restarted (the crash test) can leave it starting:
     // wait until it answers, or the removes fail and the next test finds the scheduler's
     // slot still taken (EBUSY). A policy a test replaced is gone already ("no policy").
-    if (!ids_.empty() && daemon()) EXPECT_EQ(daemon()->answers(), "") << "cannot remove the test's policies";
+    if (!ids_.empty() && daemon()) {
+      EXPECT_EQ(daemon()->answers(), "") << "cannot remove the test's policies";
+    }
     for (int id : ids_)
       if (syr_remove_policy(id) != 0 && std::string(syr_last_error()).rfind("no policy", 0) != 0)
         ADD_FAILURE() << "removing policy " << id << ": " << syr_last_error();
@@ -687,7 +689,7 @@ TEST_F(SchedExt, PolicyNotAdoptedAfterACrashReturnsItsThreadsToTheFairClass) {
     }
   } restart{daemon_};
   daemon_->crash();
-  std::string state = std::filesystem::path(daemon_->socket()).parent_path() / "syrupd.state.json";
+  std::string state = daemon_->state_file();
   ASSERT_EQ(unlink(state.c_str()), 0) << state << ": " << strerror(errno);
   daemon_->start(daemon_->bpffs_root());
   ASSERT_EQ(daemon_->answers(), "");

@@ -560,7 +560,7 @@ TEST_F(Xdp, CrashedDaemonIsAdoptedOrItsLeftoverRemovedAndAForeignProgramIsRefuse
   // Without its state file, the next syrupd recognises its predecessor's root and
   // removes it (the interface is left as it was).
   daemon_.crash();
-  unlink((daemon_.socket().substr(0, daemon_.socket().rfind('/')) + "/syrupd.state.json").c_str());
+  unlink(daemon_.state_file().c_str());
   daemon_.start(root);
   EXPECT_EQ(attached_xdp_prog(net_->host_if), 0u);
   EXPECT_NE(daemon_.log().find("removed the XDP root program a previous syrupd left on " + net_->host_if),

@@ -293,9 +293,11 @@ CompileResult Compiler::compile(const CompileJob& job) {
     }
     std::string tmp;
     res.err = run_clang(job, tu, obj, tmp, res.diagnostics);
-    if (res.err) return res;
-    if (identity() != id) {
-      unlink(tmp.c_str());
+    // A header that changed under clang: its object, or its diagnostics (-EINVAL), may be
+    // of a half-written header, neither the policy's nor the headers' as they now are. A
+    // timeout or a cancelled compile is not retried.
+    if ((!res.err || res.err == -EINVAL) && identity() != id) {
+      if (!res.err) unlink(tmp.c_str());
       if (attempt == kAttempts) {
         res.err = -EAGAIN;
         res.diagnostics = "syrupd: the policy headers under " + cfg_.kernel_dir + " changed during each of " +
@@ -306,6 +308,7 @@ CompileResult Compiler::compile(const CompileJob& job) {
           cfg_.kernel_dir.c_str(), job.display_name.c_str());
       continue;
     }
+    if (res.err) return res;
     if (rename(tmp.c_str(), obj.c_str()) < 0) {
       res.err = -errno;
       unlink(tmp.c_str());

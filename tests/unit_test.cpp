@@ -259,24 +259,32 @@ TEST(Compiler, EditedHeaderIsCompiledAgainstNotHiddenByTheCache) {
   EXPECT_TRUE(c.compile(job).cached);
 }
 
+// A wrapper around clang that appends to the copy's policy.h on its first compile (and
+// then, if `fail`, fails as clang would on a half-written header); the config uses it.
+void edit_header_on_first_compile(KernelCopy& k, bool fail) {
+  const std::string& dir = k.tmp.path();
+  std::ofstream(dir + "/clang") << "#!/bin/sh\n"
+                                << "case \" $* \" in *\" -c \"*)\n"
+                                << "  if [ ! -e " << dir << "/edited ]; then\n"
+                                << "    : > " << dir << "/edited; echo '/* edited */' >> " << k.header << "\n"
+                                << (fail ? "    echo \"" + k.header + ":1:1: error: half-written\" >&2; exit 1\n" : "")
+                                << "  fi;;\n"
+                                << "esac\n"
+                                << "exec /usr/bin/clang-19 \"$@\"\n";
+  chmod((dir + "/clang").c_str(), 0755);
+  k.cfg.clang = dir + "/clang";
+}
+
 // A header edited while clang runs: the object may reflect either version, and the key
 // computed before the compile names the old headers. It is not stored under that key
 // (restoring the header's content would serve it); the compile runs again against the
-// headers as they are. The edit is made by a wrapper around clang, on its first compile.
+// headers as they are.
 TEST(Compiler, HeaderEditedDuringTheCompileIsNotCachedUnderTheOldKey) {
   KernelCopy k;
   ASSERT_EQ(k.error, "");
   const std::string &dir = k.tmp.path(), &header = k.header;
   const std::string original = test::read_text(header);
-  std::ofstream(dir + "/clang") << "#!/bin/sh\n"
-                                << "case \" $* \" in *\" -c \"*)\n"
-                                << "  if [ ! -e " << dir << "/edited ]; then\n"
-                                << "    : > " << dir << "/edited; echo '/* edited */' >> " << header << "\n"
-                                << "  fi;;\n"
-                                << "esac\n"
-                                << "exec /usr/bin/clang-19 \"$@\"\n";
-  ASSERT_EQ(chmod((dir + "/clang").c_str(), 0755), 0);
-  k.cfg.clang = dir + "/clang";
+  edit_header_on_first_compile(k, false);
   Compiler c;
   std::string error;
   ASSERT_EQ(c.init(k.cfg, error), 0) << error;
@@ -295,6 +303,23 @@ TEST(Compiler, HeaderEditedDuringTheCompileIsNotCachedUnderTheOldKey) {
   EXPECT_EQ(c.key(job), before);
   EXPECT_FALSE(c.compile(job).cached) << "the original headers must be compiled against, not served an object "
                                          "compiled while they were being edited";
+}
+
+// A compile that fails while a header is being edited failed on a header that is neither
+// version: its diagnostics are not the policy's. It runs again against the headers as
+// they are, and the deploy succeeds.
+TEST(Compiler, CompileThatFailedDuringAHeaderEditRunsAgain) {
+  KernelCopy k;
+  ASSERT_EQ(k.error, "");
+  edit_header_on_first_compile(k, true);
+  Compiler c;
+  std::string error;
+  ASSERT_EQ(c.init(k.cfg, error), 0) << error;
+  CompileResult r = c.compile(kReturnsZero);
+  ASSERT_TRUE(std::filesystem::exists(k.tmp.path() + "/edited")) << "the wrapper did not edit the header";
+  EXPECT_EQ(r.err, 0) << r.diagnostics;
+  EXPECT_EQ(r.diagnostics.find("half-written"), std::string::npos) << r.diagnostics;
+  EXPECT_EQ(r.object_path, c.key(kReturnsZero));
 }
 
 // The CPU lists of syrupd --agent_cpus and the agent's baseline (cpuset(7) list format).

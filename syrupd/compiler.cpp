@@ -18,6 +18,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 #include "digest.h"
@@ -187,6 +188,7 @@ int Compiler::init(const CompilerConfig& cfg, std::string& error) {
   for (auto& f : clang_flags(cfg_, "")) toolchain_ += f + '\n';
   watch_fd_.reset(inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
   identity();
+  trim_cache(cfg_.cache_max_bytes ? cfg_.cache_max_bytes : UINT64_MAX);
   log(LogLevel::kInfo, "policy compiler: %s (%s%s), headers from %s", cfg_.clang.c_str(),
       version.substr(0, version.find('\n')).c_str(),
       version_from_cache_ ? "; version from the cache, the binary is unchanged" : "", cfg_.kernel_dir.c_str());
@@ -286,7 +288,9 @@ CompileResult Compiler::compile(const CompileJob& job) {
   for (int attempt = 1;; ++attempt) {
     std::string id = identity(), tu, obj = object_path(job, id, &tu);
     CompileResult res;
-    if (access(obj.c_str(), R_OK) == 0) {
+    // A hit renews the object's mtime: the cache is trimmed least recently used first (a
+    // read-only cache still serves its objects).
+    if (utimensat(AT_FDCWD, obj.c_str(), nullptr, 0) == 0 || access(obj.c_str(), R_OK) == 0) {
       res.object_path = obj;
       res.cached = true;
       return res;
@@ -309,15 +313,76 @@ CompileResult Compiler::compile(const CompileJob& job) {
       continue;
     }
     if (res.err) return res;
+    struct stat st{};
+    stat(tmp.c_str(), &st);
     if (rename(tmp.c_str(), obj.c_str()) < 0) {
       res.err = -errno;
       unlink(tmp.c_str());
       res.diagnostics = "syrupd: cannot store compiled object: " + std::string(std::strerror(errno));
       return res;
     }
+    stored(static_cast<uint64_t>(st.st_size));
     res.object_path = obj;
     return res;
   }
+}
+
+void Compiler::stored(uint64_t bytes) {
+  uint64_t now = cache_bytes_ += bytes;
+  if (cfg_.cache_max_bytes && now > cfg_.cache_max_bytes) trim_cache(cfg_.cache_max_bytes / 10 * 9);
+}
+
+void Compiler::trim_cache(uint64_t target) {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  using Clock = fs::file_time_type::clock;
+  const auto now = Clock::now();
+  // Used (or stored) within the last minute: a deploy may be about to load it. A
+  // temporary older than a whole compile is a killed syrupd's, not a running clang's.
+  const auto in_use = now - std::chrono::minutes(1);
+  const auto stale = now - std::chrono::milliseconds(cfg_.timeout_ms) - std::chrono::minutes(1);
+  struct Entry {
+    fs::file_time_type used;
+    uint64_t bytes;
+    fs::path path;
+  };
+  std::vector<Entry> objects;
+  uint64_t total = 0, removed_bytes = 0;
+  size_t removed = 0, temporaries = 0;
+  std::error_code ec;
+  for (const char* sub : {"/obj", "/src"})
+    for (auto& e : fs::directory_iterator(cfg_.cache_dir + sub, ec)) {
+      std::error_code fe;
+      if (!e.is_regular_file(fe)) continue;
+      auto used = e.last_write_time(fe);
+      uint64_t bytes = e.file_size(fe);
+      if (fe) continue;  // removed meanwhile by another syrupd sharing the cache
+      bool object = std::string_view(sub) == "/obj" && e.path().extension() == ".o";
+      if (!object) {
+        if (used < stale && fs::remove(e.path(), fe)) temporaries++;
+        continue;
+      }
+      total += bytes;
+      if (used < in_use) objects.push_back({used, bytes, e.path()});
+    }
+  std::sort(objects.begin(), objects.end(), [](const Entry& a, const Entry& b) { return a.used < b.used; });
+  for (auto& o : objects) {
+    if (total <= target) break;
+    std::error_code fe;
+    if (!fs::remove(o.path, fe)) continue;
+    total -= o.bytes;
+    removed_bytes += o.bytes;
+    removed++;
+  }
+  cache_bytes_ = total;
+  if (removed)
+    log(LogLevel::kInfo,
+        "compile cache %s/obj over %llu bytes: removed the %zu objects used least recently (%llu bytes); it "
+        "holds %llu bytes",
+        cfg_.cache_dir.c_str(), static_cast<unsigned long long>(cfg_.cache_max_bytes), removed,
+        static_cast<unsigned long long>(removed_bytes), static_cast<unsigned long long>(total));
+  if (temporaries)
+    log(LogLevel::kInfo, "compile cache %s: removed %zu temporary files of compiles that did not finish",
+        cfg_.cache_dir.c_str(), temporaries);
 }
 
 int Compiler::run_clang(const CompileJob& job, const std::string& tu, const std::string& obj, std::string& tmp,

@@ -12,9 +12,14 @@
 // deploy of the same source skips clang entirely. The headers are hashed at start and
 // again whenever one of them changed (an inotify event, then its stat stamp), so an
 // edited header is compiled against, not hidden behind objects cached before.
+// The cache is bounded (cache_max_bytes): when a stored object takes it over the bound,
+// the objects used least recently (a hit renews an object's mtime) are removed until it
+// is at 90% of it, and so are temporaries a killed syrupd left.
 // Invariants: a cache entry is written to a temporary name and renamed, so a reader never
 // sees a partial object; an object is stored only under the key of the headers it was
-// compiled against (a header edited during the compile: compiled again).
+// compiled against (a header edited during the compile: compiled again); an object used
+// in the last minute is never removed, so a deploy that was just given its path can load
+// it (the cache may exceed its bound by what was used in that minute).
 #pragma once
 
 #include <atomic>
@@ -34,6 +39,7 @@ struct CompilerConfig {
   std::string cache_dir = "/var/cache/syrup";
   std::string multiarch_include = "/usr/include/x86_64-linux-gnu";
   int timeout_ms = 60000;
+  uint64_t cache_max_bytes = 256ull << 20;  // of objects under <cache_dir>/obj; 0: no bound
 };
 
 struct CompileJob {
@@ -83,6 +89,11 @@ class Compiler {
                 std::string& diagnostics);
   // `clang --version`'s output, from the cache while the binary is unchanged.
   int compiler_version(std::string& version);
+  // Counts a stored object of `bytes` and trims the cache if that takes it over its bound.
+  void stored(uint64_t bytes);
+  // Removes the least recently used objects (and stale temporaries) until the cache holds
+  // at most `target` bytes, then recounts it.
+  void trim_cache(uint64_t target);
 
   // Every header a policy can pull in: *.h under kernel_dir, then the system's.
   std::vector<std::filesystem::path> headers() const;
@@ -98,6 +109,8 @@ class Compiler {
   bool version_from_cache_ = false;
   std::atomic<bool> cancel_{false};
   std::atomic<uint64_t> seq_{0};  // makes temporary names unique per compile
+  std::mutex cache_mu_;            // one trim at a time
+  std::atomic<uint64_t> cache_bytes_{0};  // objects in the cache, counted at start and each trim
 };
 
 }  // namespace syrup

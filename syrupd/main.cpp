@@ -23,6 +23,9 @@ DEFINE_string(kernel_dir, "",
               "directory with include/syrup/policy.h and hooks/*.bpf.h (default: the source "
               "tree's kernel/ when run from a build tree, else the installed copy)");
 DEFINE_string(cache_dir, "/var/cache/syrup", "where compiled policy objects are cached by content, and clang's version by its binary");
+DEFINE_uint64(cache_max_bytes, 256ull << 20,
+              "bound on the compiled objects kept under --cache_dir/obj, in bytes; over it the "
+              "objects used least recently are removed (0: no bound)");
 DEFINE_uint32(compile_workers, 2,
               "threads compiling policies; a deploy waiting for clang holds up no other request "
               "(1 to 64)");
@@ -157,6 +160,7 @@ int main(int argc, char** argv) {
   cfg.compiler.clang = FLAGS_clang;
   cfg.compiler.kernel_dir = FLAGS_kernel_dir.empty() ? default_kernel_dir() : FLAGS_kernel_dir;
   cfg.compiler.cache_dir = FLAGS_cache_dir;
+  cfg.compiler.cache_max_bytes = FLAGS_cache_max_bytes;
   cfg.compiler.multiarch_include = SYRUP_MULTIARCH_INCLUDE;
 
   syrup::Daemon d;

@@ -322,6 +322,65 @@ TEST(Compiler, CompileThatFailedDuringAHeaderEditRunsAgain) {
   EXPECT_EQ(r.object_path, c.key(kReturnsZero));
 }
 
+// The cache keeps to --cache_max_bytes: a stored object that takes it over the bound
+// removes the objects used least recently (a hit counts as a use) down to 90% of it, and
+// temporaries a killed syrupd left are swept; a temporary of a running compile stays.
+TEST(Compiler, CacheOverItsBoundLosesTheObjectsUsedLeastRecently) {
+  namespace fs = std::filesystem;
+  using namespace std::chrono_literals;
+  KernelCopy k;
+  ASSERT_EQ(k.error, "");
+  auto job = [](int n) {
+    return CompileJob{"SYR_POLICY(struct syr_input *in) { return " + std::to_string(n) + "; }", "p.c",
+                      "SYR_HOOK_SOCKET_SELECT", "socket_select.bpf.h"};
+  };
+  std::string error, a, b;
+  uintmax_t size = 0;
+  {
+    Compiler unbounded;
+    k.cfg.cache_max_bytes = 0;
+    ASSERT_EQ(unbounded.init(k.cfg, error), 0) << error;
+    CompileResult r = unbounded.compile(job(0));
+    ASSERT_EQ(r.err, 0) << r.diagnostics;
+    a = r.object_path;
+    size = fs::file_size(a);
+  }
+  // A killed syrupd's temporaries, and a running compile's.
+  const std::string cache = k.cfg.cache_dir, stale_obj = cache + "/obj/x.o.tmp.1.1", stale_src = cache + "/src/x.1.1.c",
+                    running = cache + "/obj/y.o.tmp.2.2";
+  for (auto& f : {stale_obj, stale_src, running}) std::ofstream(f) << "partial";
+  fs::last_write_time(stale_obj, fs::file_time_type::clock::now() - 3h);
+  fs::last_write_time(stale_src, fs::file_time_type::clock::now() - 3h);
+
+  k.cfg.cache_max_bytes = size * 5 / 2;  // room for two objects of this size, not three
+  Compiler c;
+  ASSERT_EQ(c.init(k.cfg, error), 0) << error;
+  EXPECT_FALSE(fs::exists(stale_obj));
+  EXPECT_FALSE(fs::exists(stale_src));
+  EXPECT_TRUE(fs::exists(running));
+  CompileResult rb = c.compile(job(1));
+  ASSERT_EQ(rb.err, 0) << rb.diagnostics;
+  b = rb.object_path;
+  ASSERT_EQ(fs::file_size(b), size) << "the test assumes the objects are the same size";
+  EXPECT_TRUE(fs::exists(a)) << "two objects are within the bound";
+  // a stored before b; a hit on a makes it the more recently used.
+  fs::last_write_time(a, fs::file_time_type::clock::now() - 2h);
+  fs::last_write_time(b, fs::file_time_type::clock::now() - 1h);
+  EXPECT_TRUE(c.compile(job(0)).cached);
+  // Both out of the minute in which an object is never removed, in the order of their use.
+  auto used_a = fs::last_write_time(a), used_b = fs::last_write_time(b);
+  EXPECT_GT(used_a, used_b) << "a hit renews the object's time of use";
+  fs::last_write_time(a, used_a - 3h);
+  fs::last_write_time(b, used_b - 3h);
+
+  CompileResult rc = c.compile(job(2));
+  ASSERT_EQ(rc.err, 0) << rc.diagnostics;
+  EXPECT_TRUE(fs::exists(rc.object_path));
+  EXPECT_TRUE(fs::exists(a)) << "the object used most recently stays";
+  EXPECT_FALSE(fs::exists(b)) << "the object used least recently goes";
+  EXPECT_FALSE(c.compile(job(1)).cached) << "a removed object is compiled again";
+}
+
 // The CPU lists of syrupd --agent_cpus and the agent's baseline (cpuset(7) list format).
 TEST(CpuList, ParsesSinglesRangesAndRejectsTheRest) {
   std::vector<int> v;

@@ -374,6 +374,7 @@ void Compiler::trim_cache(uint64_t target) {
     removed++;
   }
   cache_bytes_ = total;
+  cache_evictions_ += removed;
   if (removed)
     log(LogLevel::kInfo,
         "compile cache %s/obj over %llu bytes: removed the %zu objects used least recently (%llu bytes); it "

@@ -76,6 +76,10 @@ class Compiler {
   // While on, running compiles are killed and new ones fail, with -ECANCELED (shutdown).
   void cancel(bool on) { cancel_ = on; }
   const CompilerConfig& config() const { return cfg_; }
+  // The objects in the cache (counted at start and at each trim, plus those stored since),
+  // and how many objects trims removed to keep it within cache_max_bytes.
+  uint64_t cache_bytes() const { return cache_bytes_; }
+  uint64_t cache_evictions() const { return cache_evictions_; }
   // Whether init() took clang's version from the cache instead of running clang.
   bool version_from_cache() const { return version_from_cache_; }
 
@@ -111,6 +115,7 @@ class Compiler {
   std::atomic<uint64_t> seq_{0};  // makes temporary names unique per compile
   std::mutex cache_mu_;            // one trim at a time
   std::atomic<uint64_t> cache_bytes_{0};  // objects in the cache, counted at start and each trim
+  std::atomic<uint64_t> cache_evictions_{0};
 };
 
 }  // namespace syrup

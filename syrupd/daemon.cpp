@@ -954,6 +954,9 @@ void Daemon::publish_metrics() {
   s.start_time_unix = static_cast<double>(start_time_);
   s.totals = totals_;
   s.compiles = compile_pool_.stats();
+  s.compiles.cache_bytes = compiler_.cache_bytes();
+  s.compiles.cache_max_bytes = compiler_.config().cache_max_bytes;
+  s.compiles.cache_evictions = compiler_.cache_evictions();
   s.connections = {.max_others = cfg_.max_clients, .max_per_user = cfg_.max_clients_per_uid};
   for (auto& [fd, c] : clients_) s.connections.by_uid[c.uid]++;
   std::map<std::string, metrics::TenantSample> tenants;

@@ -228,6 +228,16 @@ std::string render(const Snapshot& s) {
   w.family("syrup_compile_duration_seconds", "summary", "Time the compile workers spent on finished compiles.");
   w.sample("syrup_compile_duration_seconds_sum", {}, c.compile_seconds);
   w.sample("syrup_compile_duration_seconds_count", {}, c.ok + c.failed);
+  w.family("syrup_compile_cache_bytes", "gauge", "Bytes of the compiled policy objects in the compile cache.");
+  w.sample("syrup_compile_cache_bytes", {}, c.cache_bytes);
+  if (c.cache_max_bytes) {
+    w.family("syrup_compile_cache_limit_bytes", "gauge",
+             "The compile cache's bound (--cache_max_bytes); over it the objects used least recently are removed.");
+    w.sample("syrup_compile_cache_limit_bytes", {}, c.cache_max_bytes);
+  }
+  w.family("syrup_compile_cache_evictions_total", "counter",
+           "Objects removed from the compile cache to keep it within its bound.");
+  w.sample("syrup_compile_cache_evictions_total", {}, c.cache_evictions);
   const ConnectionSample& k = s.connections;
   uint64_t root = 0, others = 0, busiest = 0;
   for (auto& [uid, n] : k.by_uid) {

@@ -74,6 +74,9 @@ struct CompileSample {
   uint64_t ok = 0, failed = 0;       // finished
   double wait_seconds = 0;           // summed over finished compiles: submit to start
   double compile_seconds = 0;        // summed over finished compiles: start to end
+  // The compile cache (--cache_dir/obj): its objects' bytes, its bound (0: none), and the
+  // objects removed to keep it (syrupd/compiler.h).
+  uint64_t cache_bytes = 0, cache_max_bytes = 0, cache_evictions = 0;
 };
 
 // The control connections (docs/protocol.md, "Connection model"), now, and their caps.

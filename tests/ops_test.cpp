@@ -714,7 +714,10 @@ metrics::Snapshot sample_snapshot() {
                 .ok = 5,
                 .failed = 1,
                 .wait_seconds = 1.5,
-                .compile_seconds = 9.25};
+                .compile_seconds = 9.25,
+                .cache_bytes = 123456,
+                .cache_max_bytes = 268435456,
+                .cache_evictions = 7};
   s.connections = {.by_uid = {{0, 1}, {1000, 3}, {1001, 2}, {1002, 2}},
                    .max_others = 128,
                    .max_per_user = 32};
@@ -804,6 +807,15 @@ syrup_compile_wait_seconds_count 6
 # TYPE syrup_compile_duration_seconds summary
 syrup_compile_duration_seconds_sum 9.25
 syrup_compile_duration_seconds_count 6
+# HELP syrup_compile_cache_bytes Bytes of the compiled policy objects in the compile cache.
+# TYPE syrup_compile_cache_bytes gauge
+syrup_compile_cache_bytes 123456
+# HELP syrup_compile_cache_limit_bytes The compile cache's bound (--cache_max_bytes); over it the objects used least recently are removed.
+# TYPE syrup_compile_cache_limit_bytes gauge
+syrup_compile_cache_limit_bytes 268435456
+# HELP syrup_compile_cache_evictions_total Objects removed from the compile cache to keep it within its bound.
+# TYPE syrup_compile_cache_evictions_total counter
+syrup_compile_cache_evictions_total 7
 # HELP syrup_control_connections Open control connections, of root and of other users.
 # TYPE syrup_control_connections gauge
 syrup_control_connections{user="root"} 1

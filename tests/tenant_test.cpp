@@ -724,6 +724,15 @@ TEST_F(Tenants, MetricsShowTheCompileWorkers) {
   EXPECT_EQ(metric("syrup_compile_duration_seconds_count"), 2.0) << scraped;
   EXPECT_GE(metric("syrup_compile_duration_seconds_sum"), 4.0) << scraped;
   EXPECT_GE(metric("syrup_compile_wait_seconds_sum"), 1.5) << "the second compile waited for the first: " << scraped;
+  // The cache holds the two objects (it started empty), within its default bound.
+  double objects = 0;
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator(std::filesystem::path(d_.socket()).parent_path() / "cache/obj", ec))
+    if (e.path().extension() == ".o") objects += static_cast<double>(e.file_size());
+  EXPECT_GT(objects, 0.0);
+  EXPECT_EQ(metric("syrup_compile_cache_bytes"), objects) << scraped;
+  EXPECT_EQ(metric("syrup_compile_cache_limit_bytes"), 268435456.0) << scraped;
+  EXPECT_EQ(metric("syrup_compile_cache_evictions_total"), 0.0) << scraped;
 }
 
 // SIGTERM while a deploy is parked: the compile is stopped, the caller is answered

@@ -1173,7 +1173,7 @@ void Daemon::adopt_state() {
     return;
   }
   if (state.contains("next_id") && state["next_id"].is_number_integer())
-    next_id_ = std::max(next_id_, state["next_id"].get<int>());
+    next_id_ = std::max<int64_t>(next_id_, std::min<int64_t>(state["next_id"].get<int64_t>(), INT32_MAX));
   const json no_apps = json::object();
   const json& apps = field(state, "apps", json::value_t::object) ? state["apps"] : no_apps;
   int skipped = 0;
@@ -1215,6 +1215,7 @@ void Daemon::adopt_state() {
       auto system_maps = get("system_maps", std::vector<std::string>{});
       Hook* hook = hook_named(pol->hook);
       if (pol->id <= 0) r = -EINVAL, err = "its entry in the state file has no policy id";
+      else if (policies_.count(pol->id)) r = -EEXIST, err = "an earlier entry of the state file has its id";
       else if (!hook) r = -EOPNOTSUPP, err = "unknown hook '" + pol->hook + "'";
       if (!r) r = adopt_policy(pol->app, pol->id, user_maps, system_maps, pol->loaded, err);
       reading = "target";
@@ -1232,7 +1233,8 @@ void Daemon::adopt_state() {
       if (pol->id > 0) {
         log(LogLevel::kWarn, "cannot adopt policy %d (%s) of app '%s': %s", pol->id, pol->name.c_str(),
             pol->app.c_str(), err.c_str());
-        remember_gone(pol->id, Gone{pol->uid, pol->app, pol->name, "not adopted when syrupd restarted: " + err});
+        if (r != -EEXIST)  // the policy of that id was adopted
+          remember_gone(pol->id, Gone{pol->uid, pol->app, pol->name, "not adopted when syrupd restarted: " + err});
       } else {
         log(LogLevel::kWarn, "cannot adopt entry %d of the state file's policies: %s", entry,
             malformed.empty() ? err.c_str() : ("it is malformed (" + malformed + ")").c_str());

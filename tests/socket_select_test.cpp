@@ -963,6 +963,11 @@ TEST(SocketSelectRestart, AMalformedStateFileEntryCostsThatPolicyNotTheStart) {
   for (auto& p : state["policies"])
     if (p["id"] == spoiled_id) p["uid"] = "root";
   state["policies"].push_back(42);  // not an entry at all
+  for (auto& p : state["policies"])
+    if (p.is_object() && p["id"] == kept_id) {
+      state["policies"].push_back(p);  // twice
+      break;
+    }
   state["apps"] = nlohmann::json::array();
   {
     std::ofstream out(d.state_file(), std::ios::trunc);
@@ -976,6 +981,10 @@ TEST(SocketSelectRestart, AMalformedStateFileEntryCostsThatPolicyNotTheStart) {
             std::string::npos)
       << d.log();
   EXPECT_NE(d.log().find("cannot adopt entry 3 of the state file's policies: it is malformed (not a JSON object)"),
+            std::string::npos)
+      << d.log();
+  EXPECT_NE(d.log().find("cannot adopt policy " + std::to_string(kept_id) +
+                         " (by_key.c) of app 'statefile': an earlier entry of the state file has its id"),
             std::string::npos)
       << d.log();
   EXPECT_NE(d.log().find("adopted 1 policies"), std::string::npos) << d.log();

@@ -62,7 +62,7 @@ std::string read_text(const std::string& path) {
 
 }  // namespace
 
-int PrivateDaemon::start(const std::string& syrupd_path) {
+int PrivateDaemon::start(const std::string& syrupd_path, const std::string& state_dir) {
   if (access(syrupd_path.c_str(), X_OK) != 0) {
     std::fprintf(stderr, "syrup_bench: no syrupd at %s (build it: ninja -C build syrupd)\n",
                  syrupd_path.c_str());
@@ -79,6 +79,7 @@ int PrivateDaemon::start(const std::string& syrupd_path) {
   log_path_ = tmp_dir_ + "/syrupd.log";
   bpffs_root_ = "/sys/fs/bpf/syrup-bench-" + std::to_string(getpid());
   std::string cache = tmp_dir_ + "/cache";
+  state_file_ = (state_dir.empty() ? tmp_dir_ : state_dir) + "/syrup-bench-" + std::to_string(getpid()) + ".state.json";
 
   // Everything the child needs is prepared before fork: it only calls async-signal-safe
   // functions.
@@ -86,7 +87,8 @@ int PrivateDaemon::start(const std::string& syrupd_path) {
   // syrupd removes every policy instead of leaving them for a successor; --undefok keeps a
   // syrupd without that flag (which always removes them) starting.
   std::vector<std::string> args = {syrupd_path, "--socket", socket_, "--bpffs_root", bpffs_root_,
-                                   "--cache_dir", cache, "--on_exit=remove", "--undefok=on_exit"};
+                                   "--cache_dir", cache, "--state_file", state_file_, "--on_exit=remove",
+                                   "--undefok=on_exit"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -150,6 +152,7 @@ void PrivateDaemon::stop() {
     pid_ = 0;
   }
   std::error_code ec;
+  if (!state_file_.empty()) fs::remove(state_file_, ec);
   if (!tmp_dir_.empty()) fs::remove_all(tmp_dir_, ec);
   if (!bpffs_root_.empty()) fs::remove_all(bpffs_root_, ec);
   tmp_dir_.clear();

@@ -57,14 +57,16 @@ struct Env {
 // directories; the daemon also gets SIGTERM if the bench dies (PR_SET_PDEATHSIG).
 class PrivateDaemon {
  public:
-  int start(const std::string& syrupd_path);
+  // `state_dir`: where syrupd writes its state file (default: the temporary directory
+  // beside its socket); the file goes with stop().
+  int start(const std::string& syrupd_path, const std::string& state_dir = "");
   void stop();
   const std::string& socket() const { return socket_; }
   const std::string& bpffs_root() const { return bpffs_root_; }
 
  private:
   pid_t pid_ = 0;
-  std::string tmp_dir_, socket_, bpffs_root_, log_path_;
+  std::string tmp_dir_, socket_, bpffs_root_, log_path_, state_file_;
 };
 
 // Turns on run_cnt/run_time_ns accounting of BPF programs for as long as `out` is open

@@ -37,6 +37,9 @@ DEFINE_uint32(rounds, 5, "decision and hint: interleaved rounds (medians are rep
 DEFINE_uint64(hints, 10000000, "hint: mmap'ed stores per round");
 DEFINE_uint64(syscalls, 100000, "hint: bpf(BPF_MAP_UPDATE_ELEM) calls per round");
 DEFINE_uint32(deploys, 20, "deploy: cold and warm deploys each");
+DEFINE_string(state_dir, "",
+              "directory of the private syrupd's state file, which it rewrites at every deploy and removal "
+              "(default: its temporary directory under /tmp; e.g. /dev/shm for a tmpfs, like a usual /run)");
 DEFINE_string(policies, SYRUP_BENCH_POLICY_DIR, "directory of the shipped policies");
 DEFINE_uint32(xdp_repeat, 1000000, "xdp-cost, xdp-scale: BPF_PROG_TEST_RUN repeat per measurement");
 DEFINE_uint32(xdp_rounds, 15, "xdp-cost, xdp-scale: interleaved rounds (medians are reported)");
@@ -180,7 +183,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   remove_stale_leftovers();
-  if (g_daemon.start(exe_dir / "syrupd")) return 1;
+  if (g_daemon.start(exe_dir / "syrupd", FLAGS_state_dir)) return 1;
   setenv("SYRUP_SOCKET", g_daemon.socket().c_str(), 1);
 
   Env env;

@@ -211,9 +211,6 @@ TEST(Compiler, ClangVersionIsRunOncePerBinary) {
   EXPECT_FALSE(start()) << "a script is run every time";
 }
 
-// A header under --kernel_dir edited while syrupd runs is compiled against at the next
-// deploy: its stamp changed, so the cache identity is computed again and the object
-// cached before is not served. Restoring the header's content brings the old key back.
 // A compiler configuration over a copy of kernel/ (headers a test may edit) and a cache,
 // both in a temporary directory; `error` says why the copy failed.
 struct KernelCopy {
@@ -230,9 +227,16 @@ struct KernelCopy {
     header = cfg.kernel_dir + "/include/syrup/policy.h";
   }
 };
-const CompileJob kReturnsZero{"SYR_POLICY(struct syr_input *in) { return 0; }", "p.c", "SYR_HOOK_SOCKET_SELECT",
-                              "socket_select.bpf.h"};
+// A socket-select policy that returns `n`: one source, and so one cache object, per `n`.
+CompileJob returning(int n) {
+  return {"SYR_POLICY(struct syr_input *in) { return " + std::to_string(n) + "; }", "p.c", "SYR_HOOK_SOCKET_SELECT",
+          "socket_select.bpf.h"};
+}
+const CompileJob kReturnsZero = returning(0);
 
+// A header under --kernel_dir edited while syrupd runs is compiled against at the next
+// deploy: its stamp changed, so the cache identity is computed again and the object
+// cached before is not served. Restoring the header's content brings the old key back.
 TEST(Compiler, EditedHeaderIsCompiledAgainstNotHiddenByTheCache) {
   KernelCopy k;
   ASSERT_EQ(k.error, "");
@@ -330,17 +334,13 @@ TEST(Compiler, CacheOverItsBoundLosesTheObjectsUsedLeastRecently) {
   using namespace std::chrono_literals;
   KernelCopy k;
   ASSERT_EQ(k.error, "");
-  auto job = [](int n) {
-    return CompileJob{"SYR_POLICY(struct syr_input *in) { return " + std::to_string(n) + "; }", "p.c",
-                      "SYR_HOOK_SOCKET_SELECT", "socket_select.bpf.h"};
-  };
   std::string error, a, b;
   uintmax_t size = 0;
   {
     Compiler unbounded;
     k.cfg.cache_max_bytes = 0;
     ASSERT_EQ(unbounded.init(k.cfg, error), 0) << error;
-    CompileResult r = unbounded.compile(job(0));
+    CompileResult r = unbounded.compile(returning(0));
     ASSERT_EQ(r.err, 0) << r.diagnostics;
     a = r.object_path;
     size = fs::file_size(a);
@@ -358,7 +358,7 @@ TEST(Compiler, CacheOverItsBoundLosesTheObjectsUsedLeastRecently) {
   EXPECT_FALSE(fs::exists(stale_obj));
   EXPECT_FALSE(fs::exists(stale_src));
   EXPECT_TRUE(fs::exists(running));
-  CompileResult rb = c.compile(job(1));
+  CompileResult rb = c.compile(returning(1));
   ASSERT_EQ(rb.err, 0) << rb.diagnostics;
   b = rb.object_path;
   ASSERT_EQ(fs::file_size(b), size) << "the test assumes the objects are the same size";
@@ -366,19 +366,19 @@ TEST(Compiler, CacheOverItsBoundLosesTheObjectsUsedLeastRecently) {
   // a stored before b; a hit on a makes it the more recently used.
   fs::last_write_time(a, fs::file_time_type::clock::now() - 2h);
   fs::last_write_time(b, fs::file_time_type::clock::now() - 1h);
-  EXPECT_TRUE(c.compile(job(0)).cached);
+  EXPECT_TRUE(c.compile(returning(0)).cached);
   // Both out of the minute in which an object is never removed, in the order of their use.
   auto used_a = fs::last_write_time(a), used_b = fs::last_write_time(b);
   EXPECT_GT(used_a, used_b) << "a hit renews the object's time of use";
   fs::last_write_time(a, used_a - 3h);
   fs::last_write_time(b, used_b - 3h);
 
-  CompileResult rc = c.compile(job(2));
+  CompileResult rc = c.compile(returning(2));
   ASSERT_EQ(rc.err, 0) << rc.diagnostics;
   EXPECT_TRUE(fs::exists(rc.object_path));
   EXPECT_TRUE(fs::exists(a)) << "the object used most recently stays";
   EXPECT_FALSE(fs::exists(b)) << "the object used least recently goes";
-  EXPECT_FALSE(c.compile(job(1)).cached) << "a removed object is compiled again";
+  EXPECT_FALSE(c.compile(returning(1)).cached) << "a removed object is compiled again";
 }
 
 // The CPU lists of syrupd --agent_cpus and the agent's baseline (cpuset(7) list format).

@@ -265,6 +265,12 @@ void UdpClient::send_request(uint32_t type, uint32_t key, size_t extra) {
   send(p.data(), p.size());
 }
 
+int deploy_on(const UdpGroup& g, const char* rel, const char* app) {
+  auto fds = g.fds();
+  syr_deploy_opts o{.sz = sizeof o, .app = app, .fds = fds.data(), .n_fds = fds.size()};
+  return syr_deploy_policy(source_path(rel).c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+}
+
 std::string mmap_app_map(const char* name, syr_mapped_array* out, const char* app) {
   int fd = app ? syr_map_open_app(app, name) : syr_map_open(name);
   if (fd < 0) return std::string("syr_map_open(") + name + "): " + syr_last_error();

@@ -148,6 +148,10 @@ class UdpClient {
   sockaddr_in dst_{};
 };
 
+// Deploys source_path(rel) at the socket-select hook on `g` for application `app`: the
+// policy's id, or -errno (syr_last_error() says why).
+int deploy_on(const UdpGroup& g, const char* rel, const char* app);
+
 // Runs a command, returns its exit status; stdout+stderr in `out`.
 int run_cmd(const std::string& cmd, std::string& out);
 

@@ -872,9 +872,7 @@ TEST(SocketSelectRestart, SigkillUnderTrafficLosesNothingAndTheRestartAdopts) {
   d.start();
   constexpr int kSockets = 3, kDatagrams = 15000;
   UdpGroup g(kSockets);
-  auto fds = g.fds();
-  syr_deploy_opts o{.sz = sizeof o, .app = "restart", .fds = fds.data(), .n_fds = fds.size()};
-  int id = syr_deploy_policy(source_path("tests/policies/by_key.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+  int id = deploy_on(g, "tests/policies/by_key.c", "restart");
   ASSERT_GT(id, 0) << syr_last_error();
   std::string before;
   ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json list", before), 0);
@@ -909,17 +907,12 @@ TEST(SocketSelectRestart, WhatBecameOfARemovedPolicyIsKeptAcrossARestart) {
   SYRUP_REQUIRE_ROOT();
   Daemon d;
   d.start();
-  auto deploy = [](const UdpGroup& g, const char* policy) {
-    auto fds = g.fds();
-    syr_deploy_opts o{.sz = sizeof o, .app = "gonetest", .fds = fds.data(), .n_fds = fds.size()};
-    return syr_deploy_policy(source_path(policy).c_str(), SYR_HOOK_SOCKET_SELECT, &o);
-  };
   UdpGroup g(2);
   auto h = std::make_unique<UdpGroup>(2);
-  int removed = deploy(g, "policies/pass.c");
+  int removed = deploy_on(g, "policies/pass.c", "gonetest");
   ASSERT_GT(removed, 0) << syr_last_error();
   ASSERT_EQ(syr_remove_policy(removed), 0) << syr_last_error();
-  int orphaned = deploy(*h, "policies/round_robin.c");
+  int orphaned = deploy_on(*h, "policies/round_robin.c", "gonetest");
   ASSERT_GT(orphaned, 0) << syr_last_error();
   d.crash();  // what the state file holds is what each change wrote
   h.reset();  // the group's last sockets: nothing left for the next syrupd to take over
@@ -948,13 +941,9 @@ TEST(SocketSelectRestart, AMalformedStateFileEntryCostsThatPolicyNotTheStart) {
   SYRUP_REQUIRE_ROOT();
   Daemon d;
   d.start();
-  auto deploy = [](const UdpGroup& g) {
-    auto fds = g.fds();
-    syr_deploy_opts o{.sz = sizeof o, .app = "statefile", .fds = fds.data(), .n_fds = fds.size()};
-    return syr_deploy_policy(source_path("tests/policies/by_key.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
-  };
+  const char* by_key = "tests/policies/by_key.c";
   UdpGroup kept(2), spoiled(2);
-  int kept_id = deploy(kept), spoiled_id = deploy(spoiled);
+  int kept_id = deploy_on(kept, by_key, "statefile"), spoiled_id = deploy_on(spoiled, by_key, "statefile");
   ASSERT_GT(kept_id, 0) << syr_last_error();
   ASSERT_GT(spoiled_id, 0) << syr_last_error();
   d.crash();
@@ -1010,7 +999,7 @@ TEST(SocketSelectRestart, AMalformedStateFileEntryCostsThatPolicyNotTheStart) {
                 "state file is malformed (uid: type must be number, but is string))");
   EXPECT_EQ(syr_remove_policy(kept_id), 0) << syr_last_error();
   // Ids are never handed out twice, whatever the file said.
-  EXPECT_GT(deploy(spoiled), spoiled_id) << syr_last_error();
+  EXPECT_GT(deploy_on(spoiled, by_key, "statefile"), spoiled_id) << syr_last_error();
   EXPECT_EQ(d.stop(), 0);
 }
 

@@ -57,12 +57,6 @@ json as_user(uid_t uid, const std::function<json()>& fn) {
 
 json result(int r) { return {{"r", r}, {"err", syr_last_error()}}; }
 
-int deploy_on(const UdpGroup& g, const char* rel, const char* app) {
-  auto fds = g.fds();
-  syr_deploy_opts o{.sz = sizeof o, .app = app, .fds = fds.data(), .n_fds = fds.size()};
-  return syr_deploy_policy(source_path(rel).c_str(), SYR_HOOK_SOCKET_SELECT, &o);
-}
-
 class Tenants : public ::testing::Test {
  protected:
   void SetUp() override {

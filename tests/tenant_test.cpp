@@ -118,7 +118,10 @@ TEST_F(Tenants, EachUserOwnsItsPoliciesMapsAndProcessesAndNothingElse) {
     if (setgid(kUidA) || setuid(kUidA)) _exit(1);
     UdpGroup g(2);
     int id = deploy_on(g, "policies/scan_avoid.c", "tenant-a");
-    int fd = syr_map_open("scan_map");
+    // By name of its application: a forked child inherits the default application of the
+    // process it was forked from (libsyrup's first deploy's), another test's when the
+    // tests run in one process.
+    int fd = syr_map_open_app("tenant-a", "scan_map");
     syr_mapped_array m{};
     int mr = fd >= 0 ? syr_map_mmap(fd, &m) : fd;
     if (mr == 0) syr_hint_set(&m, 0, 1);

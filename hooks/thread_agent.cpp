@@ -319,14 +319,12 @@ void Agent::on_event(const syr_tev& e) {
       }
       dirty_ = true;
       break;
-    case SYR_TEV_EXIT: {
+    case SYR_TEV_EXIT:
+      // Its registration went at the exit, in the tracer. Not here: the tid may be a new
+      // thread's by now, registered anew.
       thr_.erase(it);
-      // Exited registered: its entry goes now (the next scan would find it gone too).
-      uint32_t k = e.tid;
-      bpf_map_delete_elem(threads_fd_, &k);
       dirty_ = true;
       break;
-    }
   }
 }
 

@@ -420,6 +420,90 @@ TEST_F(ThreadHook, ThreadsThatExitRegisteredLeaveTheRegistrationMap) {
   EXPECT_EQ(exited_registrations_dropped({quick, scheduled}, 2000, 100), "");
 }
 
+// A thread that exits registered, and a new thread of the process given its tid before the
+// agent has read the exit (tids come round: pid_max is 32768 on small machines). The new
+// thread's registration is its own: the old one went at the exit, not when the agent got
+// to it. The agent is held (SIGSTOP, for less than its hang limit) over the exit and the
+// new registration, so it reads the exit only afterwards; the tid is handed out again
+// through /proc/sys/kernel/ns_last_pid, as checkpoint/restore tools do.
+TEST_F(ThreadHook, ANewThreadGivenAnExitedThreadsTidKeepsItsRegistration) {
+  syr_set_app("threuse");
+  int id = deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}, "threuse");
+  ASSERT_GT(id, 0) << syr_last_error();
+  pid_t agent = listed(id).value("agent_pid", 0);
+  ASSERT_GT(agent, 0) << listed(id).dump();
+  struct Held {  // the exited thread's tid, and the thread given it again
+    std::atomic<pid_t> tid{0};
+    std::atomic<int> reg{1};
+    std::atomic<bool> stop{false};
+  } first, second;
+  std::thread a([&] {
+    first.tid = static_cast<pid_t>(syscall(SYS_gettid));
+    first.reg = syr_thread_register(3);
+    while (!first.stop) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  ASSERT_GE(wait_for([&] { return first.reg != 1; }, 2000), 0);
+  pid_t tid = first.tid;
+  if (first.reg != 0 || wait_for([&] { return cpus_of(tid) == std::vector<int>{core_}; }, 2000) < 0) {
+    first.stop = true;
+    a.join();
+    FAIL() << "the agent did not take the first thread on: " << syr_last_error();
+  }
+  std::thread b;
+  auto reuse = [&]() -> std::string {
+    if (kill(agent, SIGSTOP) != 0) return "cannot stop the agent";
+    first.stop = true;
+    a.join();
+    // Until the tid is free again (a joined thread's is a moment later) and nothing else
+    // on the machine took it first.
+    for (int attempt = 0; attempt < 200 && !b.joinable(); attempt++) {
+      std::ofstream last("/proc/sys/kernel/ns_last_pid");
+      if (!(last << tid - 1 << std::flush)) return "cannot write /proc/sys/kernel/ns_last_pid";
+      std::atomic<int> got{0};  // 1: this thread has the tid; 2: it has another
+      std::thread c([&, tid] {
+        bool mine = static_cast<pid_t>(syscall(SYS_gettid)) == tid;
+        got = mine ? 1 : 2;
+        if (!mine) return;
+        second.tid = tid;
+        second.reg = syr_thread_register(5);
+        while (!second.stop) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      });
+      while (got == 0) std::this_thread::yield();
+      if (got == 1)
+        b = std::move(c);
+      else
+        c.join();
+    }
+    return b.joinable() ? "" : "tid " + std::to_string(tid) + " did not come round again";
+  };
+  std::string why = reuse();
+  if (b.joinable()) wait_for([&] { return second.reg != 1; }, 300);
+  kill(agent, SIGCONT);
+  auto done = [&] {
+    second.stop = true;
+    if (b.joinable()) b.join();
+    restore_normal(tid);
+  };
+  if (!why.empty()) {
+    done();
+    if (why.find("did not come round") != std::string::npos) GTEST_SKIP() << why;
+    FAIL() << why;
+  }
+  EXPECT_EQ(second.reg, 0) << syr_last_error();
+  // Held over both: the agent stays on the job and takes the new thread on.
+  int ms = wait_for([&] { return cpus_of(tid) == std::vector<int>{core_}; }, 2000);
+  int threads = syr_map_open("syrup_threads");
+  uint32_t key = static_cast<uint32_t>(tid), exec = 0;
+  bool registered = threads >= 0 && syr_map_lookup_elem(threads, &key, &exec) == 0;
+  if (threads >= 0) close(threads);
+  std::string status = listed(id).value("status", ""), cpus = cpus_to(tid);
+  done();
+  EXPECT_TRUE(registered) << "the new thread " << tid << " lost its registration";
+  EXPECT_EQ(exec, 5u);
+  EXPECT_GE(ms, 0) << "the agent did not take the new thread on (cpus " << cpus << ")";
+  EXPECT_EQ(status.find("hung"), std::string::npos) << status;
+}
+
 // Cross-layer: the socket-select policy records which executor just got a long request in
 // scan_map; the thread policy (get_first) reads the same map and runs the others first.
 TEST_F(ThreadHook, CrossLayerLongRequestRunsLast) {

@@ -6,7 +6,8 @@
  *
  * It shares the application's syrup_threads and syrup_cs maps (reused from their pins by
  * the agent) to count preemptions of registered threads, and how many of them landed
- * inside a critical section, exactly at the switch.
+ * inside a critical section, exactly at the switch; and it drops an exiting thread's
+ * registration itself (below).
  */
 #include <linux/types.h>
 #include <linux/bpf.h>
@@ -122,11 +123,17 @@ int BPF_PROG(syr_on_wakeup_new, struct task_struct *p)
 	return 0;
 }
 
+/* A registered thread's entry goes here, at its exit, while its tid is still its own: the
+ * agent reads the event later, and by then a new thread of the process may have been
+ * given the same tid (pid_max is 32768 on small machines) and registered under it. */
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(syr_on_exit, struct task_struct *p)
 {
-	if (p->tgid == target_tgid)
-		emit(SYR_TEV_EXIT, p->pid, 0);
+	if (p->tgid == target_tgid) {
+		__u32 tid = p->pid;
+		bpf_map_delete_elem(&syrup_threads, &tid);
+		emit(SYR_TEV_EXIT, tid, 0);
+	}
 	return 0;
 }
 

@@ -47,6 +47,11 @@ namespace {
 constexpr int kRecvTimeoutSec = 5;
 constexpr int kConfigRetrySec = 5;  // how often --config entries waiting for their process are retried
 
+// The operations dispatch() serves (docs/protocol.md), in the order its error lists them.
+// Only these become metric labels, so a client cannot grow the label set.
+const std::vector<std::string> kOps = {"ping",     "deploy",   "remove",    "list",
+                                       "stats",    "map_open", "map_dump", "thread_tid"};
+
 json ok(json extra = json::object()) {
   extra["ok"] = true;
   return extra;
@@ -562,10 +567,8 @@ Daemon::Response Daemon::handle(const Caller& caller, proto::Message& req, bool 
     r = {proto::error_response(EINVAL, std::string("malformed request: ") + e.what())};
   }
   if (!r.park && !r.body.value("ok", false)) {
-    // Only known operations become metric labels (a client cannot grow the label set).
-    static const std::set<std::string> kOps = {"ping", "deploy", "remove", "list", "stats", "map_open", "map_dump"};
     const json& op = req.body.is_object() && req.body.contains("op") ? req.body["op"] : json();
-    totals_.error(op.is_string() && kOps.count(op.get<std::string>()) ? op.get<std::string>() : "other",
+    totals_.error(op.is_string() && std::ranges::count(kOps, op.get<std::string>()) ? op.get<std::string>() : "other",
                   r.body.value("errno", EIO));
   }
   return r;
@@ -587,12 +590,31 @@ Daemon::Response Daemon::dispatch(const Caller& caller, proto::Message& req, boo
     if (op == "stats") return stats(caller, b);
     if (op == "map_open") return map_open(caller, b);
     if (op == "map_dump") return map_dump(caller, b);
+    if (op == "thread_tid") return thread_tid(caller, b);
   } catch (const json::exception& e) {
     return {proto::error_response(EINVAL, std::string("malformed request: ") + e.what())};
   }
-  return {proto::error_response(EOPNOTSUPP, "unknown request '" + op +
-                                                "' (known: ping, deploy, remove, list, stats, "
-                                                "map_open, map_dump)")};
+  std::string known;
+  for (const auto& k : kOps) known += std::string(known.empty() ? "" : ", ") + k;
+  return {proto::error_response(EOPNOTSUPP, "unknown request '" + op + "' (known: " + known + ")")};
+}
+
+Daemon::Response Daemon::thread_tid(const Caller& caller, const json& req) {
+  if (!req.contains("tid") || !req["tid"].is_number_integer() || req["tid"].get<int64_t>() <= 0 ||
+      req["tid"].get<int64_t>() > INT32_MAX)
+    return {proto::error_response(EINVAL, "thread_tid needs a positive tid")};
+  pid_t tid = req["tid"].get<pid_t>();
+  uint64_t ns = pid_namespace(caller.pid);
+  bool same = ns != 0 && ns == pid_namespace(0);
+  pid_t found = same ? (access(("/proc/" + std::to_string(caller.pid) + "/task/" + std::to_string(tid)).c_str(),
+                               F_OK) == 0
+                            ? tid
+                            : 0)
+                     : thread_by_own_number(caller.pid, tid);
+  if (!found)
+    return {proto::error_response(ESRCH, "thread " + std::to_string(tid) + " is not a thread of process " +
+                                             std::to_string(caller.pid) + (same ? "" : " (as its pid namespace numbers them)"))};
+  return {ok({{"tid", found}, {"same_pid_namespace", same}})};
 }
 
 std::string Daemon::may_use_app(const Caller& caller, const std::string& app) const {

@@ -162,6 +162,7 @@ class Daemon {
   std::optional<Response> open_app_map(const Caller& caller, const nlohmann::json& req, AppMap& out);
   Response map_open(const Caller& caller, const nlohmann::json& req);
   Response map_dump(const Caller& caller, const nlohmann::json& req);
+  Response thread_tid(const Caller& caller, const nlohmann::json& req);
 
   // Detaches (if `detach_hook`), unpins and forgets a policy; cleans its app's pins.
   void remove_policy(int id, bool detach_hook, const char* why);

@@ -296,6 +296,20 @@ TEST_F(Tenants, MalformedControlMessagesAndGarbageSourcesLeaveTheDaemonServing) 
   EXPECT_NE(r.value("error", std::string()).find("character outside"), std::string::npos) << r.dump();
   r = raw(frame(R"({"op":"launch_missiles"})"));
   EXPECT_NE(r.value("error", std::string()).find("unknown request 'launch_missiles'"), std::string::npos);
+  EXPECT_NE(r.value("error", std::string()).find("map_dump, thread_tid)"), std::string::npos) << r.dump();
+  // thread_tid: the caller's own threads only, by a positive number.
+  r = raw(frame(R"({"op":"thread_tid","tid":"7"})"));
+  EXPECT_EQ(r.value("errno", 0), EINVAL) << r.dump();
+  r = raw(frame(R"({"op":"thread_tid","tid":-3})"));
+  EXPECT_EQ(r.value("errno", 0), EINVAL) << r.dump();
+  r = raw(frame(R"({"op":"thread_tid","tid":1})"));
+  EXPECT_EQ(r.value("errno", 0), ESRCH) << r.dump();
+  EXPECT_NE(r.value("error", std::string()).find("thread 1 is not a thread of process " + std::to_string(getpid())),
+            std::string::npos) << r.dump();
+  pid_t me = static_cast<pid_t>(syscall(SYS_gettid));
+  r = raw(frame(R"({"op":"thread_tid","tid":)" + std::to_string(me) + "}"));
+  EXPECT_EQ(r.value("tid", 0), me) << r.dump();
+  EXPECT_EQ(r.value("same_pid_namespace", false), true) << r.dump();
 
   // Garbage as policy source: binary with NUL bytes, and bytes that are no C.
   std::string bin(1000, '\0');

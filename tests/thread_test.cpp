@@ -9,6 +9,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/mount.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -436,10 +437,13 @@ TEST_F(ThreadHook, ANewThreadGivenAnExitedThreadsTidKeepsItsRegistration) {
     std::atomic<pid_t> tid{0};
     std::atomic<int> reg{1};
     std::atomic<bool> stop{false};
+    std::string error;  // syr_last_error() of the registering thread
   } first, second;
   std::thread a([&] {
     first.tid = static_cast<pid_t>(syscall(SYS_gettid));
-    first.reg = syr_thread_register(3);
+    int r = syr_thread_register(3);
+    first.error = syr_last_error();
+    first.reg = r;
     while (!first.stop) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
   ASSERT_GE(wait_for([&] { return first.reg != 1; }, 2000), 0);
@@ -447,7 +451,7 @@ TEST_F(ThreadHook, ANewThreadGivenAnExitedThreadsTidKeepsItsRegistration) {
   if (first.reg != 0 || wait_for([&] { return cpus_of(tid) == std::vector<int>{core_}; }, 2000) < 0) {
     first.stop = true;
     a.join();
-    FAIL() << "the agent did not take the first thread on: " << syr_last_error();
+    FAIL() << "the agent did not take the first thread on: " << first.error;
   }
   std::thread b;
   auto reuse = [&]() -> std::string {
@@ -465,7 +469,9 @@ TEST_F(ThreadHook, ANewThreadGivenAnExitedThreadsTidKeepsItsRegistration) {
         got = mine ? 1 : 2;
         if (!mine) return;
         second.tid = tid;
-        second.reg = syr_thread_register(5);
+        int r = syr_thread_register(5);
+        second.error = syr_last_error();
+        second.reg = r;
         while (!second.stop) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       });
       while (got == 0) std::this_thread::yield();
@@ -489,7 +495,7 @@ TEST_F(ThreadHook, ANewThreadGivenAnExitedThreadsTidKeepsItsRegistration) {
     if (why.find("did not come round") != std::string::npos) GTEST_SKIP() << why;
     FAIL() << why;
   }
-  EXPECT_EQ(second.reg, 0) << syr_last_error();
+  EXPECT_EQ(second.reg, 0) << second.error;
   // Held over both: the agent stays on the job and takes the new thread on.
   int ms = wait_for([&] { return cpus_of(tid) == std::vector<int>{core_}; }, 2000);
   int threads = syr_map_open("syrup_threads");
@@ -502,6 +508,83 @@ TEST_F(ThreadHook, ANewThreadGivenAnExitedThreadsTidKeepsItsRegistration) {
   EXPECT_EQ(exec, 5u);
   EXPECT_GE(ms, 0) << "the agent did not take the new thread on (cpus " << cpus << ")";
   EXPECT_EQ(status.find("hung"), std::string::npos) << status;
+}
+
+// What an application in a container does, in a pid namespace of its own (with its own
+// /proc, as a container mounts it): it deploys a thread policy and registers a thread by
+// its gettid(), which there is not the kernel's number for it. The agent takes the thread
+// on, and unregistering gives it back. Run in a grandchild that is pid 1 of a new pid
+// namespace; "" or what failed.
+std::string register_in_own_pid_namespace(int core) {
+  if (syscall(SYS_gettid) != 1) return "not pid 1 of a new pid namespace";
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+      mount("proc", "/proc", "proc", 0, nullptr) != 0)
+    return std::string("cannot mount the namespace's /proc: ") + std::strerror(errno);
+  syr_set_app("thrpidns");  // not the default this process inherited from the test's
+  syr_param p{"core", uint64_t(core)};
+  syr_deploy_opts o{.sz = sizeof o, .app = "thrpidns", .params = &p, .n_params = 1};
+  if (syr_deploy_policy(source_path("tests/policies/thread_prio.c").c_str(), SYR_HOOK_THREAD, &o) <= 0)
+    return std::string("deploy: ") + syr_last_error();
+  std::atomic<pid_t> tid{0};
+  std::atomic<int> reg{1};
+  std::atomic<bool> stop{false};
+  std::string reg_error;
+  std::thread t([&] {
+    tid = static_cast<pid_t>(syscall(SYS_gettid));
+    int r = syr_thread_register(3);
+    reg_error = syr_last_error();
+    reg = r;
+    while (!stop) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  std::string why;
+  wait_for([&] { return reg != 1; }, 2000);
+  auto on = [&](std::vector<int> want) { return wait_for([&] { return cpus_of(tid) == want; }, 2000) >= 0; };
+  std::vector<int> all;
+  for (int c = 0; c < ncpus(); c++) all.push_back(c);
+  if (reg != 0)
+    why = "register thread " + std::to_string(tid) + ": " + reg_error;
+  else if (!on({core}))
+    why = "the agent did not take thread " + std::to_string(tid) + " (in the namespace) on: cpus " + cpus_to(tid);
+  else if (syr_thread_unregister_tid(tid) != 0)
+    why = std::string("unregister: ") + syr_last_error();
+  else if (!on(all))
+    why = "unregistered, thread " + std::to_string(tid) + " was not given back: cpus " + cpus_to(tid);
+  stop = true;
+  t.join();
+  return why;
+}
+
+TEST_F(ThreadHook, AProcessInItsOwnPidNamespaceRegistersItsThreads) {
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // enters the namespaces; its child is the application
+    close(out[0]);
+    std::string why;
+    if (unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) why = std::string("SKIP unshare: ") + std::strerror(errno);
+    pid_t app = why.empty() ? fork() : -1;
+    if (app == 0) {
+      why = register_in_own_pid_namespace(ncpus() - 1);
+      if (write(out[1], why.data(), why.size()) < 0) _exit(2);
+      _exit(0);
+    }
+    int st = 0;
+    if (app > 0) waitpid(app, &st, 0);
+    if (app < 0 && why.empty()) why = std::string("fork: ") + std::strerror(errno);
+    if (!why.empty() && write(out[1], why.data(), why.size()) < 0) _exit(2);
+    _exit(0);
+  }
+  close(out[1]);
+  std::string why;
+  char buf[512];
+  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) why.append(buf, static_cast<size_t>(n));
+  close(out[0]);
+  int st = 0;
+  waitpid(child, &st, 0);
+  if (why.rfind("SKIP ", 0) == 0) GTEST_SKIP() << why.substr(5);
+  EXPECT_EQ(why, "");
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
 }
 
 // Cross-layer: the socket-select policy records which executor just got a long request in

@@ -329,21 +329,41 @@ std::mutex g_thread_mu;
 std::map<uint32_t, syr_mapped_array> g_cs_maps;
 int g_threads_fd = -1;                 // the syrup_threads map of the last registration
 std::map<pid_t, uint64_t*> g_cs_of;    // registered tid -> its critical-section depth
+std::map<pid_t, uint32_t> g_key_of;    // registered tid -> its syrup_threads key (kernel_tid)
+pid_t g_same_ns_pid = 0;               // getpid() once syrupd said it shares our pid namespace
 std::atomic<uint64_t> g_registry_gen{1};  // bumped (under g_thread_mu) on each change of g_cs_of
 thread_local uint64_t* t_cs = nullptr;    // this thread's entry of g_cs_of, as of t_cs_gen
 thread_local uint64_t t_cs_gen = 0;
 
 pid_t my_tid() { return static_cast<pid_t>(syscall(SYS_gettid)); }
 
-// Whether `tid` is a thread of this process. The calling thread is, without asking /proc
-// (which a sandbox may not mount).
+// Whether `tid` is a thread of this process: signal 0 to it, which needs no /proc (a
+// sandbox may not mount it, and a container's may number threads differently).
 bool is_my_thread(pid_t tid) {
-  return tid == my_tid() || (tid > 0 && access(("/proc/self/task/" + std::to_string(tid)).c_str(), F_OK) == 0);
+  return tid == my_tid() || (tid > 0 && syscall(SYS_tgkill, getpid(), tid, 0) == 0);
 }
 
-// Whether /proc says `tid` is no thread of this process (any more). False without /proc.
+// Whether `tid` is no thread of this process (any more).
 bool has_left(pid_t tid) {
-  return access("/proc/self/task", F_OK) == 0 && !is_my_thread(tid);
+  return tid > 0 && syscall(SYS_tgkill, getpid(), tid, 0) < 0 && errno == ESRCH;
+}
+
+// Thread `tid` of this process as the kernel's hooks and syrupd number it, syrup_threads'
+// key: the same number, unless this process is in a pid namespace of its own (a
+// container), where syrupd translates (docs/protocol.md, thread_tid). Asked until syrupd
+// says the namespaces are one, and again after a fork. Call with g_thread_mu held.
+int kernel_tid(pid_t tid, uint32_t& key) {
+  if (g_same_ns_pid == getpid()) {
+    key = static_cast<uint32_t>(tid);
+    return 0;
+  }
+  syrup::Message resp;
+  if (int r = rpc({{"op", "thread_tid"}, {"tid", tid}}, resp)) return r;
+  if (!resp.body.contains("tid") || !resp.body["tid"].is_number_integer())
+    return fail(-EPROTO, "syrupd answered thread_tid without a tid");
+  key = resp.body["tid"].get<uint32_t>();
+  if (resp.body.value("same_pid_namespace", false)) g_same_ns_pid = getpid();
+  return 0;
 }
 
 uint32_t map_id(int fd) {
@@ -402,10 +422,20 @@ int syr_thread_register_tid(pid_t tid, uint32_t executor_index) {
     it = g_cs_maps.emplace(id, a).first;
   }
   close(cfd);
-  uint32_t key = static_cast<uint32_t>(tid);
+  uint32_t key;
+  if (int r = kernel_tid(tid, key))
+    return fail(r, "cannot register thread " + std::to_string(tid) + ": " + syr_last_error());
   if (int r = syr_map_update_elem(g_threads_fd, &key, &executor_index, 0)) return r;
   // Threads that exited registered: a new thread given one's tid must not find its counter.
-  for (auto i = g_cs_of.begin(); i != g_cs_of.end();) i = has_left(i->first) ? g_cs_of.erase(i) : std::next(i);
+  for (auto i = g_cs_of.begin(); i != g_cs_of.end();) {
+    if (!has_left(i->first)) {
+      ++i;
+      continue;
+    }
+    g_key_of.erase(i->first);
+    i = g_cs_of.erase(i);
+  }
+  g_key_of[tid] = key;
   set_cs_of(tid, static_cast<uint64_t*>(syr_array_elem(&it->second, executor_index)));
   return 0;
 }
@@ -418,9 +448,17 @@ int syr_thread_unregister_tid(pid_t tid) {
   if (!registered_here && !is_my_thread(tid))
     return fail(-ESRCH, "cannot unregister thread " + std::to_string(tid) +
                             ": not a thread of this process (pid " + std::to_string(getpid()) + ")");
+  if (g_threads_fd < 0) {
+    if (registered_here) set_cs_of(tid, nullptr);
+    return 0;
+  }
+  uint32_t key;
+  if (auto k = g_key_of.find(tid); k != g_key_of.end())
+    key = k->second;
+  else if (int r = kernel_tid(tid, key))
+    return fail(r, "cannot unregister thread " + std::to_string(tid) + ": " + syr_last_error());
   if (registered_here) set_cs_of(tid, nullptr);
-  if (g_threads_fd < 0) return 0;
-  uint32_t key = static_cast<uint32_t>(tid);
+  g_key_of.erase(tid);
   if (bpf_map_delete_elem(g_threads_fd, &key) < 0 && errno != ENOENT) {
     int e = errno;
     return fail(-e, std::string("cannot unregister the thread: ") + std::strerror(e));

@@ -155,7 +155,8 @@ int syr_thread_register(uint32_t executor_index);
 /* Registers thread `tid` (its gettid()) of this process as executor `executor_index`,
  * as if it had called syr_thread_register() itself: its syr_cs_enter()/syr_cs_exit()
  * count for that executor from its next call on. -ESRCH if `tid` is not a thread of this
- * process. */
+ * process. In a pid namespace of its own (a container), syrupd translates `tid` to the
+ * kernel's number, which policies see as syr_thread.tid. */
 int syr_thread_register_tid(pid_t tid, uint32_t executor_index);
 /* Unregisters the calling thread: it returns to normal scheduling. */
 int syr_thread_unregister(void);

@@ -37,30 +37,47 @@ inline uint64_t pid_namespace(pid_t pid) {
   return stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
-// The thread of process `pid` (both numbered as syrupd's /proc numbers them) that the
-// process's own pid namespace calls `tid` (its gettid()): the last field of the NSpid line
-// of its status, which lists the thread's number in each namespace from /proc's down to
-// its own. 0 if the process has no such thread.
-inline pid_t thread_by_own_number(pid_t pid, pid_t tid) {
-  std::string dir = "/proc/" + std::to_string(pid) + "/task";
+// A process's or thread's number in its own pid namespace (what its getpid() or gettid()
+// returns): the last field of the NSpid line of its status (`status_path`), which lists
+// its number in each namespace from /proc's down to its own. 0 if unreadable.
+inline pid_t own_number(const std::string& status_path) {
+  std::ifstream in(status_path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("NSpid:", 0) != 0) continue;
+    std::istringstream fields(line.substr(6));
+    pid_t last = 0;
+    for (pid_t v; fields >> v;) last = v;
+    return last;
+  }
+  return 0;
+}
+
+// The entry of /proc directory `dir` (processes, or a process's tasks) whose own number
+// is `n` and, if `ns` is not 0, whose pid namespace is `ns`; 0 if none.
+inline pid_t entry_by_own_number(const std::string& dir, pid_t n, uint64_t ns = 0) {
   DIR* d = opendir(dir.c_str());
   if (!d) return 0;
   pid_t found = 0;
   while (dirent* de = readdir(d)) {
-    if (de->d_name[0] == '.') continue;
-    std::ifstream in(dir + "/" + de->d_name + "/status");
-    for (std::string line; std::getline(in, line);) {
-      if (line.rfind("NSpid:", 0) != 0) continue;
-      std::istringstream fields(line.substr(6));
-      pid_t last = 0;
-      for (pid_t v; fields >> v;) last = v;
-      if (last == tid) found = static_cast<pid_t>(std::atoi(de->d_name));
-      break;
-    }
-    if (found) break;
+    if (de->d_name[0] < '1' || de->d_name[0] > '9') continue;
+    pid_t id = static_cast<pid_t>(std::atoi(de->d_name));
+    if (own_number(dir + "/" + de->d_name + "/status") != n) continue;
+    struct stat st;
+    if (ns && (stat((dir + "/" + de->d_name + "/ns/pid").c_str(), &st) != 0 || st.st_ino != ns)) continue;
+    found = id;
+    break;
   }
   closedir(d);
   return found;
 }
+
+// The thread of process `pid` (both numbered as syrupd's /proc numbers them) that the
+// process's own pid namespace calls `tid`; 0 if it has none.
+inline pid_t thread_by_own_number(pid_t pid, pid_t tid) {
+  return entry_by_own_number("/proc/" + std::to_string(pid) + "/task", tid);
+}
+
+// The process that pid namespace `ns` calls `pid`, as syrupd numbers it; 0 if none.
+inline pid_t process_by_own_number(uint64_t ns, pid_t pid) { return entry_by_own_number("/proc", pid, ns); }
 
 }  // namespace syrup

@@ -511,11 +511,12 @@ TEST_F(ThreadHook, ANewThreadGivenAnExitedThreadsTidKeepsItsRegistration) {
 }
 
 // What an application in a container does, in a pid namespace of its own (with its own
-// /proc, as a container mounts it): it deploys a thread policy and registers a thread by
-// its gettid(), which there is not the kernel's number for it. The agent takes the thread
-// on, and unregistering gives it back. Run in a grandchild that is pid 1 of a new pid
-// namespace; "" or what failed.
-std::string register_in_own_pid_namespace(int core) {
+// /proc, as a container mounts it), where its numbers are not the kernel's: it registers a
+// thread by its gettid(), and the agent takes that thread on (unregistering gives it
+// back); it deploys on its sockets by its own pid, 1, which there is itself, not the
+// machine's init. Run in a grandchild that is pid 1 of a new pid namespace; "" or what
+// failed.
+std::string schedule_in_own_pid_namespace(int core) {
   if (syscall(SYS_gettid) != 1) return "not pid 1 of a new pid namespace";
   if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
       mount("proc", "/proc", "proc", 0, nullptr) != 0)
@@ -551,10 +552,20 @@ std::string register_in_own_pid_namespace(int core) {
     why = "unregistered, thread " + std::to_string(tid) + " was not given back: cpus " + cpus_to(tid);
   stop = true;
   t.join();
-  return why;
+  if (!why.empty()) return why;
+  UdpGroup g(2);
+  syr_deploy_opts so{.sz = sizeof so, .app = "thrpidns", .pid = getpid(), .port = g.port()};
+  if (syr_deploy_policy(source_path("policies/round_robin.c").c_str(), SYR_HOOK_SOCKET_SELECT, &so) <= 0)
+    return "deploy with pid " + std::to_string(getpid()) + ": " + syr_last_error();
+  UdpClient c(g.port());
+  for (int i = 0; i < 40; i++) c.send_request(1, i);
+  if (auto got = g.drain(); got != std::vector<int>{20, 20})
+    return "round robin over its own sockets split 40 datagrams " + std::to_string(got[0]) + "/" +
+           std::to_string(got[1]);
+  return "";
 }
 
-TEST_F(ThreadHook, AProcessInItsOwnPidNamespaceRegistersItsThreads) {
+TEST_F(ThreadHook, AProcessInItsOwnPidNamespaceSchedulesByItsOwnNumbers) {
   int out[2];
   ASSERT_EQ(pipe(out), 0);
   pid_t child = fork();
@@ -565,7 +576,7 @@ TEST_F(ThreadHook, AProcessInItsOwnPidNamespaceRegistersItsThreads) {
     if (unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) why = std::string("SKIP unshare: ") + std::strerror(errno);
     pid_t app = why.empty() ? fork() : -1;
     if (app == 0) {
-      why = register_in_own_pid_namespace(ncpus() - 1);
+      why = schedule_in_own_pid_namespace(ncpus() - 1);
       if (write(out[1], why.data(), why.size()) < 0) _exit(2);
       _exit(0);
     }

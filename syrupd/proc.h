@@ -60,11 +60,11 @@ inline pid_t entry_by_own_number(const std::string& dir, pid_t n, uint64_t ns = 
   pid_t found = 0;
   while (dirent* de = readdir(d)) {
     if (de->d_name[0] < '1' || de->d_name[0] > '9') continue;
-    pid_t id = static_cast<pid_t>(std::atoi(de->d_name));
-    if (own_number(dir + "/" + de->d_name + "/status") != n) continue;
+    // The namespace first: a stat is cheaper than reading the status of every process.
     struct stat st;
     if (ns && (stat((dir + "/" + de->d_name + "/ns/pid").c_str(), &st) != 0 || st.st_ino != ns)) continue;
-    found = id;
+    if (own_number(dir + "/" + de->d_name + "/status") != n) continue;
+    found = static_cast<pid_t>(std::atoi(de->d_name));
     break;
   }
   closedir(d);

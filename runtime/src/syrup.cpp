@@ -317,10 +317,10 @@ int syr_open_reuseport_group(int type, struct sockaddr* addr, socklen_t addrlen,
 
 // ---- The thread hook -----------------------------------------------------------------
 //
-// A thread's critical-section counter is found by its tid in g_cs_of, which registration
-// (of the calling thread or, by tid, of another) writes; each thread caches its own in
-// t_cs and looks again only after g_registry_gen moved, so syr_cs_enter() stays one
-// atomic load and a store while no registration happens.
+// A thread's critical-section counter is found by its tid in g_registered, which
+// registration (of the calling thread or, by tid, of another) writes; each thread caches
+// its own in t_cs and looks again only after g_registry_gen moved, so syr_cs_enter()
+// stays one atomic load and a store while no registration happens.
 
 namespace {
 std::mutex g_thread_mu;
@@ -328,11 +328,15 @@ std::mutex g_thread_mu;
 // of the process, since threads may still hold pointers into them.
 std::map<uint32_t, syr_mapped_array> g_cs_maps;
 int g_threads_fd = -1;                 // the syrup_threads map of the last registration
-std::map<pid_t, uint64_t*> g_cs_of;    // registered tid -> its critical-section depth
-std::map<pid_t, uint32_t> g_key_of;    // registered tid -> its syrup_threads key (kernel_tid)
+// A thread registered here, by its tid (gettid() in this process's pid namespace).
+struct Registered {
+  uint64_t* cs;  // its critical-section depth, in the mapped syrup_cs
+  uint32_t key;  // its syrup_threads key (kernel_tid())
+};
+std::map<pid_t, Registered> g_registered;
 pid_t g_same_ns_pid = 0;               // getpid() once syrupd said it shares our pid namespace
-std::atomic<uint64_t> g_registry_gen{1};  // bumped (under g_thread_mu) on each change of g_cs_of
-thread_local uint64_t* t_cs = nullptr;    // this thread's entry of g_cs_of, as of t_cs_gen
+std::atomic<uint64_t> g_registry_gen{1};  // bumped (under g_thread_mu) on each change of g_registered
+thread_local uint64_t* t_cs = nullptr;    // this thread's counter, as of t_cs_gen
 thread_local uint64_t t_cs_gen = 0;
 
 pid_t my_tid() { return static_cast<pid_t>(syscall(SYS_gettid)); }
@@ -372,20 +376,14 @@ uint32_t map_id(int fd) {
   return bpf_map_get_info_by_fd(fd, &info, &len) == 0 ? info.id : 0;
 }
 
-// Call with g_thread_mu held.
-void set_cs_of(pid_t tid, uint64_t* counter) {
-  if (counter)
-    g_cs_of[tid] = counter;
-  else
-    g_cs_of.erase(tid);
-  g_registry_gen.fetch_add(1, std::memory_order_release);
-}
+// Call with g_thread_mu held, after changing g_registered.
+void registry_changed() { g_registry_gen.fetch_add(1, std::memory_order_release); }
 
 uint64_t* my_cs() {
   if (t_cs_gen != g_registry_gen.load(std::memory_order_acquire)) {
     std::lock_guard lk(g_thread_mu);
-    auto it = g_cs_of.find(my_tid());
-    t_cs = it == g_cs_of.end() ? nullptr : it->second;
+    auto it = g_registered.find(my_tid());
+    t_cs = it == g_registered.end() ? nullptr : it->second.cs;
     t_cs_gen = g_registry_gen.load(std::memory_order_relaxed);
   }
   return t_cs;
@@ -427,16 +425,9 @@ int syr_thread_register_tid(pid_t tid, uint32_t executor_index) {
     return fail(r, "cannot register thread " + std::to_string(tid) + ": " + syr_last_error());
   if (int r = syr_map_update_elem(g_threads_fd, &key, &executor_index, 0)) return r;
   // Threads that exited registered: a new thread given one's tid must not find its counter.
-  for (auto i = g_cs_of.begin(); i != g_cs_of.end();) {
-    if (!has_left(i->first)) {
-      ++i;
-      continue;
-    }
-    g_key_of.erase(i->first);
-    i = g_cs_of.erase(i);
-  }
-  g_key_of[tid] = key;
-  set_cs_of(tid, static_cast<uint64_t*>(syr_array_elem(&it->second, executor_index)));
+  std::erase_if(g_registered, [](const auto& r) { return has_left(r.first); });
+  g_registered[tid] = {static_cast<uint64_t*>(syr_array_elem(&it->second, executor_index)), key};
+  registry_changed();
   return 0;
 }
 
@@ -444,21 +435,19 @@ int syr_thread_register(uint32_t executor_index) { return syr_thread_register_ti
 
 int syr_thread_unregister_tid(pid_t tid) {
   std::lock_guard lk(g_thread_mu);
-  bool registered_here = g_cs_of.count(tid) > 0;
-  if (!registered_here && !is_my_thread(tid))
+  auto here = g_registered.find(tid);
+  if (here == g_registered.end() && !is_my_thread(tid))
     return fail(-ESRCH, "cannot unregister thread " + std::to_string(tid) +
                             ": not a thread of this process (pid " + std::to_string(getpid()) + ")");
-  if (g_threads_fd < 0) {
-    if (registered_here) set_cs_of(tid, nullptr);
-    return 0;
-  }
+  if (g_threads_fd < 0) return 0;  // nothing was registered in this process
   uint32_t key;
-  if (auto k = g_key_of.find(tid); k != g_key_of.end())
-    key = k->second;
-  else if (int r = kernel_tid(tid, key))
+  if (here != g_registered.end()) {
+    key = here->second.key;
+    g_registered.erase(here);
+    registry_changed();
+  } else if (int r = kernel_tid(tid, key)) {
     return fail(r, "cannot unregister thread " + std::to_string(tid) + ": " + syr_last_error());
-  if (registered_here) set_cs_of(tid, nullptr);
-  g_key_of.erase(tid);
+  }
   if (bpf_map_delete_elem(g_threads_fd, &key) < 0 && errno != ENOENT) {
     int e = errno;
     return fail(-e, std::string("cannot unregister the thread: ") + std::strerror(e));

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -316,6 +317,28 @@ std::string exited_registrations_dropped(const std::vector<pid_t>& exited, int w
   if (!registered(other.pid())) err += "the entry of another process's live thread was dropped";
   close(threads);
   return err;
+}
+
+std::string in_child(const std::function<std::string()>& fn) {
+  int out[2];
+  if (pipe(out) != 0) return std::string("pipe: ") + std::strerror(errno);
+  pid_t child = fork();
+  if (child < 0) return std::string("fork: ") + std::strerror(errno);
+  if (child == 0) {
+    close(out[0]);
+    std::string s = fn();
+    _exit(write(out[1], s.data(), s.size()) == static_cast<ssize_t>(s.size()) ? 0 : 2);
+  }
+  close(out[1]);
+  std::string s;
+  char buf[4096];
+  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) s.append(buf, static_cast<size_t>(n));
+  close(out[0]);
+  int st = 0;
+  waitpid(child, &st, 0);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    s += (s.empty() ? "" : "; ") + std::string("the child ended with status ") + std::to_string(st);
+  return s;
 }
 
 ChildProcess::ChildProcess(int n_threads, void (*body)()) {

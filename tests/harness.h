@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -193,6 +194,11 @@ pid_t register_and_exit(uint32_t exec);
 // syrup_threads within `within_ms`, while an entry naming a live thread of another
 // process (a child made and written here) stays `settle_ms` longer. "" or what failed.
 std::string exited_registrations_dropped(const std::vector<pid_t>& exited, int within_ms, int settle_ms);
+
+// Runs `fn` in a forked child (which then exits) and returns what it returned, plus, if the
+// child did not exit with 0 (a crash, a failed write), how it ended. For what must not
+// touch the test process: another uid, new namespaces. Nests: a child may call it again.
+std::string in_child(const std::function<std::string()>& fn);
 
 // An unmodified process (for `syrupctl deploy --pid`): a child of this one running
 // `n_threads` threads of `body` (which never returns) beside its main thread, until this

@@ -32,25 +32,10 @@ constexpr uid_t kUidA = 61001, kUidB = 61002, kUidC = 61003;
 
 // Runs `fn` as `uid` in a child; returns the JSON it reported (its "exit" too).
 json as_user(uid_t uid, const std::function<json()>& fn) {
-  int p[2];
-  EXPECT_EQ(pipe(p), 0);
-  pid_t c = fork();
-  if (c == 0) {
-    close(p[0]);
-    json out;
-    if (setgid(uid) || setuid(uid)) out = {{"error", "setuid failed"}};
-    else out = fn();
-    std::string s = out.dump();
-    (void)!write(p[1], s.data(), s.size());
-    _exit(0);
-  }
-  close(p[1]);
-  std::string s;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(p[0], buf, sizeof buf)) > 0) s.append(buf, static_cast<size_t>(n));
-  close(p[0]);
-  waitpid(c, nullptr, 0);
+  std::string s = in_child([&] {
+    if (setgid(uid) || setuid(uid)) return json{{"error", "setuid failed"}}.dump();
+    return fn().dump();
+  });
   json j = json::parse(s, nullptr, false);
   return j.is_discarded() ? json{{"error", "child reported nothing"}} : j;
 }

@@ -566,36 +566,13 @@ std::string schedule_in_own_pid_namespace(int core) {
 }
 
 TEST_F(ThreadHook, AProcessInItsOwnPidNamespaceSchedulesByItsOwnNumbers) {
-  int out[2];
-  ASSERT_EQ(pipe(out), 0);
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {  // enters the namespaces; its child is the application
-    close(out[0]);
-    std::string why;
-    if (unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) why = std::string("SKIP unshare: ") + std::strerror(errno);
-    pid_t app = why.empty() ? fork() : -1;
-    if (app == 0) {
-      why = schedule_in_own_pid_namespace(ncpus() - 1);
-      if (write(out[1], why.data(), why.size()) < 0) _exit(2);
-      _exit(0);
-    }
-    int st = 0;
-    if (app > 0) waitpid(app, &st, 0);
-    if (app < 0 && why.empty()) why = std::string("fork: ") + std::strerror(errno);
-    if (!why.empty() && write(out[1], why.data(), why.size()) < 0) _exit(2);
-    _exit(0);
-  }
-  close(out[1]);
-  std::string why;
-  char buf[512];
-  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) why.append(buf, static_cast<size_t>(n));
-  close(out[0]);
-  int st = 0;
-  waitpid(child, &st, 0);
+  // The child enters the namespaces; its child, pid 1 there, is the application.
+  std::string why = in_child([&] {
+    if (unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) return std::string("SKIP unshare: ") + std::strerror(errno);
+    return in_child([&] { return schedule_in_own_pid_namespace(core_); });
+  });
   if (why.rfind("SKIP ", 0) == 0) GTEST_SKIP() << why.substr(5);
   EXPECT_EQ(why, "");
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
 }
 
 // Cross-layer: the socket-select policy records which executor just got a long request in

@@ -78,7 +78,10 @@ const char* kSharedMaps[] = {"syr_scx_tasks", "syr_scx_cpus", "syr_scx_round", "
 // itself, from which an adopted root is attached again after an ejection.
 const char* kRootMaps[] = {"syr_scx_tasks", "syr_scx_cpus", "syr_scx_round", "syr_scx_procs", "syr_scx_disp",
                            "syr_scx_enq",   "syr_scx_sel",  "syr_scx_conf", "syr_scx_exit",  "syr_scx_apps",
-                           "syr_root_ops"};
+                           "syr_scx_threads", "syr_root_ops"};
+// The root's exit tracepoint (syr_root_on_exit): its link is pinned beside the
+// scheduler's, as exit_link, and lives while the scheduler is attached.
+constexpr const char* kExitProg = "syr_root_on_exit";
 
 uint64_t env_u64(const char* name, uint64_t dflt) {
   const char* v = std::getenv(name);
@@ -173,6 +176,11 @@ class ScxBackend {
   void free_slot_locked(int s) {
     if (s >= 0 && s < kMaxApps) used_[s] = false;
   }
+  // Slot s's entries in the root's per-slot arrays (its programs, its syrup_threads).
+  void clear_slot_locked(uint32_t s) {
+    for (const char* m : {"syr_scx_sel", "syr_scx_enq", "syr_scx_disp", "syr_scx_threads"})
+      bpf_map_delete_elem(map_fd(m), &s);
+  }
   void set_active_locked(int slot, bool on) {
     uint32_t z = 0;
     Conf c{};
@@ -237,6 +245,8 @@ class ScxBackend {
   bool leaving_ = false;       // syrupd exits keeping the policies
   std::map<std::string, UniqueFd> fds_;  // kRootMaps, by name
   UniqueFd link_;              // the struct_ops link (also pinned while attached)
+  UniqueFd exit_prog_;         // syr_root_on_exit, loaded or adopted (from exit_link's info)
+  UniqueFd exit_link_;         // its tracepoint link (pinned as exit_link while attached)
   uint32_t timeout_ms_ = 30000;
   uint64_t starve_ns_ = 1000000000ull;
   bool direct_ = true;  // the wakeup direct path (thread_scx.bpf.h); SYRUP_SCX_DIRECT=0 for A/B
@@ -308,6 +318,14 @@ class ScxTarget : public Target {
     }
     uint32_t slot = static_cast<uint32_t>(slot_), tgid = static_cast<uint32_t>(tgid_);
     int efd = bpf_program__fd(enq), dfd = bpf_program__fd(disp), sfd = bpf_program__fd(sel);
+    int tfd = threads_fd_.get();
+    // The registrations its exit tracepoint keeps (the application's map: a replacement
+    // gives the same one).
+    if (bpf_map_update_elem(b_.map_fd("syr_scx_threads"), &slot, &tfd, 0) < 0) {
+      int e = errno;
+      err = "cannot give the root scheduler the application's syrup_threads: " + std::string(std::strerror(e));
+      return -e;
+    }
     // The swap: enqueue first, then dispatch; both programs of either version work on
     // the same slot's queue, so every thread sees the old or the new policy.
     if (bpf_map_update_elem(b_.map_fd("syr_scx_enq"), &slot, &efd, 0) < 0 ||
@@ -321,9 +339,7 @@ class ScxTarget : public Target {
         bpf_map_update_elem(b_.map_fd("syr_scx_disp"), &slot, &pd, 0);
         bpf_map_update_elem(b_.map_fd("syr_scx_sel"), &slot, &ps, 0);
       } else {
-        bpf_map_delete_elem(b_.map_fd("syr_scx_enq"), &slot);
-        bpf_map_delete_elem(b_.map_fd("syr_scx_disp"), &slot);
-        bpf_map_delete_elem(b_.map_fd("syr_scx_sel"), &slot);
+        clear_slot_locked();
       }
       return -e;
     }
@@ -337,9 +353,7 @@ class ScxTarget : public Target {
       if (!prev) {
         bpf_map_delete_elem(b_.map_fd("syr_scx_procs"), &tgid);
         b_.set_active_locked(slot_, false);
-        bpf_map_delete_elem(b_.map_fd("syr_scx_enq"), &slot);
-        bpf_map_delete_elem(b_.map_fd("syr_scx_disp"), &slot);
-        bpf_map_delete_elem(b_.map_fd("syr_scx_sel"), &slot);
+        clear_slot_locked();
       }
       return r;
     }
@@ -453,8 +467,14 @@ class ScxTarget : public Target {
     }
     drop_exited_registrations(threads_fd_.get(), not_ours);
     bool changed = false;
-    for (pid_t t : reg)
-      if (!switched_.count(t) && set_policy(t, kSchedExt, baseline_.nice) == 0) switched_.insert(t), changed = true;
+    for (pid_t t : reg) {
+      // Asked, not remembered: a tid switched in may now be another thread's, given an
+      // exited one's tid and registered before this scan (the root's exit tracepoint
+      // dropped the old registration), and not SCHED_EXT.
+      if (switched_.count(t) && sched_getscheduler(t) == kSchedExt) continue;
+      if (set_policy(t, kSchedExt, baseline_.nice) == 0) switched_.insert(t), changed = true;
+      else switched_.erase(t);
+    }
     for (auto it = switched_.begin(); it != switched_.end();) {
       if (!alive.count(*it)) {
         it = switched_.erase(it);
@@ -471,13 +491,11 @@ class ScxTarget : public Target {
 
   // Under the lock: out of the scheduler (threads restored, slot freed).
   void deactivate_locked(bool free_slot) {
-    uint32_t slot = static_cast<uint32_t>(slot_), tgid = static_cast<uint32_t>(tgid_);
+    uint32_t tgid = static_cast<uint32_t>(tgid_);
     bpf_map_delete_elem(b_.map_fd("syr_scx_procs"), &tgid);
     if (slot_ >= 0) {
       b_.set_active_locked(slot_, false);
-      bpf_map_delete_elem(b_.map_fd("syr_scx_sel"), &slot);
-      bpf_map_delete_elem(b_.map_fd("syr_scx_enq"), &slot);
-      bpf_map_delete_elem(b_.map_fd("syr_scx_disp"), &slot);
+      clear_slot_locked();
     }
     for (pid_t t : switched_) restore(t);
     switched_.clear();
@@ -496,6 +514,9 @@ class ScxTarget : public Target {
   void set_status(std::string s) { status_ = std::move(s); }
 
  private:
+  // The slot's programs and registration map out of the root's arrays.
+  void clear_slot_locked() { b_.clear_slot_locked(static_cast<uint32_t>(slot_)); }
+
   void restore(pid_t tid) {
     int pol = baseline_.policy == SCHED_BATCH ? SCHED_BATCH : SCHED_OTHER;
     set_policy(tid, pol, baseline_.nice);
@@ -551,6 +572,7 @@ int ScxBackend::ensure_root(std::string& err) {
   obj_ = obj;
   for (const char* m : kRootMaps)
     if (bpf_map* bm = bpf_object__find_map_by_name(obj_, m)) fds_[m].reset(dup(bpf_map__fd(bm)));
+  exit_prog_.reset(dup(bpf_program__fd(bpf_object__find_program_by_name(obj_, kExitProg))));
   uint32_t resume = kResume;
   int rfd = bpf_program__fd(bpf_object__find_program_by_name(obj_, "syr_root_dispatch"));
   if (bpf_map_update_elem(map_fd("syr_scx_disp"), &resume, &rfd, 0) < 0) {
@@ -560,6 +582,13 @@ int ScxBackend::ensure_root(std::string& err) {
     fds_.clear();
     err = "cannot set up the sched_ext root's dispatch chain: " + std::string(std::strerror(e));
     return -e;
+  }
+  if (!exit_prog_) {
+    bpf_object__close(obj_);
+    obj_ = nullptr;
+    fds_.clear();
+    err = std::string("the sched_ext root scheduler has no ") + kExitProg;
+    return -EINVAL;
   }
   uint32_t z = 0;
   ExitRec rec{};
@@ -573,6 +602,18 @@ int ScxBackend::ensure_root(std::string& err) {
 
 int ScxBackend::attach_locked(std::string& err) {
   if (link_) return 0;
+  // The exit tracepoint first: registrations must not outlive their threads once the
+  // scheduler runs them. It stays across an ejection (only the struct_ops link goes).
+  bool new_tracer = !exit_link_;
+  if (new_tracer) {
+    exit_link_.reset(bpf_raw_tracepoint_open(nullptr, exit_prog_.get()));
+    if (!exit_link_) {
+      int e = errno;
+      err = "cannot attach the sched_ext root's exit tracepoint (sched_process_exit): " +
+            std::string(std::strerror(e));
+      return -e;
+    }
+  }
   std::string st = sched_ext_state();
   int fd = -1, e = 0;
   if (obj_) {
@@ -594,6 +635,7 @@ int ScxBackend::attach_locked(std::string& err) {
   if (fd < 0) {
     err = "cannot attach the sched_ext scheduler: " + std::string(std::strerror(e)) +
           (st == "enabled" ? " (another sched_ext scheduler is running: only one can be)" : "");
+    if (new_tracer) exit_link_.reset();
     return -e;
   }
   link_.reset(fd);
@@ -617,17 +659,20 @@ void ScxBackend::pin_locked() {
           std::strerror(errno));
   };
   for (auto& [name, fd] : fds_) pin(fd.get(), pins::thread_scx_obj(name));
+  pin(exit_link_.get(), pins::thread_scx_obj("exit_link"));
   pin(link_.get(), pins::thread_scx_obj("link"));
 }
 
 void ScxBackend::unpin_locked() {
   unlink(pins::thread_scx_obj("link").c_str());
+  unlink(pins::thread_scx_obj("exit_link").c_str());
   for (const char* m : kRootMaps) unlink(pins::thread_scx_obj(m).c_str());
   rmdir(pins::thread_scx_dir().c_str());
 }
 
 void ScxBackend::detach_locked() {
   unpin_locked();
+  exit_link_.reset();
   if (!link_) return;
   link_.reset();
   log(LogLevel::kInfo, "sched_ext: root scheduler detached (no thread policy left)");
@@ -659,8 +704,24 @@ int ScxBackend::adopt_root(std::string& err) {
     }
     fds[m] = std::move(fd);
   }
+  // The exit tracepoint's link, and its program (for attaching it again after the last
+  // policy went and a new one came).
+  UniqueFd exit_link(bpf_obj_get(pins::thread_scx_obj("exit_link").c_str()));
+  bpf_link_info li{};
+  uint32_t len = sizeof li;
+  UniqueFd exit_prog;
+  if (exit_link && bpf_link_get_info_by_fd(exit_link.get(), &li, &len) == 0)
+    exit_prog.reset(bpf_prog_get_fd_by_id(li.prog_id));
+  if (!exit_prog) {
+    int e = errno ? errno : ENOENT;
+    err = "the sched_ext root's exit tracepoint is not pinned at " + pins::thread_scx_obj("exit_link") + ": " +
+          std::strerror(e);
+    return -e;
+  }
   fds_ = std::move(fds);
   link_ = std::move(link);
+  exit_link_ = std::move(exit_link);
+  exit_prog_ = std::move(exit_prog);
   adopted_ = true;
   uint32_t z = 0;
   ExitRec rec{};
@@ -880,9 +941,7 @@ void ScxBackend::recover() {
   for (uint32_t s = 0; s < static_cast<uint32_t>(kMaxApps); s++) {
     if (used_[s]) continue;
     c.active &= ~(1ull << s);
-    bpf_map_delete_elem(map_fd("syr_scx_sel"), &s);
-    bpf_map_delete_elem(map_fd("syr_scx_enq"), &s);
-    bpf_map_delete_elem(map_fd("syr_scx_disp"), &s);
+    clear_slot_locked(s);
   }
   bpf_map_update_elem(map_fd("syr_scx_conf"), &z, &c, 0);
   uint32_t key, next;

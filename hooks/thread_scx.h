@@ -12,7 +12,11 @@
 //    detach the scheduler, so the other applications keep being scheduled.
 //  - A monitor thread (every kSyncMs): switches the registered threads of each scheduled
 //    process to SCHED_EXT (and unregistered ones back to their baseline class), registers
-//    new threads of --pid processes, and watches the root's exit record. When the kernel
+//    new threads of --pid processes, and watches the root's exit record. A registered
+//    thread that exits loses its entry in the kernel, at the exit (the root's
+//    sched_process_exit program, syr_scx_threads: slot -> syrup_threads), so a new thread
+//    given its tid before the next scan inherits nothing; and the monitor asks a thread's
+//    class instead of trusting it switched that tid before. When the kernel
 //    ejects the scheduler (watchdog stall, runtime error, sysrq), it blames a slot when it
 //    can (the stalled thread's process; for a runtime error, the application whose
 //    program is in the kernel's backtrace of the error, else the program last run on the
@@ -24,10 +28,11 @@
 // default 30000), SYRUP_SCX_STARVE_MS (a queued thread waiting longer runs next whatever
 // its key, so one application's policy cannot stall the scheduler of all; default 1000,
 // 0 disables).
-// Invariants: a slot is in syr_scx_procs exactly while its programs are in the prog
-// arrays and its bit is in the root's active mask; after uninstall() or an ejection no
+// Invariants: a slot is in syr_scx_procs exactly while its programs (and its
+// syrup_threads, in syr_scx_threads) are in the root's arrays and its bit is in the
+// root's active mask; the exit tracepoint is attached whenever the scheduler is; after uninstall() or an ejection no
 // thread of the process is left SCHED_EXT by Syrup.
-// Across a syrupd restart: the root's struct_ops link and maps are pinned under
+// Across a syrupd restart: the root's struct_ops link, exit tracepoint link and maps are pinned under
 // <root>/thread_scx/ while attached, so a syrupd that dies (or exits with
 // --on_exit=keep) leaves the scheduler attached and every application's policy running
 // (its slot's programs are held by the pinned prog arrays). What stops until the next

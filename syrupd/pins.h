@@ -8,6 +8,7 @@
 //   <root>/xdp/<ifname>/prog                  the XDP root program attached to <ifname>
 //   <root>/xdp/<ifname>/<map>                 its maps (syr_xdp_apps, syr_xdp_ports, ...)
 //   <root>/thread_scx/link                    the sched_ext root scheduler's struct_ops link
+//   <root>/thread_scx/exit_link               its sched_process_exit tracepoint's link
 //   <root>/thread_scx/<map>                   its maps (syr_scx_procs, syr_scx_enq, ...)
 //
 // Invariants: every path syrupd pins or unpins comes from these functions; names are

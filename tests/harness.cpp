@@ -319,6 +319,26 @@ std::string exited_registrations_dropped(const std::vector<pid_t>& exited, int w
   return err;
 }
 
+std::string thread_with_tid(pid_t tid, const std::function<void()>& body, std::thread& out) {
+  for (int attempt = 0; attempt < 200; attempt++) {
+    std::ofstream last("/proc/sys/kernel/ns_last_pid");
+    if (!(last << tid - 1 << std::flush)) return "cannot write /proc/sys/kernel/ns_last_pid";
+    std::atomic<int> got{0};  // 1: this thread has the tid; 2: it has another
+    std::thread c([&got, tid, body] {
+      bool mine = static_cast<pid_t>(syscall(SYS_gettid)) == tid;
+      got = mine ? 1 : 2;
+      if (mine) body();
+    });
+    while (got == 0) std::this_thread::yield();
+    if (got == 1) {
+      out = std::move(c);
+      return "";
+    }
+    c.join();
+  }
+  return "tid " + std::to_string(tid) + " " + kTidDidNotComeRound + " again";
+}
+
 std::string in_child(const std::function<std::string()>& fn) {
   int out[2];
   if (pipe(out) != 0) return std::string("pipe: ") + std::strerror(errno);

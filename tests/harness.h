@@ -200,6 +200,14 @@ std::string exited_registrations_dropped(const std::vector<pid_t>& exited, int w
 // touch the test process: another uid, new namespaces. Nests: a child may call it again.
 std::string in_child(const std::function<std::string()>& fn);
 
+// Starts a thread of this process with tid `tid` (an exited thread's: a joined thread's
+// tid is free a moment later) running `body`, by moving the pid cursor
+// (/proc/sys/kernel/ns_last_pid, as checkpoint/restore tools do) until no other process
+// takes the tid first. "" with the thread in `out`, or why not; kTidDidNotComeRound
+// starts the reason a test skips on.
+inline constexpr const char* kTidDidNotComeRound = "did not come round";
+std::string thread_with_tid(pid_t tid, const std::function<void()>& body, std::thread& out);
+
 // An unmodified process (for `syrupctl deploy --pid`): a child of this one running
 // `n_threads` threads of `body` (which never returns) beside its main thread, until this
 // object dies (SIGKILL, reaped). Returns once those threads exist; pid() is -1 if the

@@ -764,9 +764,10 @@ TEST_F(SchedExt, SyrupctlSchedulesAnUnmodifiedProcess) {
   EXPECT_GE(ms, 0);
 }
 
-// A registered thread that exits without unregistering leaves syrup_threads at syrupd's
-// next scan, whether it exited before the scan saw it or after it ran in SCHED_EXT; the
-// entry of another process's live thread stays.
+// A registered thread that exits without unregistering leaves syrup_threads (at its exit,
+// through the root's exit tracepoint, while its process is scheduled; else at syrupd's
+// next scan), whether or not it ran in SCHED_EXT; the entry of another process's live
+// thread stays.
 TEST_F(SchedExt, ThreadsThatExitRegisteredLeaveTheRegistrationMap) {
   ASSERT_GT(deploy("policies/fifo.c", "scxexit"), 0) << syr_last_error();
   pid_t quick = register_and_exit(0);
@@ -786,6 +787,76 @@ TEST_F(SchedExt, ThreadsThatExitRegisteredLeaveTheRegistrationMap) {
   ASSERT_GE(in_ms, 0) << "the registered thread was never switched into SCHED_EXT";
   // More than an idle scan period (250 ms) for the live entry to stay.
   EXPECT_EQ(exited_registrations_dropped({quick, scheduled}, 3000, 600), "");
+}
+
+// A registered thread exits and a new thread is given its tid before syrupd's next scan
+// (syrupd held with SIGSTOP; the kernel's root scheduler runs on): the exit tracepoint
+// dropped the old registration, so the new thread, not registered, stays in the fair
+// class after syrupd scans again. Once it registers it is switched in; and a third thread
+// given its tid that registers while syrupd is held is switched in too (syrupd asks the
+// class, it does not trust that it switched that tid before).
+TEST_F(SchedExt, ATidReusedByANewThreadIsScheduledOnlyIfThatThreadRegisters) {
+  ASSERT_GT(deploy("policies/fifo.c", "scxreuse"), 0) << syr_last_error();
+  int threads = syr_map_open("syrup_threads");
+  ASSERT_GE(threads, 0) << syr_last_error();
+  struct Held {  // a thread that has (or will have) the tid
+    std::atomic<bool> stop{false};
+    std::thread t;
+    ~Held() { end(); }
+    void end() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+    void park() {
+      while (!stop) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  } a, b, c;
+  std::atomic<pid_t> tid{0};
+  std::atomic<int> reg{-1};
+  a.t = std::thread([&] {
+    tid = static_cast<pid_t>(syscall(SYS_gettid));
+    reg = syr_thread_register(3);
+    a.park();
+  });
+  ASSERT_GE(wait_for([&] { return reg != -1; }, 2000), 0);
+  ASSERT_EQ(reg, 0) << "register";
+  ASSERT_GE(wait_for([&] { return policy_of(tid) == kSchedExt; }, 3000), 0) << "the first thread was not switched in";
+  pid_t d = daemon_->pid();
+  struct Resume {  // syrupd runs again whatever happens
+    pid_t d;
+    ~Resume() { kill(d, SIGCONT); }
+  } resume{d};
+  uint32_t key = static_cast<uint32_t>(tid.load()), exec = 0;
+  auto registered = [&] { return syr_map_lookup_elem(threads, &key, &exec) == 0; };
+  auto reuse = [&](Held& dying, Held& next) -> std::string {
+    if (kill(d, SIGSTOP) != 0) return std::string("cannot stop syrupd: ") + strerror(errno);
+    dying.end();
+    return thread_with_tid(tid, [&next] { next.park(); }, next.t);
+  };
+  std::string why = reuse(a, b);
+  if (why.find(kTidDidNotComeRound) != std::string::npos) GTEST_SKIP() << why;
+  ASSERT_EQ(why, "");
+  EXPECT_FALSE(registered()) << "thread " << tid << " exited, yet its registration (executor " << exec
+                             << ") is still there for the new thread given its tid";
+  kill(d, SIGCONT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // two idle scans (250 ms)
+  EXPECT_NE(policy_of(tid), kSchedExt) << "the new thread, not registered, was switched into SCHED_EXT";
+  ASSERT_EQ(syr_thread_register_tid(tid, 5), 0) << syr_last_error();
+  EXPECT_GE(wait_for([&] { return policy_of(tid) == kSchedExt; }, 3000), 0)
+      << "the new thread registered and was not switched in";
+
+  why = reuse(b, c);
+  if (why.find(kTidDidNotComeRound) != std::string::npos) GTEST_SKIP() << why;
+  ASSERT_EQ(why, "");
+  // What syr_thread_register() writes, written while syrupd is held (registering asks
+  // syrupd for the map first).
+  exec = 6;
+  ASSERT_EQ(syr_map_update_elem(threads, &key, &exec, 0), 0) << syr_last_error();
+  kill(d, SIGCONT);
+  int ms = wait_for([&] { return policy_of(tid) == kSchedExt; }, 3000);
+  EXPECT_GE(ms, 0) << "a thread registered under a tid syrupd had switched in before (for an exited thread) "
+                      "was never switched in";
+  close(threads);
 }
 
 // A separate syrupd with the starvation guard off and a 2 s watchdog: a policy that

@@ -458,29 +458,13 @@ TEST_F(ThreadHook, ANewThreadGivenAnExitedThreadsTidKeepsItsRegistration) {
     if (kill(agent, SIGSTOP) != 0) return "cannot stop the agent";
     first.stop = true;
     a.join();
-    // Until the tid is free again (a joined thread's is a moment later) and nothing else
-    // on the machine took it first.
-    for (int attempt = 0; attempt < 200 && !b.joinable(); attempt++) {
-      std::ofstream last("/proc/sys/kernel/ns_last_pid");
-      if (!(last << tid - 1 << std::flush)) return "cannot write /proc/sys/kernel/ns_last_pid";
-      std::atomic<int> got{0};  // 1: this thread has the tid; 2: it has another
-      std::thread c([&, tid] {
-        bool mine = static_cast<pid_t>(syscall(SYS_gettid)) == tid;
-        got = mine ? 1 : 2;
-        if (!mine) return;
-        second.tid = tid;
-        int r = syr_thread_register(5);
-        second.error = syr_last_error();
-        second.reg = r;
-        while (!second.stop) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      });
-      while (got == 0) std::this_thread::yield();
-      if (got == 1)
-        b = std::move(c);
-      else
-        c.join();
-    }
-    return b.joinable() ? "" : "tid " + std::to_string(tid) + " did not come round again";
+    return thread_with_tid(tid, [&] {
+      second.tid = tid;
+      int r = syr_thread_register(5);
+      second.error = syr_last_error();
+      second.reg = r;
+      while (!second.stop) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }, b);
   };
   std::string why = reuse();
   if (b.joinable()) wait_for([&] { return second.reg != 1; }, 300);
@@ -492,7 +476,7 @@ TEST_F(ThreadHook, ANewThreadGivenAnExitedThreadsTidKeepsItsRegistration) {
   };
   if (!why.empty()) {
     done();
-    if (why.find("did not come round") != std::string::npos) GTEST_SKIP() << why;
+    if (why.find(kTidDidNotComeRound) != std::string::npos) GTEST_SKIP() << why;
     FAIL() << why;
   }
   EXPECT_EQ(second.reg, 0) << second.error;

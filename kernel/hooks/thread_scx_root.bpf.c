@@ -30,6 +30,8 @@
  *    (syr_scx_disp[SYR_SCX_RESUME]), which tries the next application.
  *  - runnable/running/stopping/disable keep per-thread times (syr_scx_tasks) and what
  *    runs where (syr_scx_cpus) for the policies' runnable_ns/run_ns and preemption.
+ *  - syr_root_on_exit (a tracepoint, not a struct_ops member): an exiting thread of a
+ *    scheduled process leaves its application's registrations at once (syr_scx_threads).
  *  - exit(): the kernel's reason for ejecting the scheduler (stall, runtime error,
  *    sysrq...) into syr_scx_exit, with the last application program run on the core
  *    that failed, for syrupd to blame, report and re-attach without the culprit.
@@ -80,6 +82,20 @@ struct {
 	__type(value, struct syr_scx_app);
 	__uint(max_entries, SYR_SCX_MAX_APPS);
 } syr_scx_apps SEC(".maps");
+
+/* slot -> the application's syrup_threads (its registrations; policy.h's definition),
+ * for syr_root_on_exit below. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, SYR_SCX_MAX_APPS);
+	__type(key, __u32);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_HASH);
+		__type(key, __u32);
+		__type(value, __u32);
+		__uint(max_entries, 4096);
+	});
+} syr_scx_threads SEC(".maps");
 
 /* How far an application's virtual time may lag the one last served: the credit an
  * application that was idle (or new) brings back, so it cannot take a core for long. */
@@ -299,6 +315,25 @@ void BPF_PROG(syr_root_disable, struct task_struct *p)
 	__u32 tid = p->pid;
 
 	bpf_map_delete_elem(&syr_scx_tasks, &tid);
+}
+
+/* A scheduled process's thread that exits leaves its application's syrup_threads here,
+ * while its tid is still its own: syrupd's scan comes later, and by then a new thread
+ * (of this process or another: pid_max is 32768 on small machines) may have been given
+ * the same tid -- and would inherit the registration and be switched to SCHED_EXT. A
+ * tracepoint beside the struct_ops, attached and pinned with it (exit_link). */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(syr_root_on_exit, struct task_struct *p)
+{
+	__u32 slot = syr_scx_slot_of(p), tid = p->pid;
+	void *threads;
+
+	if (slot >= SYR_SCX_MAX_APPS)
+		return 0;
+	threads = bpf_map_lookup_elem(&syr_scx_threads, &slot);
+	if (threads)
+		bpf_map_delete_elem(threads, &tid);
+	return 0;
 }
 
 static long syr_make_dsq(__u32 i, void *unused)

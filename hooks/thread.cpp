@@ -416,6 +416,14 @@ Backend detect_backend(std::string& why) {
 ThreadHook::ThreadHook(Compiler& compiler, std::vector<int> agent_cpus)
     : compiler_(compiler), agent_cpus_(std::move(agent_cpus)) {
   backend_ = detect_backend(why_);
+  if (uint64_t ns = pid_namespace(0); ns != kInitialPidNamespace) {
+    refused_ = "syrupd runs in a pid namespace of its own (" +
+               (ns ? "ns inode " + std::to_string(ns) : std::string("unreadable /proc/self/ns/pid")) +
+               ", a container?): the thread hook needs the machine's, where the kernel's scheduler hooks "
+               "number threads as syrupd does; run syrupd in the host's pid namespace (e.g. docker --pid=host)";
+    log(LogLevel::kWarn, "thread hook: off: %s", refused_.c_str());
+    return;
+  }
   if (backend_ == Backend::kSchedExt) {
     scx_ = make_scx_backend(compiler_);
     log(LogLevel::kInfo,
@@ -437,6 +445,10 @@ std::vector<std::string> ThreadHook::system_maps() const {
 
 int ThreadHook::make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
                             pid_t& owner, std::string& err) {
+  if (!refused_.empty()) {
+    err = refused_;
+    return -EOPNOTSUPP;
+  }
   const auto& b = req.body;
   pid_t pid = caller.pid;
   bool all = false;
@@ -464,6 +476,10 @@ int ThreadHook::make_target(const Caller& caller, proto::Message& req, std::uniq
 
 int ThreadHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
                       std::string& err) {
+  if (!refused_.empty()) {
+    err = refused_;
+    return -EOPNOTSUPP;
+  }
   std::string was = saved.value("backend", std::string("agent"));
   std::string now = backend_ == Backend::kSchedExt ? "sched_ext" : "agent";
   if (was != now) {
@@ -503,18 +519,18 @@ void ThreadHook::release_leftover(std::string_view app, const std::string& polic
         break;
       }
   }
-  if (backend_ == Backend::kSchedExt) scx_release_leftover(scx_, app);
+  if (scx_) scx_release_leftover(scx_, app);
 }
 
 void ThreadHook::recover() {
-  if (backend_ == Backend::kSchedExt) scx_recover(scx_);
+  if (scx_) scx_recover(scx_);
 }
 
 void ThreadHook::shutdown() {
   // Called after the policies were removed (--on_exit=remove) or left for the next
   // syrupd: what is still deployed now is left running.
   leaving_->store(true);
-  if (backend_ == Backend::kSchedExt) scx_leave(scx_);
+  if (scx_) scx_leave(scx_);
 }
 
 }  // namespace syrup::thread

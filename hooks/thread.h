@@ -76,8 +76,11 @@ class ThreadHook : public Hook {
   Compiler& compiler_;
   Backend backend_;
   std::string why_;
+  // Why thread policies cannot run here ("" if they can): syrupd outside the machine's
+  // first pid namespace numbers threads otherwise than the kernel's hooks do.
+  std::string refused_;
   std::vector<int> agent_cpus_;
-  std::shared_ptr<ScxBackend> scx_;  // shared with its targets
+  std::shared_ptr<ScxBackend> scx_;  // shared with its targets; null for the agent, or when refused_
   // Set by shutdown(): targets destroyed after it leave their threads scheduled.
   std::shared_ptr<std::atomic<bool>> leaving_ = std::make_shared<std::atomic<bool>>(false);
 };

@@ -37,6 +37,11 @@ inline uint64_t pid_namespace(pid_t pid) {
   return stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
+// The machine's first pid namespace: its /proc/PID/ns/pid inode is fixed
+// (PROC_PID_INIT_INO, include/linux/proc_ns.h, since Linux 3.8). BPF programs see
+// threads by their numbers there.
+inline constexpr uint64_t kInitialPidNamespace = 0xEFFFFFFCU;
+
 // A process's or thread's number in its own pid namespace (what its getpid() or gettid()
 // returns): the last field of the NSpid line of its status (`status_path`), which lists
 // its number in each namespace from /proc's down to its own. 0 if unreadable.

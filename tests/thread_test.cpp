@@ -559,6 +559,48 @@ TEST_F(ThreadHook, AProcessInItsOwnPidNamespaceSchedulesByItsOwnNumbers) {
   EXPECT_EQ(why, "");
 }
 
+// syrupd in a pid namespace of its own (a container without the host's pid namespace)
+// numbers threads otherwise than the kernel's scheduler hooks: it says so when it starts
+// and refuses thread policies with that reason; and a caller outside its namespace, whose
+// pid it cannot see (SO_PEERCRED: 0), is told so instead of being served as "pid 0". Run
+// in a child that starts syrupd as pid 1 of a new pid namespace; "" or what failed.
+std::string syrupd_in_own_pid_namespace() {
+  Daemon d;
+  d.start();
+  if (std::string why = d.answers(); !why.empty()) return "syrupd did not start: " + why;
+  syr_set_app("thrownns");  // not the default this process inherited from the test's
+  syr_deploy_opts o{.sz = sizeof o, .app = "thrownns"};
+  std::string policy = source_path("policies/fifo.c");
+  std::string why;
+  if (syr_deploy_policy(policy.c_str(), SYR_HOOK_THREAD, &o) > 0)
+    why = "a caller syrupd cannot see deployed a policy";
+  else if (std::string e = syr_last_error(); e.find("syrupd cannot see the calling process") == std::string::npos)
+    why = "a caller outside syrupd's pid namespace was told: " + e;
+  // A caller in syrupd's namespace (a child of this process, forked into it).
+  if (why.empty())
+    why = in_child([&] {
+      if (syr_deploy_policy(policy.c_str(), SYR_HOOK_THREAD, &o) > 0)
+        return std::string("a thread policy was deployed by a syrupd in a pid namespace of its own");
+      std::string e = syr_last_error();
+      return e.find("syrupd runs in a pid namespace of its own") == std::string::npos
+                 ? "the thread deploy was refused without the reason: " + e
+                 : std::string();
+    });
+  if (why.empty() && d.log().find("thread hook: off: syrupd runs in a pid namespace of its own") == std::string::npos)
+    why = "syrupd did not say at start that the thread hook is off: " + d.log();
+  if (d.stop() != 0 && why.empty()) why = "syrupd did not exit cleanly: " + d.log();
+  return why;
+}
+
+TEST_F(ThreadHook, SyrupdInItsOwnPidNamespaceRefusesThreadPoliciesAndSaysWhy) {
+  std::string why = in_child([] {
+    if (unshare(CLONE_NEWPID) != 0) return std::string("SKIP unshare: ") + std::strerror(errno);
+    return syrupd_in_own_pid_namespace();
+  });
+  if (why.rfind("SKIP ", 0) == 0) GTEST_SKIP() << why.substr(5);
+  EXPECT_EQ(why, "");
+}
+
 // Cross-layer: the socket-select policy records which executor just got a long request in
 // scan_map; the thread policy (get_first) reads the same map and runs the others first.
 TEST_F(ThreadHook, CrossLayerLongRequestRunsLast) {

@@ -201,8 +201,8 @@ int fill(const Executors& ex, int map_fd, std::string& err) {
   return 0;
 }
 
-void release(int map_fd) {
-  for (uint32_t i = 0; i < SYR_MAX_EXECUTORS; i++) bpf_map_delete_elem(map_fd, &i);
+void release(int map_fd, size_t n) {
+  for (uint32_t i = 0; i < n && i < SYR_MAX_EXECUTORS; i++) bpf_map_delete_elem(map_fd, &i);
 }
 
 bool same_sockets(const Executors& a, const Executors& b) {
@@ -266,12 +266,12 @@ class GroupTarget : public Target {
     bool refill = !prev || !same_sockets(prev->ex_, ex_);
     auto undo = [&] {
       if (!refill) return;
-      release(map);
+      release(map, std::max(ex_.sockets.size(), prev ? prev->ex_.sockets.size() : 0));
       std::string ignored;
       if (prev) fill(prev->ex_, map, ignored);
     };
     if (refill) {
-      if (prev) release(map);
+      if (prev) release(map, prev->ex_.sockets.size());
       if (int r = fill(ex_, map, err)) {
         undo();
         return r;
@@ -288,7 +288,7 @@ class GroupTarget : public Target {
     std::string err;
     detach(ex_, err);
     // At once, so the group can be deployed to again (the kernel frees maps lazily).
-    release(p.map_fd(SYR_EXECUTORS_MAP));
+    release(p.map_fd(SYR_EXECUTORS_MAP), ex_.sockets.size());
   }
 
   nlohmann::json describe() const override {

@@ -47,9 +47,11 @@ int from_pid(pid_t pid, uint16_t port, int protocol, Executors& out, std::string
 // replacement policy reuses its predecessor's executor map.
 int fill(const Executors& ex, int map_fd, std::string& err);
 
-// Empties slots [0, SYR_MAX_EXECUTORS) of `map_fd`, releasing the sockets at once (the
-// kernel would otherwise release them only when the map is freed, later).
-void release(int map_fd);
+// Empties slots [0, n) of `map_fd`, releasing the sockets at once (the kernel would
+// otherwise release them only when the map is freed, later). fill() puts a group's
+// sockets in 0..size-1, so a known group's size is enough; n defaults to every slot
+// (a delete each) for a map whose group is unknown.
+void release(int map_fd, size_t n = SYR_MAX_EXECUTORS);
 
 // True if both hold the same sockets in the same order.
 bool same_sockets(const Executors& a, const Executors& b);

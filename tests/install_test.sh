@@ -34,13 +34,17 @@ example=$(awk '/^## Deploying from an application/ { in_section = 1 }
 {
   echo '#include <stdio.h>'
   echo '#include <arpa/inet.h>'
+  echo '#include <unistd.h>'
   grep '^#include' <<<"$example"
   echo 'int main(void) {'
   echo 'uint32_t worker = 1;'
   grep -v '^#include' <<<"$example"
   echo 'if (id < 0) return 1;'
   echo 'uint64_t v = 0;'
-  echo 'if (syr_map_lookup_elem(syr_map_open("scan_map"), &worker, &v) || v != 1) {'
+  echo 'int scan_fd = syr_map_open("scan_map");'
+  echo 'int looked = scan_fd < 0 ? scan_fd : syr_map_lookup_elem(scan_fd, &worker, &v);'
+  echo 'if (scan_fd >= 0) close(scan_fd);'
+  echo 'if (looked || v != 1) {'
   echo '  fprintf(stderr, "scan_map[%u] is %llu, not 1: %s\n", worker, (unsigned long long)v, syr_last_error());'
   echo '  return 1;'
   echo '}'

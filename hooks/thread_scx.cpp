@@ -572,7 +572,7 @@ int ScxBackend::ensure_root(std::string& err) {
   obj_ = obj;
   for (const char* m : kRootMaps)
     if (bpf_map* bm = bpf_object__find_map_by_name(obj_, m)) fds_[m].reset(dup(bpf_map__fd(bm)));
-  exit_prog_.reset(dup(bpf_program__fd(bpf_object__find_program_by_name(obj_, kExitProg))));
+  if (bpf_program* ep = bpf_object__find_program_by_name(obj_, kExitProg)) exit_prog_.reset(dup(bpf_program__fd(ep)));
   uint32_t resume = kResume;
   int rfd = bpf_program__fd(bpf_object__find_program_by_name(obj_, "syr_root_dispatch"));
   if (bpf_map_update_elem(map_fd("syr_scx_disp"), &resume, &rfd, 0) < 0) {

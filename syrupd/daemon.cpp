@@ -584,9 +584,9 @@ Daemon::Response Daemon::dispatch(const Caller& caller, proto::Message& req, boo
                                               std::to_string(rate_for(caller.uid)) + "); retry later")};
   try {
     if (op == "ping") return {ok({{"version", proto::kVersion}, {"pid", getpid()}})};
-    // SO_PEERCRED gives pid 0 for a process outside syrupd's pid namespace (and those
-    // below it): syrupd cannot find it in /proc, own policies by it, or check its
-    // threads and sockets.
+    // SO_PEERCRED gives pid 0 for a process neither in syrupd's pid namespace nor in one
+    // below it: syrupd cannot find it in /proc, own policies by it, or check its threads
+    // and sockets.
     if (caller.pid == 0)
       return {proto::error_response(ESRCH, "syrupd cannot see the calling process: syrupd runs in a pid namespace "
                                            "that does not contain the caller's; run syrupd in the host's pid "

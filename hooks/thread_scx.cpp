@@ -562,6 +562,12 @@ int ScxBackend::ensure_root(std::string& err) {
     err = "the sched_ext root scheduler has no syr_root_ops of the expected layout";
     return -EINVAL;
   }
+  bpf_program* exit_prog = bpf_object__find_program_by_name(obj, kExitProg);
+  if (!exit_prog) {
+    bpf_object__close(obj);
+    err = std::string("the sched_ext root scheduler has no ") + kExitProg;
+    return -EINVAL;
+  }
   img->timeout_ms = timeout_ms_;
   if (int r = bpf_object__load(obj)) {
     bpf_object__close(obj);
@@ -572,7 +578,6 @@ int ScxBackend::ensure_root(std::string& err) {
   obj_ = obj;
   for (const char* m : kRootMaps)
     if (bpf_map* bm = bpf_object__find_map_by_name(obj_, m)) fds_[m].reset(dup(bpf_map__fd(bm)));
-  if (bpf_program* ep = bpf_object__find_program_by_name(obj_, kExitProg)) exit_prog_.reset(dup(bpf_program__fd(ep)));
   uint32_t resume = kResume;
   int rfd = bpf_program__fd(bpf_object__find_program_by_name(obj_, "syr_root_dispatch"));
   if (bpf_map_update_elem(map_fd("syr_scx_disp"), &resume, &rfd, 0) < 0) {
@@ -583,13 +588,7 @@ int ScxBackend::ensure_root(std::string& err) {
     err = "cannot set up the sched_ext root's dispatch chain: " + std::string(std::strerror(e));
     return -e;
   }
-  if (!exit_prog_) {
-    bpf_object__close(obj_);
-    obj_ = nullptr;
-    fds_.clear();
-    err = std::string("the sched_ext root scheduler has no ") + kExitProg;
-    return -EINVAL;
-  }
+  exit_prog_.reset(dup(bpf_program__fd(exit_prog)));
   uint32_t z = 0;
   ExitRec rec{};
   bpf_map_lookup_elem(map_fd("syr_scx_exit"), &z, &rec);

@@ -320,6 +320,9 @@ std::string exited_registrations_dropped(const std::vector<pid_t>& exited, int w
 }
 
 std::string thread_with_tid(pid_t tid, const std::function<void()>& body, std::thread& out) {
+  // A joined thread's tid is freed when the kernel releases the thread, a moment after
+  // the join (longer in the emulated guest): until then every attempt would get another.
+  wait_for([&] { return syscall(SYS_tgkill, getpid(), tid, 0) != 0; }, 5000);
   for (int attempt = 0; attempt < 200; attempt++) {
     std::ofstream last("/proc/sys/kernel/ns_last_pid");
     if (!(last << tid - 1 << std::flush)) return "cannot write /proc/sys/kernel/ns_last_pid";

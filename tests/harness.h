@@ -201,7 +201,7 @@ std::string exited_registrations_dropped(const std::vector<pid_t>& exited, int w
 std::string in_child(const std::function<std::string()>& fn);
 
 // Starts a thread of this process with tid `tid` (an exited thread's: a joined thread's
-// tid is free a moment later) running `body`, by moving the pid cursor
+// tid is free a moment later, which it waits for) running `body`, by moving the pid cursor
 // (/proc/sys/kernel/ns_last_pid, as checkpoint/restore tools do) until no other process
 // takes the tid first. "" with the thread in `out`, or why not; kTidDidNotComeRound
 // starts the reason a test skips on.

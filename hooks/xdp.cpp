@@ -4,6 +4,8 @@
 #include <bpf/libbpf.h>
 #include <dirent.h>
 #include <linux/if_link.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
 #include <linux/if_xdp.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -157,6 +159,7 @@ class Root {
       return -EINVAL;
     }
     r->mode_ = q.attach_mode == XDP_ATTACHED_SKB ? XDP_MODE_SKB : XDP_MODE_NATIVE;
+    r->prog_id_ = info.id;
     r->attached_ = true;
     out = std::move(r);
     return 0;
@@ -211,16 +214,27 @@ class Root {
       err = "libxdp cannot use the root program";
       return -EINVAL;
     }
-    int r = xdp_program__attach(xprog_, ifindex_, XDP_MODE_NATIVE, 0);
-    mode_ = XDP_MODE_NATIVE;
-    if (r) {
-      r = xdp_program__attach(xprog_, ifindex_, XDP_MODE_SKB, 0);
-      mode_ = XDP_MODE_SKB;
+    int r;
+    {
+      // libxdp first tries its own dispatcher, which fails where the kernel lacks BPF
+      // trampolines, and libbpf warns of that load failure; the attach then goes ahead
+      // without it. Expected here: not a warning for the log.
+      LibbpfQuiet quiet;
+      r = xdp_program__attach(xprog_, ifindex_, XDP_MODE_NATIVE, 0);
+      mode_ = XDP_MODE_NATIVE;
+      if (r) {
+        r = xdp_program__attach(xprog_, ifindex_, XDP_MODE_SKB, 0);
+        mode_ = XDP_MODE_SKB;
+      }
     }
     if (r) {
       err = "cannot attach the XDP root program to " + ifname_ + ": " + std::strerror(-r);
       return r;
     }
+    bpf_prog_info info{};
+    uint32_t len = sizeof info;
+    bpf_prog_get_info_by_fd(bpf_program__fd(prog_), &info, &len);
+    prog_id_ = info.id;
     attached_ = true;
     // Pinned so a later syrupd can recognise (and remove) what this one attached.
     std::string dir = pins::xdp_root_dir(ifname_);
@@ -231,6 +245,26 @@ class Root {
     log(LogLevel::kInfo, "attached the XDP root program to %s (%s mode)", ifname_.c_str(), mode_name());
     return 0;
   }
+
+  // Whether the kernel still runs this root: its interface is there and has it attached.
+  // Once it does not, the root is lost for good (lost() says why): syrupd never attaches
+  // it again, a deploy to the interface makes a new one.
+  const std::string& check() {
+    if (!attached_ || !lost_.empty()) return lost_;
+    char name[IF_NAMESIZE];
+    LIBBPF_OPTS(bpf_xdp_query_opts, q);
+    if (!if_indextoname(static_cast<unsigned>(ifindex_), name)) {
+      lost_ = "interface " + ifname_ + " is gone (deleted, or moved to another network namespace)";
+    } else if (bpf_xdp_query(ifindex_, 0, &q) == 0) {
+      uint32_t now = mode_ == XDP_MODE_SKB ? q.skb_prog_id : q.drv_prog_id;
+      if (now != prog_id_)
+        lost_ = now ? "the XDP root program on " + ifname_ + " was replaced by another program (id " +
+                          std::to_string(now) + ")"
+                    : "the XDP root program was detached from " + ifname_ + " by another tool";
+    }
+    return lost_;
+  }
+  const std::string& lost() const { return lost_; }
 
   void detach() {
     if (!attached_) return;
@@ -284,6 +318,8 @@ class Root {
   xdp_program* xprog_ = nullptr;
   enum xdp_attach_mode mode_ = XDP_MODE_NATIVE;
   bool attached_ = false;
+  uint32_t prog_id_ = 0;  // the kernel's id of the attached program
+  std::string lost_;      // why the kernel no longer runs it (check())
   bool used_[SYR_XDP_MAX_APPS] = {};
   std::map<Claim, std::string> claims_;  // (protocol, port) -> application
   UniqueFd adopted_prog_;                 // when adopted: no bpf_object
@@ -303,11 +339,7 @@ class XdpTarget : public Target {
         cpus_(std::move(cpus)), xsks_(std::move(xsks)), n_xsks_(xsks_.empty() ? n_xsks : xsks_.size()),
         slot_(slot), prog_fd_(prog_fd) {}
 
-  ~XdpTarget() override {
-    std::string ifname = root_->ifname();
-    root_.reset();
-    hook_.release_if_unused(ifname);
-  }
+  ~XdpTarget() override { hook_.release_if_unused(std::move(root_)); }
 
   std::string key() const override { return "xdp/" + root_->ifname() + "/" + app_; }
   uint32_t num_executors() const override {
@@ -415,6 +447,8 @@ class XdpTarget : public Target {
             {"cpus", cpus_},             {"xsks", n_xsks_}, {"slot", slot_}};
   }
 
+  std::string gone() const override { return root_->lost(); }
+
  private:
   int fill_executors(LoadedPolicy& p, std::string& err) {
     if (!xsks_.empty()) {
@@ -469,11 +503,33 @@ int XdpHook::get_root(const std::string& ifname, std::shared_ptr<Root>& out, std
   return 0;
 }
 
-void XdpHook::release_if_unused(const std::string& ifname) {
-  auto it = roots_.find(ifname);
-  if (it == roots_.end() || !it->second->unused()) return;
-  it->second->detach();
+void XdpHook::release_if_unused(std::shared_ptr<Root> root) {
+  // A lost root is no longer in roots_, and a new root of the same interface may be.
+  auto it = roots_.find(root->ifname());
+  if (it == roots_.end() || it->second != root || !root->unused()) return;
+  root->detach();
   roots_.erase(it);
+}
+
+void XdpHook::refresh() {
+  // What changed is found by looking at each root, not by parsing the news: a socket that
+  // overran (ENOBUFS) has lost some of it.
+  char buf[8192];
+  for (;;) {
+    ssize_t n = events_ ? recv(events_.get(), buf, sizeof buf, MSG_DONTWAIT) : -1;
+    if (n < 0 && errno != ENOBUFS) break;
+  }
+  for (auto it = roots_.begin(); it != roots_.end();) {
+    if (it->second->check().empty()) {
+      ++it;
+      continue;
+    }
+    // Its policies are removed by the core (Target::gone()); its pins name an attachment
+    // that is no more, and a new root of the interface will need the directory.
+    log(LogLevel::kWarn, "%s: removing the policies on it", it->second->lost().c_str());
+    pins::remove_tree(pins::xdp_root_dir(it->first));
+    it = roots_.erase(it);
+  }
 }
 
 int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
@@ -561,14 +617,14 @@ int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_
     socklen_t l = sizeof domain;
     if (getsockopt(xsks[i].get(), SOL_SOCKET, SO_DOMAIN, &domain, &l) < 0 || domain != AF_XDP) {
       err = "executor " + std::to_string(i) + " is not an AF_XDP socket";
-      release_if_unused(ifname);
+      release_if_unused(std::move(root));
       return -EINVAL;
     }
   }
   for (auto& c : ports)
     if (auto it = root->claims().find(c); it != root->claims().end() && it->second != app) {
       err = c.str() + " on " + ifname + " is scheduled by application '" + it->second + "'";
-      release_if_unused(ifname);
+      release_if_unused(std::move(root));
       return -EBUSY;
     }
   out = std::make_unique<XdpTarget>(*this, std::move(root), app, std::move(ports), std::move(cpus),
@@ -602,6 +658,17 @@ int XdpHook::adopt(const json& saved, LoadedPolicy& p, std::unique_ptr<Target>& 
 }
 
 void XdpHook::recover() {
+  // News of the links: an interface deleted or moved away, an XDP program attached or
+  // detached by another tool (RTM_NEWLINK/RTM_DELLINK).
+  events_.reset(socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_ROUTE));
+  sockaddr_nl sa{};
+  sa.nl_family = AF_NETLINK;
+  sa.nl_groups = RTMGRP_LINK;
+  if (!events_ || bind(events_.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) < 0) {
+    log(LogLevel::kWarn, "cannot watch the network interfaces (%s): a policy whose interface is deleted is "
+        "noticed only at the next XDP deploy", std::strerror(errno));
+    events_.reset();
+  }
   for (auto& [ifname, root] : roots_)
     if (int n = root->purge_unowned())
       log(LogLevel::kWarn, "cleared %d slots and claims on %s that no adopted policy owns", n, ifname.c_str());

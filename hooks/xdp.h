@@ -12,7 +12,12 @@
 //  - replacing an application's policy is one prog-array slot update: every frame sees
 //    the old or the new program, and other applications' slots are not touched;
 //  - a root program this syrupd did not attach (another daemon's, or any other XDP
-//    program) is never replaced silently: the deploy fails and says whose it is.
+//    program) is never replaced silently: the deploy fails and says whose it is;
+//  - a root the kernel no longer runs (its interface deleted or moved to another network
+//    namespace, or the program detached or replaced by another tool) is lost: it is
+//    never used again, its policies are removed saying why, and the next deploy to the
+//    interface attaches a new root. syrupd learns of it from rtnetlink's link news and
+//    checks again before every XDP deploy.
 #pragma once
 
 #include <memory>
@@ -21,6 +26,7 @@
 
 #include "compiler.h"
 #include "hook.h"
+#include "unique_fd.h"
 #include "syrup/xdp_abi.h"
 
 namespace syrup::xdp {
@@ -45,17 +51,20 @@ class XdpHook : public Hook {
   int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
                   pid_t& owner, std::string& err) override;
   void recover() override;
+  int event_fd() const override { return events_.get(); }
+  void refresh() override;
   int adopt(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
             std::string& err) override;
 
-  // Detaches and forgets the root of `ifname` when no application uses it any more.
-  void release_if_unused(const std::string& ifname);
+  // Detaches and forgets `root` when no application uses it any more.
+  void release_if_unused(std::shared_ptr<Root> root);
 
  private:
   int get_root(const std::string& ifname, std::shared_ptr<Root>& out, std::string& err);
 
   Compiler& compiler_;
-  std::map<std::string, std::shared_ptr<Root>> roots_;
+  std::map<std::string, std::shared_ptr<Root>> roots_;  // by interface name; none lost
+  UniqueFd events_;  // rtnetlink, RTMGRP_LINK: news of the interfaces (-1: none)
 };
 
 }  // namespace syrup::xdp

@@ -45,7 +45,7 @@ using nlohmann::json;
 namespace {
 
 constexpr int kRecvTimeoutSec = 5;
-constexpr int kConfigRetrySec = 5;  // how often --config entries waiting for their process are retried
+constexpr int kConfigRetrySec = 5;  // how often --config entries waiting for their process or interface are retried
 
 // The operations dispatch() serves (docs/protocol.md), in the order its error lists them.
 // Only these become metric labels, so a client cannot grow the label set.
@@ -248,7 +248,10 @@ int Daemon::init(const DaemonConfig& cfg) {
     log(LogLevel::kError, "cannot start the compile workers: %s", std::strerror(-r));
     return r;
   }
-  for (int fd : {listen_fd_.get(), signal_fd_.get(), compile_pool_.event_fd()}) {
+  std::vector<int> watched = {listen_fd_.get(), signal_fd_.get(), compile_pool_.event_fd()};
+  for (auto& h : hooks_)
+    if (h->event_fd() >= 0) watched.push_back(h->event_fd());
+  for (int fd : watched) {
     epoll_event ev{EPOLLIN, {.fd = fd}};
     epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev);
   }
@@ -333,6 +336,9 @@ int Daemon::run() {
       } else if (fd == metrics_refresh_fd_) {
         uint64_t n;
         if (read(fd, &n, sizeof n) == sizeof n) publish_metrics();
+      } else if (Hook* h = hook_watching(fd)) {
+        h->refresh();
+        remove_gone();
       } else {
         owner_exited(fd);
       }
@@ -701,6 +707,11 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
     }
   }
 
+  // What the kernel took away since the loop last looked (an interface deleted a moment
+  // ago) is not built on.
+  hi->refresh();
+  remove_gone();
+
   std::unique_ptr<Target> target;
   std::string err;
   pid_t owner = caller.pid;
@@ -941,13 +952,33 @@ void Daemon::owner_exited(int pidfd) {
   for (int id : ids) {
     std::string why = "owner process " + std::to_string(policies_[id]->owner_pid) + " exited";
     // A --config entry's policy comes back on the process's successor.
-    if (!policies_[id]->config_identity.empty()) {
-      if (config_waiting_.empty()) config_retry_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-      config_waiting_.insert(policies_[id]->config_identity);
-    }
+    config_entry_waits(*policies_[id]);
     remove_policy(id, true, why.c_str());
   }
   if (ids.empty()) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, pidfd, nullptr);
+}
+
+void Daemon::remove_gone() {
+  std::vector<std::pair<int, std::string>> gone;
+  for (auto& [id, p] : policies_)
+    if (std::string why = p->target->gone(); !why.empty()) gone.emplace_back(id, std::move(why));
+  for (auto& [id, why] : gone) {
+    // A --config entry's policy comes back when its interface does.
+    config_entry_waits(*policies_[id]);
+    remove_policy(id, true, why.c_str());
+  }
+}
+
+void Daemon::config_entry_waits(const Policy& p) {
+  if (p.config_identity.empty()) return;
+  if (config_waiting_.empty()) config_retry_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  config_waiting_.insert(p.config_identity);
+}
+
+Hook* Daemon::hook_watching(int fd) const {
+  for (auto& h : hooks_)
+    if (h->event_fd() == fd) return h.get();
+  return nullptr;
 }
 
 Daemon::Response Daemon::remove(const Caller& caller, const json& req) {
@@ -1089,7 +1120,7 @@ void Daemon::warm_config() {
 void Daemon::apply_config(bool retry) {
   config::Plan plan = config::plan(config_, config_applied());
   if (retry) {
-    // Only what waits for its process; the rest of the plan is the next reload's.
+    // Only what waits for its process or interface; the rest of the plan is the next reload's.
     std::erase_if(plan.to_deploy, [&](const config::PlannedDeploy& d) { return !config_waiting_.count(d.entry.identity); });
     plan.to_remove.clear();
     std::set<std::string> planned;
@@ -1104,21 +1135,25 @@ void Daemon::apply_config(bool retry) {
   for (auto& d : plan.to_deploy) {
     const config::PolicyEntry& e = d.entry;
     std::string where = config_.path + ":" + std::to_string(e.line) + ": " + e.where;
-    proto::Message msg;
-    std::string err;
-    if (int r = config::make_request(e, msg.body, err)) {
-      // No such process (yet): retried every kConfigRetrySec until it appears.
-      bool waits = r == -ESRCH || r == -ENOENT;
-      bool again = retry && config_waiting_.count(e.identity);
-      log(again ? LogLevel::kDebug : LogLevel::kError, "%s: %s%s", where.c_str(), err.c_str(),
+    bool was_waiting = retry && config_waiting_.count(e.identity);
+    // A failure that may pass by itself -- no such process yet, or no such interface
+    // (ENODEV from the deploy) -- waits: retried every kConfigRetrySec, logged once. Any
+    // other waits for the next reload.
+    auto fail = [&](int r, bool waits, const std::string& why) {
+      bool again = was_waiting && waits;
+      log(again ? LogLevel::kDebug : LogLevel::kError, "%s: %s%s", where.c_str(), why.c_str(),
           waits && !again ? " (retried every 5 s)" : "");
       if (waits) config_waiting_.insert(e.identity);
       else config_waiting_.erase(e.identity);
       if (!again) totals_.error("config", r);
       failed++;
+    };
+    proto::Message msg;
+    std::string err;
+    if (int r = config::make_request(e, msg.body, err)) {
+      fail(r, r == -ESRCH || r == -ENOENT, err);
       continue;
     }
-    config_waiting_.erase(e.identity);
     // Deployed for the tenant (its uid owns the application), with an operator's rights:
     // the operator who wrote the file may name any port or process. The tenant's quotas
     // still apply: an operator who writes a quota for a tenant means all of its policies,
@@ -1127,12 +1162,13 @@ void Daemon::apply_config(bool retry) {
     Caller as{getpid(), e.uid, e.uid, true};
     Response resp = deploy(as, msg, true);
     if (!resp.body.value("ok", false)) {
-      log(LogLevel::kError, "%s: %s%s", where.c_str(), resp.body.value("error", std::string()).c_str(),
-          resp.body.contains("log") ? ("\n" + resp.body["log"].get<std::string>()).c_str() : "");
-      totals_.error("config", resp.body.value("errno", EIO));
-      failed++;
+      int r = resp.body.value("errno", EIO);
+      fail(r, r == ENODEV,
+           resp.body.value("error", std::string()) +
+               (resp.body.contains("log") ? "\n" + resp.body["log"].get<std::string>() : std::string()));
       continue;
     }
+    config_waiting_.erase(e.identity);
     int id = resp.body["id"];
     deployed++;
     policies_[id]->config_identity = e.identity;
@@ -1143,7 +1179,7 @@ void Daemon::apply_config(bool retry) {
   }
   if (retry) {
     if (deployed) {
-      log(LogLevel::kInfo, "retried %s entries waiting for their process: %d deployed, %zu still waiting",
+      log(LogLevel::kInfo, "retried %s entries waiting for their process or interface: %d deployed, %zu still waiting",
           cfg_.config_path.c_str(), deployed, config_waiting_.size());
       changed();
     }

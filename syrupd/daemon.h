@@ -167,6 +167,14 @@ class Daemon {
   // Detaches (if `detach_hook`), unpins and forgets a policy; cleans its app's pins.
   void remove_policy(int id, bool detach_hook, const char* why);
   void owner_exited(int pidfd);
+  // Removes the policies whose attachment the kernel no longer runs (Target::gone()),
+  // with that reason.
+  void remove_gone();
+  // A --config entry's policy that is going away waits to be deployed again (retried
+  // every kConfigRetrySec, the first time after 1 s): its process or interface may be back.
+  void config_entry_waits(const Policy& p);
+  // The hook whose event_fd() `fd` is, or null.
+  Hook* hook_watching(int fd) const;
   // The state file: written after every change; read once at start to adopt.
   void save_state();
   void adopt_state();
@@ -256,9 +264,10 @@ class Daemon {
   };
   std::map<uid_t, Bucket> buckets_;
   config::Config config_;
-  // Identities of --config entries waiting for their process: it was not running at the
-  // last apply, or the entry's policy ended with it. Retried every kConfigRetrySec, so a
-  // restarted server gets its policy back without a reload.
+  // Identities of --config entries waiting for their process or interface: it was not
+  // there at the last apply, or the entry's policy ended with it. Retried every
+  // kConfigRetrySec, so a restarted server (a re-created interface) gets its policy back
+  // without a reload.
   std::set<std::string> config_waiting_;
   std::chrono::steady_clock::time_point config_retry_at_;
   metrics::Metrics metrics_;

@@ -91,6 +91,10 @@ class Target {
   virtual nlohmann::json describe() const = 0;
   // What a later syrupd needs to adopt this attachment (Hook::adopt); null: it cannot.
   virtual nlohmann::json save() const { return nullptr; }
+  // Why the kernel no longer runs this attachment although no one removed the policy (an
+  // interface was deleted, or its program detached by another tool), as Hook::refresh()
+  // last found it; empty while it runs. syrupd then removes the policy with this reason.
+  virtual std::string gone() const { return {}; }
 };
 
 class Hook {
@@ -130,6 +134,12 @@ class Hook {
     err = std::string("the ") + name() + " hook cannot adopt a policy";
     return -EOPNOTSUPP;
   }
+  // Hook-wide kernel state that others can take away (an interface and its XDP program):
+  // a descriptor syrupd's loop watches for news of it (-1: none), and refresh(), called
+  // when it is readable and before each deploy at this hook, which reads the news and
+  // finds out what was lost; the targets on it then say so in gone().
+  virtual int event_fd() const { return -1; }
+  virtual void refresh() {}
   // Once when syrupd exits, after the policies were removed or left for the next one.
   virtual void shutdown() {}
 };

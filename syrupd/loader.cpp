@@ -21,6 +21,7 @@ namespace syrup {
 namespace {
 
 std::string* g_capture = nullptr;  // syrupd serves one request at a time
+thread_local int g_quiet = 0;      // LibbpfQuiet scopes open on this thread
 
 int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list ap) {
   char buf[8192];
@@ -31,7 +32,7 @@ int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list ap) {
   if (!g_capture) {
     std::string line(buf);
     while (!line.empty() && line.back() == '\n') line.pop_back();
-    log(LogLevel::kWarn, "%s", line.c_str());
+    log(g_quiet ? LogLevel::kDebug : LogLevel::kWarn, "%s", line.c_str());
   }
   return 0;
 }
@@ -120,6 +121,9 @@ std::string tail_lines(const std::string& text, size_t max_lines) {
 }
 
 void loader_init() { libbpf_set_print(libbpf_print); }
+
+LibbpfQuiet::LibbpfQuiet() { g_quiet++; }
+LibbpfQuiet::~LibbpfQuiet() { g_quiet--; }
 
 LoadedPolicy::~LoadedPolicy() {
   if (obj) bpf_object__close(obj);

@@ -83,6 +83,15 @@ class LoadedPolicy {
 // Installs the libbpf print callback that load() captures from. Call once.
 void loader_init();
 
+// While one lives, libbpf's warnings go to the log at debug level: around a library call
+// that makes libbpf report a failure it expects and recovers from.
+struct LibbpfQuiet {
+  LibbpfQuiet();
+  ~LibbpfQuiet();
+  LibbpfQuiet(const LibbpfQuiet&) = delete;
+  LibbpfQuiet& operator=(const LibbpfQuiet&) = delete;
+};
+
 // 0 or -errno with `fail` filled.
 int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFailure& fail);
 

@@ -48,6 +48,38 @@ uint32_t attached_xdp_prog(const std::string& ifname) {
   return q.prog_id;
 }
 
+// Sends `n` datagrams from the peer of `net` to the host's `port` and checks that all
+// arrive and that application `app`'s XDP policy (tests/policies/xdp_count.c) counted
+// exactly them in its `seen` map.
+void expect_xdp_policy_counts(TestNet& net, uint16_t port, const char* app, int n) {
+  UniqueFd srv(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, net.host_ip.c_str(), &a.sin_addr);
+  a.sin_port = htons(port);
+  ASSERT_EQ(bind(srv.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  UniqueFd peer(net.peer_udp());
+  uint32_t payload[4] = {1, 0, 0, 0};
+  for (int i = 0; i < n; i++)
+    ASSERT_EQ(sendto(peer.get(), payload, sizeof payload, 0, reinterpret_cast<sockaddr*>(&a), sizeof a),
+              static_cast<ssize_t>(sizeof payload));
+  int received = 0;
+  char buf[256];
+  for (int t = 0; t < 100 && received < n; t++) {
+    while (recv(srv.get(), buf, sizeof buf, 0) >= 0) received++;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(received, n);
+  int m = syr_map_open_app(app, "seen");
+  ASSERT_GE(m, 0) << syr_last_error();
+  uint32_t k = 0;
+  uint64_t seen = 0;
+  EXPECT_EQ(syr_map_lookup_elem(m, &k, &seen), 0);
+  close(m);
+  EXPECT_EQ(seen, static_cast<uint64_t>(n)) << "the XDP policy saw other traffic or none";
+  EXPECT_NE(attached_xdp_prog(net.host_if), 0u);
+}
+
 // Names of the policies `syrupctl list` shows, as "app/name", sorted.
 std::vector<std::string> listed_names() {
   std::vector<std::string> v;
@@ -326,32 +358,7 @@ TEST(Config, RebootStyleCleanStartRebuildsFromTheFile) {
         EXPECT_EQ(key % 2, s) << "key " << key << " reached socket " << s;
       }
     // The XDP policy sees exactly the datagrams to its port, which still arrive.
-    UniqueFd srv(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    inet_pton(AF_INET, net->host_ip.c_str(), &a.sin_addr);
-    a.sin_port = htons(kXdpPort);
-    ASSERT_EQ(bind(srv.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-    UniqueFd peer(net->peer_udp());
-    uint32_t payload[4] = {1, 0, 0, 0};
-    for (int i = 0; i < 15; i++)
-      ASSERT_EQ(sendto(peer.get(), payload, sizeof payload, 0, reinterpret_cast<sockaddr*>(&a), sizeof a),
-                static_cast<ssize_t>(sizeof payload));
-    int received = 0;
-    char buf[256];
-    for (int t = 0; t < 100 && received < 15; t++) {
-      while (recv(srv.get(), buf, sizeof buf, 0) >= 0) received++;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    EXPECT_EQ(received, 15);
-    int m = syr_map_open_app("edge", "seen");
-    ASSERT_GE(m, 0) << syr_last_error();
-    uint32_t k = 0;
-    uint64_t seen = 0;
-    EXPECT_EQ(syr_map_lookup_elem(m, &k, &seen), 0);
-    close(m);
-    EXPECT_EQ(seen, 15u) << "the XDP policy of the file saw other traffic or none";
-    EXPECT_NE(attached_xdp_prog(net->host_if), 0u);
+    expect_xdp_policy_counts(*net, kXdpPort, "edge", 15);
   };
 
   Daemon d;
@@ -456,9 +463,59 @@ TEST(Config, SocketSelectEntryFollowsItsProcessAcrossARestartWithoutAReload) {
   ASSERT_TRUE(deployed_for(0, 3000)) << "the policy must end with its process: " << list_policies().dump();
   server.pid = start_server();
   ASSERT_TRUE(deployed_for(server.pid, 10000)) << list_policies().dump() << d.log();
-  EXPECT_NE(d.log().find("entries waiting for their process: 1 deployed"), std::string::npos) << d.log();
+  EXPECT_NE(d.log().find("entries waiting for their process or interface: 1 deployed"), std::string::npos) << d.log();
   routes("restarted server");
   EXPECT_EQ(d.stop(), 0);
+}
+
+// An xdp entry follows its interface as a socket-select entry follows its process. One
+// whose interface is not there when the file is applied waits for it (retried every 5 s);
+// when the interface is deleted the policy goes at once, saying why, and comes back on
+// the interface made again under the same name, without a reload.
+TEST(Config, XdpEntryWaitsForItsInterfaceAndFollowsItWhenItIsMadeAgain) {
+  SYRUP_REQUIRE_ROOT();
+  constexpr int kNet = 242;
+  constexpr uint16_t kXdpPort = 9412;
+  auto net = std::make_unique<TestNet>(kNet);
+  ASSERT_TRUE(net->ok());
+  std::string ifname = net->host_if;
+  net.reset();  // the name, without the interface
+  TempFile yaml("iface.yaml");
+  std::ofstream(yaml.path) << "version: 1\ntenants:\n  - name: edge\n    uid: 0\n    policies:\n"
+                           << "      - name: count\n        hook: xdp\n        policy: "
+                           << source_path("tests/policies/xdp_count.c") << "\n        ifname: " << ifname
+                           << "\n        port: " << kXdpPort << "\n";
+  Daemon d;
+  d.start("", {"--config=" + yaml.path});
+  EXPECT_NE(d.log().find("no network interface '" + ifname + "' (retried every 5 s)"), std::string::npos) << d.log();
+  EXPECT_TRUE(listed_names().empty());
+
+  auto listed_within = [&](bool want, int ms) {
+    std::vector<std::string> expected;
+    if (want) expected.push_back("edge/count");
+    for (int t = 0; t < ms / 50; t++) {
+      if (listed_names() == expected) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return listed_names() == expected;
+  };
+  net = std::make_unique<TestNet>(kNet);
+  ASSERT_TRUE(net->ok());
+  ASSERT_TRUE(listed_within(true, 10000)) << d.log();
+  expect_xdp_policy_counts(*net, kXdpPort, "edge", 10);
+
+  net.reset();
+  ASSERT_TRUE(listed_within(false, 3000)) << "the policy of a deleted interface must go: " << d.log();
+  EXPECT_NE(d.log().find("of app 'edge': interface " + ifname + " is gone"), std::string::npos) << d.log();
+
+  net = std::make_unique<TestNet>(kNet);
+  ASSERT_TRUE(net->ok());
+  ASSERT_TRUE(listed_within(true, 10000)) << d.log();
+  EXPECT_NE(d.log().find("entries waiting for their process or interface: 1 deployed"), std::string::npos)
+      << d.log();
+  expect_xdp_policy_counts(*net, kXdpPort, "edge", 10);
+  EXPECT_EQ(d.stop(), 0);
+  EXPECT_EQ(attached_xdp_prog(net->host_if), 0u) << "syrupd left an XDP program attached";
 }
 
 }  // namespace

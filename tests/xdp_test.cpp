@@ -101,7 +101,8 @@ class Xdp : public ::testing::Test {
  protected:
   void SetUp() override {
     SYRUP_REQUIRE_ROOT();
-    net_ = std::make_unique<TestNet>(100 + counter_++ % 100);
+    net_n_ = 100 + counter_++ % 100;
+    net_ = std::make_unique<TestNet>(net_n_);
     ASSERT_TRUE(net_->ok());
     daemon_.start();
   }
@@ -129,6 +130,7 @@ class Xdp : public ::testing::Test {
 
   static int counter_;
   Daemon daemon_;
+  int net_n_ = 0;  // TestNet(net_n_) makes the same interfaces again
   std::unique_ptr<TestNet> net_;
   std::vector<int> ids_;
 };
@@ -481,6 +483,56 @@ TEST_F(Xdp, RemovingTheLastPolicyDetachesAndLeavesTheInterfaceAsItWas) {
   UniqueFd peer(net_->peer_udp());
   for (int i = 0; i < 5; i++) send_to(peer.get(), net_->host_ip, 9351, 1, i);
   EXPECT_EQ(drain(s.get()).size(), 5u);
+}
+
+// The kernel can take a policy's attachment away without syrupd: the interface is deleted
+// (or moved to another network namespace), or another tool detaches the root program.
+// syrupd then removes the policy at once, saying why, rather than list a policy that
+// schedules nothing; and the next deploy to the interface attaches a new root program
+// (before, it reused the lost one: "deployed", and nothing attached).
+TEST_F(Xdp, APolicyWhoseInterfaceIsDeletedOrWhoseProgramIsDetachedIsRemovedAndTheNextDeployAttaches) {
+  const std::string ifname = net_->host_if;
+  int a = deploy("tests/policies/xdp_count.c", "gone-a", {9371});
+  ASSERT_GT(a, 0) << syr_last_error();
+  ASSERT_NE(attached_xdp_prog(ifname), 0u);
+  auto removed_saying = [&](int id, const std::string& app, const std::string& why) {
+    for (int t = 0; t < 60 && !policy_entry(id).is_null(); t++)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(policy_entry(id).is_null()) << "policy " << id << " is still listed: " << daemon_.log();
+    EXPECT_NE(daemon_.log().find("removed policy " + std::to_string(id) + " (xdp_count.c) of app '" + app + "': " + why),
+              std::string::npos)
+        << daemon_.log();
+    EXPECT_FALSE(std::filesystem::exists(daemon_.bpffs_root() + "/xdp/" + ifname)) << "the lost root's pins stay";
+    EXPECT_EQ(syr_remove_policy(id), -ENOENT);
+    EXPECT_NE(std::string(syr_last_error()).find(why), std::string::npos) << syr_last_error();
+  };
+
+  net_.reset();  // deletes the interface
+  removed_saying(a, "gone-a", "interface " + ifname + " is gone");
+  ids_.clear();
+
+  net_ = std::make_unique<TestNet>(net_n_);
+  ASSERT_TRUE(net_->ok());
+  int b = deploy("tests/policies/xdp_count.c", "gone-b", {9372});
+  ASSERT_GT(b, 0) << syr_last_error();
+  EXPECT_NE(attached_xdp_prog(ifname), 0u) << "deployed, but no root program on the new " << ifname;
+  UniqueFd s(udp_server(net_->host_ip, 9372));
+  UniqueFd peer(net_->peer_udp());
+  for (int i = 0; i < 6; i++) send_to(peer.get(), net_->host_ip, 9372, 1, i);
+  EXPECT_EQ(drain(s.get()).size(), 6u);
+  EXPECT_EQ(map_u64("gone-b", "seen", 0), 6u) << "the new root does not reach the policy";
+
+  std::string out;
+  run_cmd("ip link set dev " + ifname + " xdpgeneric off; ip link set dev " + ifname + " xdpdrv off", out);
+  ASSERT_EQ(attached_xdp_prog(ifname), 0u) << out;
+  removed_saying(b, "gone-b", "the XDP root program was detached from " + ifname + " by another tool");
+  ids_.clear();
+  int c = deploy("tests/policies/xdp_count.c", "gone-b", {9372});
+  ASSERT_GT(c, 0) << syr_last_error();
+  EXPECT_NE(attached_xdp_prog(ifname), 0u);
+  // libxdp's attempt at its own dispatcher, which fails on kernels without trampolines,
+  // is not a warning the operator has to read.
+  EXPECT_EQ(daemon_.log().find("warning: syrupd: libbpf"), std::string::npos) << daemon_.log();
 }
 
 // A deploy parked for its compile makes the target checks again when it resumes: a port

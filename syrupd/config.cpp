@@ -559,15 +559,14 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
   // SO_REUSEPORT) would get none of its traffic, and, the entry being unchanged, no reload
   // would ever move the policy to the new process. XDP policies belong to an interface
   // and persist by default.
-  bool needs_process = e.hook == "socket-select" || e.hook == "thread";
-  bool persist = !needs_process;
+  std::string refusal = persist_refusal(e.hook);
+  bool persist = refusal.empty();
   if (auto it = f.find("persist"); it != f.end() && bool_of(it->second, sub(path, "persist"), persist) &&
-                                   persist && needs_process)
+                                   persist && !refusal.empty())
     error(it->second, sub(path, "persist"),
           "persist: true is not allowed for the " + e.hook +
               " hook: its policy follows the process (removed when it exits, deployed again on the new "
-              "process by the next reload); a persisting " + e.hook +
-              " policy would hold on to the exited process's " + (e.hook == "thread" ? "threads" : "sockets"));
+              "process by the next reload); " + refusal);
 
   // The process it schedules.
   const Field* sel = nullptr;
@@ -999,6 +998,15 @@ std::string validate_name(const std::string& kind, const std::string& name) {
               c == '-' || c == '.';
     if (!ok) return kind + " name '" + name + "' has a character outside [A-Za-z0-9_.-]";
   }
+  return {};
+}
+
+std::string persist_refusal(const std::string& hook) {
+  if (hook == "thread") return "a persisting thread policy would hold on to the exited process's threads";
+  if (hook == "socket-select")
+    return "a persisting socket-select policy would hold on to the exited process's sockets, and with them "
+           "the port: a new server binding it with SO_REUSEPORT would join their group and get none of its "
+           "traffic";
   return {};
 }
 

@@ -187,6 +187,11 @@ int resolve_group(const std::string& group, gid_t& out, std::string& err);
 // [A-Za-z0-9_.-], not starting with '.'. "" when valid, else why not.
 std::string validate_name(const std::string& kind, const std::string& name);
 
+// Why a policy at `hook` may not outlive the process it schedules (`persist`), or "" if
+// it may (xdp: the policy belongs to an interface). The rule of --config entries and of
+// the deploy request alike.
+std::string persist_refusal(const std::string& hook);
+
 // "16MiB" -> 16777216. Units: B, KiB, MiB, GiB, TiB (or none). false on anything else.
 bool parse_size(const std::string& s, uint64_t& out);
 

@@ -679,6 +679,11 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
     }
   }
   bool persist = b.value("persist", false);
+  if (std::string why = config::persist_refusal(hook); persist && !why.empty())
+    return {proto::error_response(EINVAL, "persist is not allowed for the " + hook +
+                                              " hook: the policy ends with the process it schedules; " + why +
+                                              ". Deploy it again from the new process, or list it in syrupd's "
+                                              "--config, which follows the process")};
 
   // Whether this run parks for its compile is known before the target takes the
   // request's descriptors: only then are they copied, for the resumed run.

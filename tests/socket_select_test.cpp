@@ -629,6 +629,41 @@ TEST_F(SocketSelectBadInput, ThreadPolicyIsRefusedNamingTheHookItIsFor) {
   ExpectGoodPolicyStillWorks();
 }
 
+// A socket-select policy may not persist past its process: syrupd holds duplicates of the
+// sockets, so they would keep the port, and a restarted server binding it with
+// SO_REUSEPORT would join their group and get none of its traffic (the policy choosing
+// among sockets nobody reads). Before, such a deploy succeeded and did exactly that. A
+// thread policy likewise ends with its process. The error says why and what to do; the
+// policy already on the group is not replaced.
+TEST_F(SocketSelectBadInput, PersistIsRefusedForTheHooksWhosePolicyEndsWithItsProcess) {
+  auto fds = group_->fds();
+  syr_deploy_opts o{.sz = sizeof o, .app = "socktest", .fds = fds.data(), .n_fds = fds.size(), .persist = true};
+  EXPECT_EQ(syr_deploy_policy(source_path("policies/pass.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o), -EINVAL);
+  std::string err = syr_last_error();
+  EXPECT_NE(err.find("persist is not allowed for the socket-select hook: the policy ends with the process it "
+                     "schedules; a persisting socket-select policy would hold on to the exited process's sockets"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("Deploy it again from the new process, or list it in syrupd's --config"), std::string::npos)
+      << err;
+
+  std::string out;
+  EXPECT_EQ(run_cmd(build_bin("syrupctl") + " deploy --persist --pid " + std::to_string(getpid()) + " --port " +
+                        std::to_string(group_->port()) + " " + source_path("policies/pass.c"),
+                    out),
+            1);
+  EXPECT_NE(out.find("persist is not allowed for the socket-select hook"), std::string::npos) << out;
+  EXPECT_EQ(run_cmd(build_bin("syrupctl") + " deploy --hook thread --persist --pid " + std::to_string(getpid()) +
+                        " " + source_path("policies/fifo.c"),
+                    out),
+            1);
+  EXPECT_NE(out.find("persist is not allowed for the thread hook: the policy ends with the process it schedules; "
+                     "a persisting thread policy would hold on to the exited process's threads"),
+            std::string::npos)
+      << out;
+  ExpectGoodPolicyStillWorks();
+}
+
 TEST_F(SocketSelectBadInput, UnboundedLoopReturnsTheVerifiersReason) {
   int r = deploy("tests/policies/unbounded_loop.c", *group_);
   EXPECT_LT(r, 0);

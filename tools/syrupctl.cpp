@@ -26,7 +26,9 @@ DEFINE_int32(port, 0, "deploy: the port its SO_REUSEPORT sockets are bound to");
 DEFINE_string(protocol, "", "deploy: udp or tcp (default: udp if the process has both)");
 DEFINE_string(app, "", "application name (deploy: default the process's name; map: required)");
 DEFINE_string(params, "", "deploy: policy parameters, NAME=VALUE[,NAME=VALUE...]");
-DEFINE_bool(persist, false, "deploy: keep the policy when the process exits");
+DEFINE_bool(persist, false,
+            "deploy --hook xdp --pid: keep the policy when the process exits (socket-select and thread "
+            "policies end with their process)");
 DEFINE_int32(limit, 4096, "map dump: most entries to print");
 DEFINE_string(by, "", "stats: sum over policies per 'tenant' (application) or per 'hook'");
 DEFINE_string(ifname, "", "deploy --hook xdp: the interface");
@@ -43,8 +45,8 @@ const char* kUsage =
     "control the Syrup daemon.\n\n"
     "Usage:\n"
     "  syrupctl deploy --hook socket-select --pid PID --port PORT [--protocol udp|tcp]\n"
-    "                  [--app NAME] [--params K=V,...] [--persist] POLICY.c\n"
-    "  syrupctl deploy --hook xdp --ifname IF --port PORT [--cpus C,...] [--pid PID]\n"
+    "                  [--app NAME] [--params K=V,...] POLICY.c\n"
+    "  syrupctl deploy --hook xdp --ifname IF --port PORT [--cpus C,...] [--pid PID [--persist]]\n"
     "                  [--app NAME] [--params K=V,...] POLICY.c\n"
     "  syrupctl deploy --hook thread --pid PID [--app NAME] [--params K=V,...] POLICY.c\n"
     "  syrupctl remove ID\n"

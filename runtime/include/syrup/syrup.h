@@ -58,7 +58,9 @@ struct syr_deploy_opts {
 	/* Values for the policy's SYR_PARAMs. */
 	const struct syr_param *params;
 	size_t n_params;
-	/* Keep the policy after the deploying process exits (default: removed with it). */
+	/* XDP: keep the policy after the deploying process exits (default: removed with it).
+	 * Socket-select and thread policies end with the process they schedule: persist
+	 * there is refused (-EINVAL), as the exited process's sockets would keep the port. */
 	bool persist;
 	/* Name shown for the policy (default: the file name of `path`). */
 	const char *name;

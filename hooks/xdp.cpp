@@ -511,14 +511,15 @@ void XdpHook::release_if_unused(std::shared_ptr<Root> root) {
   roots_.erase(it);
 }
 
-void XdpHook::refresh() {
+bool XdpHook::refresh() {
   // What changed is found by looking at each root, not by parsing the news: a socket that
   // overran (ENOBUFS) has lost some of it.
   char buf[8192];
-  for (;;) {
-    ssize_t n = events_ ? recv(events_.get(), buf, sizeof buf, MSG_DONTWAIT) : -1;
+  while (events_) {
+    ssize_t n = recv(events_.get(), buf, sizeof buf, MSG_DONTWAIT);
     if (n < 0 && errno != ENOBUFS) break;
   }
+  bool lost = false;
   for (auto it = roots_.begin(); it != roots_.end();) {
     if (it->second->check().empty()) {
       ++it;
@@ -529,7 +530,9 @@ void XdpHook::refresh() {
     log(LogLevel::kWarn, "%s: removing the policies on it", it->second->lost().c_str());
     pins::remove_tree(pins::xdp_root_dir(it->first));
     it = roots_.erase(it);
+    lost = true;
   }
+  return lost;
 }
 
 int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,

@@ -52,7 +52,7 @@ class XdpHook : public Hook {
                   pid_t& owner, std::string& err) override;
   void recover() override;
   int event_fd() const override { return events_.get(); }
-  void refresh() override;
+  bool refresh() override;
   int adopt(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
             std::string& err) override;
 

@@ -337,8 +337,7 @@ int Daemon::run() {
         uint64_t n;
         if (read(fd, &n, sizeof n) == sizeof n) publish_metrics();
       } else if (Hook* h = hook_watching(fd)) {
-        h->refresh();
-        remove_gone();
+        if (h->refresh()) remove_gone();
       } else {
         owner_exited(fd);
       }
@@ -619,11 +618,11 @@ Daemon::Response Daemon::thread_tid(const Caller& caller, const json& req) {
   pid_t tid = req["tid"].get<pid_t>();
   uint64_t ns = pid_namespace(caller.pid);
   bool same = ns != 0 && ns == pid_namespace(0);
-  pid_t found = same ? (access(("/proc/" + std::to_string(caller.pid) + "/task/" + std::to_string(tid)).c_str(),
-                               F_OK) == 0
-                            ? tid
-                            : 0)
-                     : thread_by_own_number(caller.pid, tid);
+  pid_t found = 0;
+  if (!same)
+    found = thread_by_own_number(caller.pid, tid);
+  else if (access(("/proc/" + std::to_string(caller.pid) + "/task/" + std::to_string(tid)).c_str(), F_OK) == 0)
+    found = tid;
   if (!found)
     return {proto::error_response(ESRCH, "thread " + std::to_string(tid) + " is not a thread of process " +
                                              std::to_string(caller.pid) + (same ? "" : " (as its pid namespace numbers them)"))};
@@ -714,8 +713,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
 
   // What the kernel took away since the loop last looked (an interface deleted a moment
   // ago) is not built on.
-  hi->refresh();
-  remove_gone();
+  if (hi->refresh()) remove_gone();
 
   std::unique_ptr<Target> target;
   std::string err;

@@ -137,9 +137,10 @@ class Hook {
   // Hook-wide kernel state that others can take away (an interface and its XDP program):
   // a descriptor syrupd's loop watches for news of it (-1: none), and refresh(), called
   // when it is readable and before each deploy at this hook, which reads the news and
-  // finds out what was lost; the targets on it then say so in gone().
+  // finds out what was lost: true if something was, and the targets on it then say so in
+  // gone().
   virtual int event_fd() const { return -1; }
-  virtual void refresh() {}
+  virtual bool refresh() { return false; }
   // Once when syrupd exits, after the policies were removed or left for the next one.
   virtual void shutdown() {}
 };

@@ -61,7 +61,7 @@ flock 9
 if ! { cmake -S "$src/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE= > "$build/configure.log" 2>&1 &&
        cmake --build "$build" > "$build/build.log" 2>&1; }; then
   echo "fuzz/run.sh: building the fuzzers failed:" >&2
-  tail -30 "$build/configure.log" "$build/build.log" >&2
+  tail -n 30 "$build/configure.log" "$build/build.log" >&2
   exit 1
 fi
 flock -u 9

@@ -16,6 +16,7 @@
 
 #define SYRUP_FUZZ_TARGET "fuzz_config"
 #include "fuzz_check.h"
+#include "names.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace config = syrup::config;
@@ -54,12 +55,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::set<std::string> ids, tenants;
   std::vector<config::Applied> applied;
   for (auto& t : cfg.tenants) {
-    check(config::validate_name("tenant", t.name).empty(), "tenant names are valid");
+    check(syrup::names::check("tenant", t.name).empty(), "tenant names are valid");
     check(tenants.insert(t.name).second, "tenant names are unique");
     for (auto& e : t.policies) {
       check(e.tenant == t.name && e.uid == t.uid, "an entry belongs to its tenant");
       check(e.identity == t.name + "/" + e.name, "identity is tenant/name");
-      check(config::validate_name("policy", e.name).empty(), "policy names are valid");
+      check(syrup::names::check("policy", e.name, syrup::names::Kind::kLabel).empty(), "policy names are valid");
       check(ids.insert(e.identity).second, "identities are unique");
       check(e.hash.size() == 64, "hashes are sha256 hex");
       check(e.request.value("op", "") == "deploy" && e.request.value("app", "") == t.name &&

@@ -92,6 +92,24 @@ std::set<Claim> process_ports(pid_t pid) {
   return out;
 }
 
+// The interface XDP program `prog_id` is attached to (in any mode), trying `hint` first,
+// with `q` filled: its index, or 0 if none. The kernel attaches by index, so a pin named
+// after an interface may have been renamed away from it while no syrupd ran.
+int attached_where(uint32_t prog_id, const std::string& hint, bpf_xdp_query_opts& q) {
+  auto has = [&](unsigned ifindex) {
+    return ifindex && bpf_xdp_query(static_cast<int>(ifindex), 0, &q) == 0 &&
+           (q.prog_id == prog_id || q.drv_prog_id == prog_id || q.skb_prog_id == prog_id);
+  };
+  if (unsigned i = if_nametoindex(hint.c_str()); has(i)) return static_cast<int>(i);
+  int found = 0;
+  if (struct if_nameindex* all = if_nameindex()) {
+    for (struct if_nameindex* i = all; i->if_index && !found; i++)
+      if (has(i->if_index)) found = static_cast<int>(i->if_index);
+    if_freenameindex(all);
+  }
+  return found;
+}
+
 }  // namespace
 
 // ---- Root ---------------------------------------------------------------------------
@@ -131,16 +149,16 @@ class Root {
 
   // The root a previous syrupd attached to `ifname`, from its pins, still attached.
   static int adopt(const std::string& ifname, std::shared_ptr<Root>& out, std::string& err) {
+    // Kept under its saved name even if the interface was renamed meanwhile: the other
+    // policies on it find it so; recover() then follows the rename.
     auto r = std::make_shared<Root>();
     r->ifname_ = ifname;
-    r->ifindex_ = static_cast<int>(if_nametoindex(ifname.c_str()));
     r->adopted_prog_.reset(bpf_obj_get(pins::xdp_root_obj(ifname, kRootProg).c_str()));
     bpf_prog_info info{};
     uint32_t len = sizeof info;
     LIBBPF_OPTS(bpf_xdp_query_opts, q);
-    if (!r->ifindex_ || !r->adopted_prog_ ||
-        bpf_prog_get_info_by_fd(r->adopted_prog_.get(), &info, &len) ||
-        bpf_xdp_query(r->ifindex_, 0, &q) || q.prog_id != info.id) {
+    if (!r->adopted_prog_ || bpf_prog_get_info_by_fd(r->adopted_prog_.get(), &info, &len) ||
+        !(r->ifindex_ = attached_where(info.id, ifname, q))) {
       err = "the XDP root program of " + ifname + " is no longer attached";
       return -ENOENT;
     }
@@ -158,7 +176,7 @@ class Root {
       err = "libxdp cannot use the adopted root program";
       return -EINVAL;
     }
-    r->mode_ = q.attach_mode == XDP_ATTACHED_SKB ? XDP_MODE_SKB : XDP_MODE_NATIVE;
+    r->mode_ = q.skb_prog_id == info.id ? XDP_MODE_SKB : XDP_MODE_NATIVE;
     r->prog_id_ = info.id;
     r->attached_ = true;
     out = std::move(r);
@@ -236,12 +254,19 @@ class Root {
     bpf_prog_get_info_by_fd(bpf_program__fd(prog_), &info, &len);
     prog_id_ = info.id;
     attached_ = true;
-    // Pinned so a later syrupd can recognise (and remove) what this one attached.
-    std::string dir = pins::xdp_root_dir(ifname_);
-    pins::make_dirs(dir);
-    bpf_program__pin(prog_, pins::xdp_root_obj(ifname_, kRootProg).c_str());
+    // Pinned so a later syrupd can recognise (and remove) what this one attached; a root
+    // it could not recognise would refuse every later deploy to the interface, so without
+    // its pins it is not attached at all.
+    int e = pins::make_dirs(pins::xdp_root_dir(ifname_));
+    if (!e) e = bpf_program__pin(prog_, pins::xdp_root_obj(ifname_, kRootProg).c_str());
     for (const char* m : kRootMaps)
-      bpf_map__pin(bpf_object__find_map_by_name(obj_, m), pins::xdp_root_obj(ifname_, m).c_str());
+      if (!e) e = bpf_map__pin(bpf_object__find_map_by_name(obj_, m), pins::xdp_root_obj(ifname_, m).c_str());
+    if (e) {
+      err = "cannot pin the XDP root program of " + ifname_ + " under " + pins::xdp_root_dir(ifname_) + ": " +
+            std::strerror(-e);
+      detach();
+      return e;
+    }
     log(LogLevel::kInfo, "attached the XDP root program to %s (%s mode)", ifname_.c_str(), mode_name());
     return 0;
   }
@@ -265,6 +290,13 @@ class Root {
     return lost_;
   }
   const std::string& lost() const { return lost_; }
+
+  // The interface's name now (the kernel knows it by index), or empty if it has none.
+  std::string current_name() const {
+    char name[IF_NAMESIZE];
+    return if_indextoname(static_cast<unsigned>(ifindex_), name) ? name : "";
+  }
+  void renamed(std::string ifname) { ifname_ = std::move(ifname); }
 
   void detach() {
     if (!attached_) return;
@@ -519,7 +551,7 @@ bool XdpHook::refresh() {
     ssize_t n = recv(events_.get(), buf, sizeof buf, MSG_DONTWAIT);
     if (n < 0 && errno != ENOBUFS) break;
   }
-  bool lost = false;
+  bool changed = false;
   for (auto it = roots_.begin(); it != roots_.end();) {
     if (it->second->check().empty()) {
       ++it;
@@ -530,9 +562,42 @@ bool XdpHook::refresh() {
     log(LogLevel::kWarn, "%s: removing the policies on it", it->second->lost().c_str());
     pins::remove_tree(pins::xdp_root_dir(it->first));
     it = roots_.erase(it);
-    lost = true;
+    changed = true;
   }
-  return lost;
+  return follow_renames() || changed;
+}
+
+bool XdpHook::follow_renames() {
+  struct Move {
+    std::string from, to;
+    std::shared_ptr<Root> root;
+  };
+  std::map<std::string, std::shared_ptr<Root>> now;
+  std::vector<Move> moves;
+  for (auto& [ifname, root] : roots_) {
+    std::string cur = root->current_name();
+    if (cur.empty()) cur = ifname;  // gone since check(): found lost at the next news
+    // Two roots under one name: read in the middle of a swap; the rest of it is news.
+    if (!now.emplace(cur, root).second) return false;
+    if (cur != ifname) moves.push_back({ifname, cur, root});
+  }
+  if (moves.empty()) return false;
+  // The pins move in two steps, so names swapped between two of syrupd's interfaces do not
+  // meet in the pin tree.
+  // (The parked name is longer than any interface's: no interface is ever named so.)
+  auto parked = [](const Move& m) { return pins::xdp_dir() + "/renaming-ifindex-" + std::to_string(m.root->ifindex()); };
+  for (auto& m : moves)
+    if (rename(pins::xdp_root_dir(m.from).c_str(), parked(m).c_str()) < 0)
+      log(LogLevel::kWarn, "cannot move the pins of %s's XDP root program: %s", m.from.c_str(), std::strerror(errno));
+  for (auto& m : moves) {
+    m.root->renamed(m.to);
+    if (rename(parked(m).c_str(), pins::xdp_root_dir(m.to).c_str()) < 0 && errno != ENOENT)
+      log(LogLevel::kWarn, "cannot move the pins of %s's XDP root program: %s", m.to.c_str(), std::strerror(errno));
+    log(LogLevel::kInfo, "interface %s was renamed to %s: its XDP root program and policies follow it",
+        m.from.c_str(), m.to.c_str());
+  }
+  roots_ = std::move(now);
+  return true;
 }
 
 int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
@@ -675,22 +740,27 @@ void XdpHook::recover() {
   for (auto& [ifname, root] : roots_)
     if (int n = root->purge_unowned())
       log(LogLevel::kWarn, "cleared %d slots and claims on %s that no adopted policy owns", n, ifname.c_str());
+  follow_renames();  // of interfaces renamed while no syrupd ran
   std::error_code ec;
   for (auto& e : fs::directory_iterator(pins::xdp_dir(), ec)) {
-    std::string ifname = e.path().filename();
+    std::string ifname = pins::xdp_ifname(e.path().filename().string());
     if (roots_.count(ifname)) continue;  // adopted with its policies
     UniqueFd prog(bpf_obj_get(pins::xdp_root_obj(ifname, kRootProg).c_str()));
-    int ifindex = static_cast<int>(if_nametoindex(ifname.c_str()));
     bpf_prog_info info{};
     uint32_t len = sizeof info;
     LIBBPF_OPTS(bpf_xdp_query_opts, q);
-    if (prog && ifindex && bpf_prog_get_info_by_fd(prog.get(), &info, &len) == 0 &&
-        bpf_xdp_query(ifindex, 0, &q) == 0 && q.prog_id == info.id) {
+    int ifindex = 0;
+    if (prog && bpf_prog_get_info_by_fd(prog.get(), &info, &len) == 0 &&
+        (ifindex = attached_where(info.id, ifname, q))) {
       LIBBPF_OPTS(bpf_xdp_attach_opts, d, .old_prog_fd = prog.get());
-      uint32_t flags = q.attach_mode == XDP_ATTACHED_SKB ? XDP_FLAGS_SKB_MODE : XDP_FLAGS_DRV_MODE;
+      uint32_t flags = q.skb_prog_id == info.id ? XDP_FLAGS_SKB_MODE : XDP_FLAGS_DRV_MODE;
       int r = bpf_xdp_detach(ifindex, flags | XDP_FLAGS_REPLACE, &d);
-      log(LogLevel::kWarn, "removed the XDP root program a previous syrupd left on %s%s", ifname.c_str(),
-          r ? (std::string(" (detach failed: ") + std::strerror(-r) + ")").c_str() : "");
+      char now[IF_NAMESIZE] = "?";
+      if_indextoname(static_cast<unsigned>(ifindex), now);
+      std::string where = now;
+      if (ifname != now) where += " (pinned as " + ifname + ")";
+      if (r) where += std::string(" (detach failed: ") + std::strerror(-r) + ")";
+      log(LogLevel::kWarn, "removed the XDP root program a previous syrupd left on %s", where.c_str());
     } else {
       log(LogLevel::kWarn, "removed stale XDP pins of %s (its root program is no longer attached)", ifname.c_str());
     }

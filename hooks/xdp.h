@@ -17,7 +17,9 @@
 //    namespace, or the program detached or replaced by another tool) is lost: it is
 //    never used again, its policies are removed saying why, and the next deploy to the
 //    interface attaches a new root. syrupd learns of it from rtnetlink's link news and
-//    checks again before every XDP deploy.
+//    checks again before every XDP deploy;
+//  - an interface renamed keeps its root and policies (the kernel attaches by index): they
+//    follow the new name in roots_, the pins, the policies' keys and the state file.
 #pragma once
 
 #include <memory>
@@ -61,9 +63,12 @@ class XdpHook : public Hook {
 
  private:
   int get_root(const std::string& ifname, std::shared_ptr<Root>& out, std::string& err);
+  // Re-keys the roots (and moves their pins) whose interface the kernel now names otherwise;
+  // whether any was.
+  bool follow_renames();
 
   Compiler& compiler_;
-  std::map<std::string, std::shared_ptr<Root>> roots_;  // by interface name; none lost
+  std::map<std::string, std::shared_ptr<Root>> roots_;  // by current interface name; none lost
   UniqueFd events_;  // rtnetlink, RTMGRP_LINK: news of the interfaces (-1: none)
 };
 

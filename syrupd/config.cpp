@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "digest.h"
+#include "names.h"
 #include "text.h"
 
 namespace syrup::config {
@@ -417,7 +418,7 @@ void Parser::tenant(const YAML::Node& n, const std::string& path, const Config& 
   if (auto it = f.find("name"); it == f.end()) {
     error(out.line, sub(path, "name"), "required key is missing");
   } else if (string_of(it->second, sub(path, "name"), out.name, "a tenant name")) {
-    if (std::string why = validate_name("tenant", out.name); !why.empty()) {
+    if (std::string why = names::check("tenant", out.name); !why.empty()) {
       error(it->second, sub(path, "name"), why);
     } else if (auto [pos, inserted] = tenant_lines_.emplace(out.name, value_line(it->second)); !inserted) {
       error(it->second, sub(path, "name"),
@@ -529,10 +530,10 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
   // Its name: explicit, or the file's.
   if (auto it = f.find("name"); it != f.end()) {
     if (string_of(it->second, sub(path, "name"), e.name, "a policy name"))
-      if (std::string why = validate_name("policy", e.name); !why.empty()) error(it->second, sub(path, "name"), why);
+      if (std::string why = names::check("policy", e.name, names::Kind::kLabel); !why.empty()) error(it->second, sub(path, "name"), why);
   } else if (!e.path.empty()) {
     e.name = fs::path(e.path).filename().string();
-    if (std::string why = validate_name("policy", e.name); !why.empty())
+    if (std::string why = names::check("policy", e.name, names::Kind::kLabel); !why.empty())
       error(f.find("policy")->second, sub(path, "policy"), why + " (the file's name is the default; set name:)");
   }
 
@@ -986,19 +987,6 @@ int resolve_group(const std::string& group, gid_t& out, std::string& err) {
   }
   out = res->gr_gid;
   return 0;
-}
-
-std::string validate_name(const std::string& kind, const std::string& name) {
-  // The same rules as pins::validate_name (syrupd/pins.cpp), which the daemon applies.
-  if (name.empty()) return kind + " name is empty";
-  if (name.size() > 64) return kind + " name is longer than 64 characters";
-  if (name[0] == '.') return kind + " name may not start with '.'";
-  for (char c : name) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-              c == '-' || c == '.';
-    if (!ok) return kind + " name '" + name + "' has a character outside [A-Za-z0-9_.-]";
-  }
-  return {};
 }
 
 std::string persist_refusal(const std::string& hook) {

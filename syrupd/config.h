@@ -183,10 +183,6 @@ int make_request(const PolicyEntry& entry, nlohmann::json& out, std::string& err
 // A group name or numeric gid (Config::admin_group) to a gid. 0 or -ENOENT with `err`.
 int resolve_group(const std::string& group, gid_t& out, std::string& err);
 
-// The name rules of docs/protocol.md for applications, maps and policies: 1..64 of
-// [A-Za-z0-9_.-], not starting with '.'. "" when valid, else why not.
-std::string validate_name(const std::string& kind, const std::string& name);
-
 // Why a policy at `hook` may not outlive the process it schedules (`persist`), or "" if
 // it may (xdp: the policy belongs to an interface). The rule of --config entries and of
 // the deploy request alike.

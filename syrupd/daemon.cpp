@@ -31,6 +31,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "names.h"
 #include "pins.h"
 #include "text.h"
 #include "socket_select.h"
@@ -337,7 +338,7 @@ int Daemon::run() {
         uint64_t n;
         if (read(fd, &n, sizeof n) == sizeof n) publish_metrics();
       } else if (Hook* h = hook_watching(fd)) {
-        if (h->refresh()) remove_gone();
+        if (h->refresh()) follow_kernel();
       } else {
         owner_exited(fd);
       }
@@ -653,7 +654,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
                   : proto::error_response(EINVAL, "unknown hook '" + hook +
                                                       "' (known: socket-select, xdp, thread)")};
   }
-  if (std::string why = pins::validate_name("application", app); !why.empty())
+  if (std::string why = names::check("application", app); !why.empty())
     return {proto::error_response(EINVAL, why)};
   if (source.empty()) return {proto::error_response(EINVAL, "the policy source is empty")};
   if (source.size() > cfg_.max_source_bytes)
@@ -713,7 +714,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
 
   // What the kernel took away since the loop last looked (an interface deleted a moment
   // ago) is not built on.
-  if (hi->refresh()) remove_gone();
+  if (hi->refresh()) follow_kernel();
 
   std::unique_ptr<Target> target;
   std::string err;
@@ -961,7 +962,7 @@ void Daemon::owner_exited(int pidfd) {
   if (ids.empty()) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, pidfd, nullptr);
 }
 
-void Daemon::remove_gone() {
+void Daemon::follow_kernel() {
   std::vector<std::pair<int, std::string>> gone;
   for (auto& [id, p] : policies_)
     if (std::string why = p->target->gone(); !why.empty()) gone.emplace_back(id, std::move(why));
@@ -970,6 +971,10 @@ void Daemon::remove_gone() {
     config_entry_waits(*policies_[id]);
     remove_policy(id, true, why.c_str());
   }
+  // What the others save may have changed with the kernel (an interface's new name). Rare
+  // enough to serialise them all again.
+  for (auto& [id, p] : policies_) record(*p);
+  changed();
 }
 
 void Daemon::config_entry_waits(const Policy& p) {
@@ -1435,7 +1440,7 @@ std::optional<Daemon::Response> Daemon::open_app_map(const Caller& caller, const
   out.app = req.value("app", std::string());
   out.map = req.value("map", std::string());
   for (auto [kind, v] : {std::pair{"application", &out.app}, std::pair{"map", &out.map}})
-    if (std::string why = pins::validate_name(kind, *v); !why.empty())
+    if (std::string why = names::check(kind, *v); !why.empty())
       return Response{proto::error_response(EINVAL, why)};
   if (!app_owner_.count(out.app))
     return Response{proto::error_response(ENOENT, "no application '" + out.app + "' (it has no deployed policy)")};

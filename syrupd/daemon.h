@@ -167,9 +167,10 @@ class Daemon {
   // Detaches (if `detach_hook`), unpins and forgets a policy; cleans its app's pins.
   void remove_policy(int id, bool detach_hook, const char* why);
   void owner_exited(int pidfd);
-  // Removes the policies whose attachment the kernel no longer runs (Target::gone()),
-  // with that reason.
-  void remove_gone();
+  // After a hook's refresh() found its kernel state changed by others: removes the
+  // policies whose attachment the kernel no longer runs (Target::gone()), with that
+  // reason, and records the rest (an XDP policy's interface renamed: its key and state).
+  void follow_kernel();
   // A --config entry's policy that is going away waits to be deployed again (retried
   // every kConfigRetrySec, the first time after 1 s): its process or interface may be back.
   void config_entry_waits(const Policy& p);

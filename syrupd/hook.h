@@ -134,11 +134,12 @@ class Hook {
     err = std::string("the ") + name() + " hook cannot adopt a policy";
     return -EOPNOTSUPP;
   }
-  // Hook-wide kernel state that others can take away (an interface and its XDP program):
-  // a descriptor syrupd's loop watches for news of it (-1: none), and refresh(), called
-  // when it is readable and before each deploy at this hook, which reads the news and
-  // finds out what was lost: true if something was, and the targets on it then say so in
-  // gone().
+  // Hook-wide kernel state that others can take away or change (an interface and its XDP
+  // program): a descriptor syrupd's loop watches for news of it (-1: none), and
+  // refresh(), called when it is readable and before each deploy at this hook, which
+  // reads the news and finds out what changed: true if something did (the targets on what
+  // was lost then say so in gone(); a renamed interface changes targets' key() and
+  // save()).
   virtual int event_fd() const { return -1; }
   virtual bool refresh() { return false; }
   // Once when syrupd exits, after the policies were removed or left for the next one.

@@ -14,6 +14,7 @@
 
 #include "bpf_rodata.h"
 #include "log.h"
+#include "names.h"
 #include "pins.h"
 #include "syrup/abi.h"
 
@@ -255,7 +256,7 @@ int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFa
       p->system_maps.emplace_back(name);
       continue;
     }
-    if (std::string why = pins::validate_name("map", name); !why.empty()) {
+    if (std::string why = names::check("map", name); !why.empty()) {
       fail.message = why;
       return -EINVAL;
     }

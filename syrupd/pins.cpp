@@ -36,27 +36,23 @@ std::string policy_map(std::string_view app, int id, std::string_view map) {
 }
 
 std::string xdp_dir() { return g_root + "/xdp"; }
-std::string xdp_root_dir(std::string_view ifname) { return xdp_dir() + "/" + std::string(ifname); }
+std::string xdp_pin_name(std::string_view ifname) {
+  std::string n(ifname);
+  std::replace(n.begin(), n.end(), '.', ':');
+  return n;
+}
+std::string xdp_ifname(std::string_view pin_name) {
+  std::string n(pin_name);
+  std::replace(n.begin(), n.end(), ':', '.');
+  return n;
+}
+std::string xdp_root_dir(std::string_view ifname) { return xdp_dir() + "/" + xdp_pin_name(ifname); }
 std::string xdp_root_obj(std::string_view ifname, std::string_view obj) {
   return xdp_root_dir(ifname) + "/" + std::string(obj);
 }
 
 std::string thread_scx_dir() { return g_root + "/thread_scx"; }
 std::string thread_scx_obj(std::string_view obj) { return thread_scx_dir() + "/" + std::string(obj); }
-
-std::string validate_name(std::string_view kind, std::string_view name) {
-  if (name.empty()) return std::string(kind) + " name is empty";
-  if (name.size() > 64) return std::string(kind) + " name is longer than 64 characters";
-  if (name[0] == '.') return std::string(kind) + " name may not start with '.'";
-  for (char c : name) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '-' || c == '.';
-    if (!ok)
-      return std::string(kind) + " name '" + std::string(name) +
-             "' has a character outside [A-Za-z0-9_.-]";
-  }
-  return {};
-}
 
 int make_dirs(const std::string& path) {
   std::error_code ec;

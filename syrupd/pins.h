@@ -11,8 +11,12 @@
 //   <root>/thread_scx/exit_link               its sched_process_exit tracepoint's link
 //   <root>/thread_scx/<map>                   its maps (syr_scx_procs, syr_scx_enq, ...)
 //
-// Invariants: every path syrupd pins or unpins comes from these functions; names are
-// validated (validate_name) before they reach them, so no path leaves <root>.
+//   <root>/xdp/<ifname> holds an interface's name with each '.' made ':' (xdp_pin_name):
+//   bpffs refuses dots, a VLAN's name has them (eth0.100), and no interface name has a ':'.
+//
+// Invariants: every path syrupd pins or unpins comes from these functions; application
+// and map names are checked (names::check, runtime/src/names.h) before they reach them,
+// so no path leaves <root>.
 #pragma once
 
 #include <string>
@@ -34,13 +38,12 @@ std::string policy_prog(std::string_view app, int id);
 std::string policy_map(std::string_view app, int id, std::string_view map);
 std::string xdp_dir();
 std::string xdp_root_dir(std::string_view ifname);
+// An interface's name as a directory of xdp_dir(), and back.
+std::string xdp_pin_name(std::string_view ifname);
+std::string xdp_ifname(std::string_view pin_name);
 std::string xdp_root_obj(std::string_view ifname, std::string_view obj);
 std::string thread_scx_dir();
 std::string thread_scx_obj(std::string_view obj);
-
-// Application and map names: 1..64 of [A-Za-z0-9_.-], not starting with '.'.
-// Returns "" if valid, else why not.
-std::string validate_name(std::string_view kind, std::string_view name);
 
 // mkdir -p inside bpffs. 0 or -errno.
 int make_dirs(const std::string& path);

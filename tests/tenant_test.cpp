@@ -277,6 +277,14 @@ TEST_F(Tenants, MalformedControlMessagesAndGarbageSourcesLeaveTheDaemonServing) 
   EXPECT_NE(r.value("error", std::string()).find("params must be an object"), std::string::npos) << r.dump();
   r = raw(frame(R"({"op":"deploy","hook":"socket-select","app":"tenant/../etc","source":"y"})"));
   EXPECT_NE(r.value("error", std::string()).find("character outside"), std::string::npos) << r.dump();
+  // Before, a dotted name passed and the deploy failed later, pinning: "cannot pin policy
+  // under .../apps/my.app/policies/1: Operation not permitted".
+  r = raw(frame(R"({"op":"deploy","hook":"socket-select","app":"my.app","source":"y"})"));
+  EXPECT_EQ(r.value("errno", 0), EINVAL) << r.dump();
+  EXPECT_NE(r.value("error", std::string()).find("application name 'my.app' has a character outside [A-Za-z0-9_-] "
+                                                 "(bpffs refuses '.' in pin names)"),
+            std::string::npos)
+      << r.dump();
   r = raw(frame(R"({"op":"map_open","app":"survivor","map":"x/../../apps"})"));
   EXPECT_NE(r.value("error", std::string()).find("character outside"), std::string::npos) << r.dump();
   r = raw(frame(R"({"op":"launch_missiles"})"));

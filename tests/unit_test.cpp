@@ -17,6 +17,7 @@
 #include "digest.h"
 #include "harness.h"
 #include "loader.h"
+#include "names.h"
 #include "pins.h"
 #include "protocol.h"
 #include "thread_agent.h"
@@ -133,15 +134,28 @@ TEST(Protocol, ResponseStatusJoinsMessageAndLogOnce) {
   EXPECT_EQ(response_status(ok, out), 0);
 }
 
-TEST(Pins, ValidateNameRejectsTraversalAndOverlongNames) {
-  EXPECT_EQ(pins::validate_name("map", "scan_map"), "");
-  EXPECT_EQ(pins::validate_name("application", "rocksdb-server.v2"), "");
-  EXPECT_NE(pins::validate_name("application", "../etc"), "");
-  EXPECT_NE(pins::validate_name("application", "a/b"), "");
-  EXPECT_NE(pins::validate_name("application", ".hidden"), "");
-  EXPECT_NE(pins::validate_name("application", ""), "");
-  EXPECT_NE(pins::validate_name("application", std::string(65, 'a')), "");
-  EXPECT_EQ(pins::validate_name("application", std::string(64, 'a')), "");
+TEST(Names, PinnedNamesRefuseTraversalDotsAndOverlongNamesAndDefaultsAreValid) {
+  EXPECT_EQ(names::check("map", "scan_map"), "");
+  EXPECT_EQ(names::check("application", "rocksdb-server_v2"), "");
+  // bpffs refuses '.' in a name: a dotted application could never be pinned.
+  EXPECT_NE(names::check("application", "rocksdb-server.v2").find("bpffs refuses '.'"), std::string::npos);
+  EXPECT_NE(names::check("application", "../etc"), "");
+  EXPECT_NE(names::check("application", "a/b"), "");
+  EXPECT_NE(names::check("application", ".hidden"), "");
+  EXPECT_NE(names::check("application", ""), "");
+  EXPECT_NE(names::check("application", std::string(65, 'a')), "");
+  EXPECT_EQ(names::check("application", std::string(64, 'a')), "");
+  // Policy names are labels (file names), never paths.
+  EXPECT_EQ(names::check("policy", "round_robin.c", names::Kind::kLabel), "");
+  EXPECT_NE(names::check("policy", ".hidden", names::Kind::kLabel), "");
+  EXPECT_NE(names::check("policy", "a/b", names::Kind::kLabel), "");
+  // Default application names from program names.
+  EXPECT_EQ(names::application_from("python3.11"), "python3_11");
+  EXPECT_EQ(names::application_from(""), "app");
+  EXPECT_EQ(names::application_from(std::string(80, 'x')), std::string(64, 'x'));
+  // Interface names in the XDP pin tree: bpffs refuses the dots of VLAN names.
+  EXPECT_EQ(pins::xdp_pin_name("eth0.100"), "eth0:100");
+  EXPECT_EQ(pins::xdp_ifname("eth0:100"), "eth0.100");
 }
 
 TEST(Pins, LayoutIsRootedAndPerApplication) {

@@ -535,6 +535,108 @@ TEST_F(Xdp, APolicyWhoseInterfaceIsDeletedOrWhoseProgramIsDetachedIsRemovedAndTh
   EXPECT_EQ(daemon_.log().find("warning: syrupd: libbpf"), std::string::npos) << daemon_.log();
 }
 
+// The kernel attaches XDP by interface index, so a renamed interface keeps syrupd's root
+// program. Its policies follow the new name (list, pins, the next deploy to it, the state
+// file), also when the rename happened while no syrupd ran. Before, they stayed under the
+// old name and a deploy to the new one was refused as "an XDP program that this syrupd did
+// not attach".
+TEST_F(Xdp, APolicyFollowsItsInterfaceWhenItIsRenamedAlsoWhileNoSyrupdRuns) {
+  // The new name has a dot, as a VLAN's has (eth0.100): bpffs refuses dots in pin names.
+  const std::string first = net_->host_if, second = first + ".r";
+  auto rename_to = [&](const std::string& to) {
+    std::string out, from = net_->host_if;
+    ASSERT_EQ(run_cmd("ip link set dev " + from + " down && ip link set dev " + from + " name " + to +
+                          " && ip link set dev " + to + " up",
+                      out),
+              0)
+        << out;
+    net_->host_if = to;  // the fixture's checks and clean-up use the name the kernel has now
+    run_cmd("ping -c1 -W1 -I " + to + " " + net_->peer_ip, out);
+  };
+  UniqueFd s(udp_server(net_->host_ip, 9381));
+  UniqueFd peer(net_->peer_udp());
+  uint64_t sent = 0;
+  auto counted = [&](const char* when) {
+    for (int i = 0; i < 5; i++) send_to(peer.get(), net_->host_ip, 9381, 1, i);
+    sent += 5;
+    EXPECT_EQ(drain(s.get()).size(), 5u) << when;
+    EXPECT_EQ(map_u64("ren-a", "seen", 0), sent) << when << ": the policy does not see the port's packets";
+  };
+  auto pin_dir = [&](std::string ifname) {
+    std::replace(ifname.begin(), ifname.end(), '.', ':');
+    return daemon_.bpffs_root() + "/xdp/" + ifname;
+  };
+  auto pinned_as = [&](const std::string& ifname) {
+    EXPECT_TRUE(std::filesystem::exists(pin_dir(ifname) + "/prog")) << ifname << daemon_.log();
+    for (const auto& other : {first, second})
+      EXPECT_TRUE(other == ifname || !std::filesystem::exists(pin_dir(other))) << other << "'s pins stay";
+  };
+  auto ifname_of = [](int id) {
+    json p = policy_entry(id);
+    return p.is_object() ? p.value("ifname", std::string()) : std::string("(not listed)");
+  };
+  int a = deploy("tests/policies/xdp_count.c", "ren-a", {9381});
+  ASSERT_GT(a, 0) << syr_last_error();
+  uint32_t prog = attached_xdp_prog(first);
+  ASSERT_NE(prog, 0u);
+
+  rename_to(second);
+  for (int t = 0; t < 60 && ifname_of(a) != second; t++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(ifname_of(a), second) << daemon_.log();
+  EXPECT_NE(daemon_.log().find("interface " + first + " was renamed to " + second +
+                               ": its XDP root program and policies follow it"),
+            std::string::npos)
+      << daemon_.log();
+  EXPECT_EQ(attached_xdp_prog(second), prog);
+  pinned_as(second);
+  counted("after the rename");
+  int b = deploy("tests/policies/xdp_count.c", "ren-b", {9382});
+  EXPECT_GT(b, 0) << "a deploy to the new name: " << syr_last_error();
+  EXPECT_EQ(attached_xdp_prog(second), prog) << "the second policy shares the root";
+  syr_deploy_opts o{.sz = sizeof o, .app = "ren-c", .ifname = first.c_str()};
+  uint16_t port = 9383;
+  o.ports = &port;
+  o.n_ports = 1;
+  EXPECT_EQ(syr_deploy_policy(source_path("policies/pass.c").c_str(), SYR_HOOK_XDP, &o), -ENODEV);
+  EXPECT_NE(std::string(syr_last_error()).find("no network interface '" + first + "'"), std::string::npos)
+      << syr_last_error();
+
+  // Renamed back while no syrupd runs: the next one adopts both policies from the state
+  // file, finds the root program where the kernel has it, and follows the name.
+  std::string root = daemon_.bpffs_root();
+  daemon_.crash();
+  rename_to(first);
+  daemon_.start(root);
+  EXPECT_NE(daemon_.log().find("adopted 2 policies"), std::string::npos) << daemon_.log();
+  EXPECT_EQ(ifname_of(a), first) << daemon_.log();
+  EXPECT_EQ(ifname_of(b), first) << daemon_.log();
+  EXPECT_EQ(attached_xdp_prog(first), prog);
+  pinned_as(first);
+  counted("after a rename while no syrupd ran");
+
+  // Without the state file, the next syrupd removes its predecessor's root from the
+  // renamed interface, rather than leave it there refusing every deploy.
+  daemon_.crash();
+  ids_.clear();
+  unlink(daemon_.state_file().c_str());
+  rename_to(second);
+  daemon_.start(root);
+  EXPECT_EQ(attached_xdp_prog(second), 0u) << daemon_.log();
+  EXPECT_NE(daemon_.log().find("removed the XDP root program a previous syrupd left on " + second +
+                               " (pinned as " + first + ")"),
+            std::string::npos)
+      << daemon_.log();
+  EXPECT_FALSE(std::filesystem::exists(root + "/xdp/" + first));
+  // A first deploy to the dotted name attaches and pins a new root.
+  int c = deploy("tests/policies/xdp_count.c", "ren-a", {9381});
+  ASSERT_GT(c, 0) << syr_last_error();
+  EXPECT_NE(attached_xdp_prog(second), 0u);
+  pinned_as(second);
+  sent = 0;
+  counted("a new root on the dotted name");
+}
+
 // A deploy parked for its compile makes the target checks again when it resumes: a port
 // another application claimed meanwhile is refused (EBUSY), and the claim stays with the
 // application that took it, whose policy goes on counting the port's packets.

@@ -16,6 +16,7 @@
 #include "cli.h"
 #include "client.h"
 #include "config.h"
+#include "names.h"
 #include "protocol.h"
 
 DEFINE_string(socket, "", "syrupd's control socket (default: $SYRUP_SOCKET or /run/syrup/syrupd.sock)");
@@ -99,9 +100,7 @@ std::string process_name(int pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
   std::string s;
   std::getline(in, s);
-  std::string out;
-  for (char c : s) out += (isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
-  return out.empty() ? "app" : out;
+  return syrup::names::application_from(s);
 }
 
 int cmd_deploy(const std::vector<std::string>& args) {

@@ -25,6 +25,7 @@
 #include <string>
 
 #include "client.h"
+#include "names.h"
 
 namespace {
 
@@ -41,12 +42,7 @@ std::string default_app() {
   std::lock_guard lk(g_app_mu);
   if (!g_app.empty()) return g_app;
   if (const char* e = std::getenv("SYRUP_APP"); e && *e) return e;
-  // The program's name, made a valid application name (see docs/protocol.md).
-  std::string n;
-  for (const char* p = program_invocation_short_name; *p && n.size() < 64; p++)
-    n += (isalnum(static_cast<unsigned char>(*p)) || *p == '-' || *p == '_' || *p == '.') ? *p : '_';
-  if (n.empty() || n[0] == '.') n = "app" + n;
-  return n.substr(0, 64);
+  return syrup::names::application_from(program_invocation_short_name);
 }
 
 const char* hook_name(enum syr_hook hook) {

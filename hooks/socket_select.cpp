@@ -15,6 +15,7 @@
 
 #include <bpf/bpf.h>
 
+#include "names.h"
 #include "syrup/abi.h"
 
 namespace syrup::socket_select {
@@ -116,7 +117,8 @@ int from_fds(std::vector<UniqueFd> fds, Executors& out, std::string& err) {
   return 0;
 }
 
-int from_pid(pid_t pid, uint16_t port, int protocol, Executors& out, std::string& err) {
+int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address, Executors& out,
+             std::string& err) {
   if (port == 0) {
     err = "--pid needs --port: which of the process's sockets to schedule";
     return -EINVAL;
@@ -142,9 +144,9 @@ int from_pid(pid_t pid, uint16_t port, int protocol, Executors& out, std::string
   closedir(d);
   std::sort(nums.begin(), nums.end());
 
-  // Per protocol, the sockets on `port` in ascending fd order, one per socket (a socket
-  // the process has under two fd numbers counts once, at its lowest).
-  std::map<int, Executors> found;
+  // Per group (protocol, address), the sockets on `port` in ascending fd order, one per
+  // socket (a socket the process has under two fd numbers counts once, at its lowest).
+  std::map<std::pair<int, std::string>, Executors> found;
   std::map<ino_t, bool> seen;
   for (int n : nums) {
     char link[64];
@@ -164,24 +166,49 @@ int from_pid(pid_t pid, uint16_t port, int protocol, Executors& out, std::string
     if (describe(fd.get(), si) || si.port != port || !unusable(si).empty()) continue;
     if (protocol && si.protocol != protocol) continue;
     seen[st.st_ino] = true;
-    Executors& ex = found[si.protocol];
-    if (ex.sockets.empty()) {
-      ex.protocol = si.protocol;
-      ex.port = si.port;
-      ex.address = si.address;
-    } else if (si.address != ex.address) {
-      continue;  // another group on the same port (other address): not this one
-    }
-    if (ex.sockets.size() >= SYR_MAX_EXECUTORS) continue;
+    Executors& ex = found[{si.protocol, si.address}];
+    ex.protocol = si.protocol;
+    ex.port = si.port;
+    ex.address = si.address;
     ex.sockets.push_back(std::move(fd));
     ex.source_fds.push_back(n);
   }
+  // UDP first when both protocols qualify; then the address, which must be named when the
+  // process has several groups on the port (a guess would leave the others unscheduled).
   for (int p : {IPPROTO_UDP, IPPROTO_TCP}) {
-    auto it = found.find(p);
-    if (it != found.end()) {
-      out = std::move(it->second);
-      return 0;
+    std::vector<Executors*> groups;
+    std::string addresses;
+    for (auto& [key, ex] : found)
+      if (key.first == p) {
+        groups.push_back(&ex);
+        addresses += (addresses.empty() ? "" : ", ") + ex.address;
+      }
+    if (groups.empty()) continue;
+    Executors* chosen = groups.size() == 1 && address.empty() ? groups[0] : nullptr;
+    for (Executors* ex : groups)
+      if (!address.empty() && ex->address == address) chosen = ex;
+    if (!chosen && address.empty()) {
+      err = "process " + std::to_string(pid) + " has " + std::to_string(groups.size()) + " SO_REUSEPORT " +
+            proto_name(p) + " groups on port " + std::to_string(port) + " (bound to " + addresses +
+            "): say which with address (syrupctl --address)";
+      return -EINVAL;
     }
+    if (!chosen) {
+      if (protocol || p == IPPROTO_TCP || !found.count({IPPROTO_TCP, address})) {
+        err = "process " + std::to_string(pid) + " has no SO_REUSEPORT " + proto_name(p) + " socket bound to " +
+              address + " port " + std::to_string(port) + " (its groups on the port are bound to " + addresses + ")";
+        return -ENOENT;
+      }
+      continue;  // a TCP group of that address
+    }
+    if (chosen->sockets.size() > SYR_MAX_EXECUTORS) {
+      err = "the group " + chosen->group() + " of process " + std::to_string(pid) + " has " +
+            std::to_string(chosen->sockets.size()) + " sockets; a policy schedules at most " +
+            std::to_string(SYR_MAX_EXECUTORS);
+      return -E2BIG;
+    }
+    out = std::move(*chosen);
+    return 0;
   }
   err = "process " + std::to_string(pid) + " has no SO_REUSEPORT " +
         (protocol == IPPROTO_TCP ? "TCP listener" : protocol == IPPROTO_UDP ? "UDP socket" : "socket") +
@@ -335,9 +362,18 @@ int SocketSelectHook::make_target(const Caller& caller, proto::Message& req,
       err = "protocol must be 'udp' or 'tcp'";
       return -EINVAL;
     }
+    std::string address;
+    if (b.contains("address") &&
+        (!b["address"].is_string() || names::canonical_address(b["address"].get<std::string>(), address))) {
+      err = "address must be an IPv4 or IPv6 address, as the sockets are bound (e.g. 127.0.0.1, ::, 0.0.0.0)";
+      return -EINVAL;
+    }
     if (int r = check_target_process(caller, pid, err)) return r;
-    if (int r = from_pid(pid, static_cast<uint16_t>(port), proto, ex, err)) return r;
+    if (int r = from_pid(pid, static_cast<uint16_t>(port), proto, address, ex, err)) return r;
     owner = pid;  // the scheduled process, not the tool that asked
+  } else if (b.contains("address")) {
+    err = "address chooses among the sockets of a process (with pid); passed sockets are their group already";
+    return -EINVAL;
   } else if (int r = from_fds(std::move(req.fds), ex, err)) {
     return r;
   }

@@ -39,8 +39,12 @@ struct Executors {
 int from_fds(std::vector<UniqueFd> fds, Executors& out, std::string& err);
 
 // Takes the SO_REUSEPORT sockets of process `pid` bound to `port` (protocol: IPPROTO_UDP,
-// IPPROTO_TCP, or 0 for UDP first, then TCP). Needs ptrace-level access to `pid`.
-int from_pid(pid_t pid, uint16_t port, int protocol, Executors& out, std::string& err);
+// IPPROTO_TCP, or 0 for UDP first, then TCP) and `address` (names::canonical_address(); empty:
+// the only group there is, -EINVAL naming them if the process has several). Needs
+// ptrace-level access to `pid`.
+int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address, Executors& out,
+             std::string& err);
+
 
 // Puts executor i in slot i of the REUSEPORT_SOCKARRAY `map_fd`. A socket can be in
 // only one such map at a time (the kernel answers EBUSY otherwise), which is why a

@@ -41,7 +41,7 @@ const std::vector<std::string> kQuotaKeys = {"policies", "maps", "map_bytes", "i
 const std::vector<std::string> kCommonPolicyKeys = {"name", "hook", "policy", "params", "persist"};
 const std::vector<std::string> kSelectorKeys = {"process", "pid", "pidfile"};
 const std::map<std::string, std::vector<std::string>> kHookKeys = {
-    {"socket-select", {"process", "pid", "pidfile", "port", "protocol"}},
+    {"socket-select", {"process", "pid", "pidfile", "port", "protocol", "address"}},
     {"xdp", {"ifname", "port", "ports", "protocol", "cpus", "process", "pid", "pidfile"}},
     {"thread", {"process", "pid", "pidfile"}},
 };
@@ -647,6 +647,12 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
   } else if (e.hook == "xdp") {
     req["protocol"] = "udp";  // the hook's default, spelled out so the target is explicit
   }
+  if (auto it = f.find("address"); it != f.end() && used("address")) {
+    std::string a;
+    if (!it->second.value.IsScalar() || names::canonical_address(it->second.value.Scalar(), a))
+      error(it->second, sub(path, "address"), "expected an IPv4 or IPv6 address (e.g. 127.0.0.1, ::)");
+    else req["address"] = a;
+  }
   if (e.hook == "xdp") {
     if (auto it = f.find("ifname"); it == f.end()) {
       error(e.line, sub(path, "ifname"), "required key is missing");
@@ -719,6 +725,8 @@ std::string same_target(const PolicyEntry& a, const PolicyEntry& b) {
   if (ra.value("port", 0) != rb.value("port", 0)) return {};
   std::string pa = ra.value("protocol", std::string()), pb = rb.value("protocol", std::string());
   if (!pa.empty() && !pb.empty() && pa != pb) return {};
+  std::string aa = ra.value("address", std::string()), ab = rb.value("address", std::string());
+  if (!aa.empty() && !ab.empty() && aa != ab) return {};
   return "the socket group of " + a.target.str() + " on port " + std::to_string(ra.value("port", 0));
 }
 

@@ -191,10 +191,10 @@ void stop_suite_daemon(Daemon*& daemon) {
   daemon = nullptr;
 }
 
-UdpGroup::UdpGroup(int n, uint16_t port) : port_(port) {
+UdpGroup::UdpGroup(int n, uint16_t port, const char* address) : port_(port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  inet_pton(AF_INET, address, &a.sin_addr);
   a.sin_port = htons(port_);
   std::vector<int> fds(n);
   if (int r = syr_open_reuseport_group(SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
@@ -239,11 +239,11 @@ std::vector<int> UdpGroup::drain(std::vector<std::vector<std::string>>* payloads
   return counts;
 }
 
-UdpClient::UdpClient(uint16_t port) {
+UdpClient::UdpClient(uint16_t port, const char* address) {
   fd_.reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  inet_pton(AF_INET, address, &a.sin_addr);
   a.sin_port = htons(port);
   dst_ = a;
   // Bound but not connected: one 5-tuple for the client's life, and a datagram a policy

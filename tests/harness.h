@@ -121,10 +121,10 @@ class TestNet {
   bool ok_ = false;
 };
 
-// N SO_REUSEPORT sockets of one group on 127.0.0.1.
+// N SO_REUSEPORT sockets of one group on `address` (a loopback one: 127.0.0.0/8).
 class UdpGroup {
  public:
-  explicit UdpGroup(int n, uint16_t port = 0);
+  explicit UdpGroup(int n, uint16_t port = 0, const char* address = "127.0.0.1");
   uint16_t port() const { return port_; }
   std::vector<int> fds() const;
   int size() const { return static_cast<int>(socks_.size()); }
@@ -139,7 +139,7 @@ class UdpGroup {
 // A connected client socket (one 5-tuple for its whole life).
 class UdpClient {
  public:
-  explicit UdpClient(uint16_t port);
+  explicit UdpClient(uint16_t port, const char* address = "127.0.0.1");
   void send(const void* data, size_t len);
   // Payload: u32 type, u32 key, then `extra` zero bytes.
   void send_request(uint32_t type, uint32_t key, size_t extra = 8);

@@ -376,7 +376,7 @@ TEST(ConfigErrors, PortsAndTargets) {
             "characters, no '/')");
   EXPECT_EQ(only_error(ss + "    port: 9000\n    pid: 3\n    ports: [1]\n"),
             "syrup.yaml:9: tenants[0].policies[0].ports: not used by the socket-select hook (its keys: name, hook, "
-            "policy, params, persist, process, pid, pidfile, port, protocol)");
+            "policy, params, persist, process, pid, pidfile, port, protocol, address)");
 }
 
 TEST(ConfigErrors, ParamsAndPersist) {
@@ -447,6 +447,18 @@ TEST(ConfigErrors, SameTargetTwice) {
   EXPECT_EQ(load(kPolicyHead + "  - {hook: socket-select, policy: a.c, process: srv, port: 9, protocol: tcp}\n"
                                "  - {hook: socket-select, policy: b.c, process: srv, port: 9, protocol: udp}\n").r,
             0);
+  // The groups of other addresses are other targets; the same address, spelled otherwise,
+  // is the same one.
+  Loaded two = load(kPolicyHead + "  - {hook: socket-select, policy: a.c, process: srv, port: 9, address: 127.0.0.1}\n"
+                                  "  - {hook: socket-select, policy: b.c, process: srv, port: 9, address: '::1'}\n");
+  ASSERT_EQ(two.r, 0) << testing::PrintToString(two.errs);
+  EXPECT_EQ(two.cfg.tenants[0].policies[1].request["address"], "::1");
+  EXPECT_EQ(only_error(kPolicyHead + "  - {hook: socket-select, policy: a.c, process: srv, port: 9, address: '::1'}\n"
+                                     "  - {hook: socket-select, policy: b.c, process: srv, port: 9, address: '0:0::1'}\n"),
+            "syrup.yaml:6: tenants[0].policies[1]: same target as tenants[0].policies[0] (line 5): the socket group "
+            "of process srv on port 9; a target has at most one policy");
+  EXPECT_EQ(only_error(kPolicyHead + "  - {hook: socket-select, policy: a.c, process: srv, port: 9, address: localhost}\n"),
+            "syrup.yaml:5: tenants[0].policies[0].address: expected an IPv4 or IPv6 address (e.g. 127.0.0.1, ::)");
   EXPECT_EQ(only_error(kPolicyHead + "  - {hook: thread, policy: a.c, pidfile: /run/x.pid}\n"
                                      "  - {hook: thread, policy: b.c, pidfile: /run/x.pid}\n"),
             "syrup.yaml:6: tenants[0].policies[1]: same target as tenants[0].policies[0] (line 5): the threads of "

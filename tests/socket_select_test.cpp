@@ -567,6 +567,55 @@ TEST_F(SocketSelect, UnmodifiedProcessByPidTakesItsSocketsInFdOrder) {
   EXPECT_NE(out.find("by_key.c"), std::string::npos) << out;
 }
 
+// A process with SO_REUSEPORT groups on several addresses of one port (a server bound to
+// each of its addresses): which group is meant must be said, not guessed. Before, the
+// first socket found fixed the group and the other group went unscheduled, silently.
+TEST_F(SocketSelect, AProcessWithGroupsOnSeveralAddressesOfThePortIsScheduledAtTheAddressNamed) {
+  UdpGroup one(2);
+  UdpGroup two(2, one.port(), "127.0.0.2");
+  ASSERT_EQ(two.port(), one.port());
+  std::string port = std::to_string(one.port()), out;
+  std::string deploy = build_bin("syrupctl") + " deploy --hook socket-select --app addrtest --pid " +
+                       std::to_string(getpid()) + " --port " + port + " " + source_path("tests/policies/by_key.c");
+  EXPECT_EQ(run_cmd(deploy, out), 1) << out;
+  EXPECT_NE(out.find("has 2 SO_REUSEPORT udp groups on port " + port +
+                     " (bound to 127.0.0.1, 127.0.0.2): say which with address (syrupctl --address)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(run_cmd(deploy + " --address 127.0.0.3", out), 1) << out;
+  EXPECT_NE(out.find("has no SO_REUSEPORT udp socket bound to 127.0.0.3 port " + port +
+                     " (its groups on the port are bound to 127.0.0.1, 127.0.0.2)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(run_cmd(deploy + " --address localhost", out), 1) << out;
+  EXPECT_NE(out.find("address must be an IPv4 or IPv6 address"), std::string::npos) << out;
+
+  // libsyrup, the same request: the group of 127.0.0.2 gets the policy (keys split by
+  // key % 2 in fd order), and the one of 127.0.0.1 keeps the kernel's hash.
+  syr_deploy_opts o{.sz = sizeof o, .app = "addrtest", .pid = getpid(), .port = one.port(), .address = "127.0.0.2"};
+  int id = syr_deploy_policy(source_path("tests/policies/by_key.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+  ASSERT_GT(id, 0) << syr_last_error();
+  ids_.push_back(id);
+  UdpClient to_two(two.port(), "127.0.0.2"), to_one(one.port());
+  for (uint32_t k = 0; k < 40; k++) {
+    to_two.send_request(1, k);
+    to_one.send_request(1, k);
+  }
+  EXPECT_EQ(two.drain(), (std::vector<int>{20, 20})) << "the named group is not scheduled by the policy";
+  std::vector<int> hashed = one.drain();
+  std::sort(hashed.begin(), hashed.end());
+  EXPECT_EQ(hashed, (std::vector<int>{0, 40})) << "the other group left the kernel's hash (one flow, one socket)";
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " list", out), 0);
+  EXPECT_NE(out.find("udp/127.0.0.2:" + port), std::string::npos) << out;
+  // Passed sockets are their group already.
+  auto fds = one.fds();
+  syr_deploy_opts f{.sz = sizeof f, .app = "addrtest", .fds = fds.data(), .n_fds = fds.size(), .address = "127.0.0.1"};
+  EXPECT_EQ(syr_deploy_policy(source_path("policies/pass.c").c_str(), SYR_HOOK_SOCKET_SELECT, &f), -EINVAL);
+  EXPECT_NE(std::string(syr_last_error()).find("address chooses among the sockets of a process (with pid)"),
+            std::string::npos)
+      << syr_last_error();
+}
+
 // Bad input: each gets a clear error and the policy already deployed keeps working.
 class SocketSelectBadInput : public SocketSelect {
  protected:

@@ -25,6 +25,9 @@ DEFINE_string(hook, "socket-select", "deploy: the hook (socket-select, xdp, thre
 DEFINE_int32(pid, 0, "deploy: the process whose sockets (or, --hook thread, threads) to schedule");
 DEFINE_int32(port, 0, "deploy: the port its SO_REUSEPORT sockets are bound to");
 DEFINE_string(protocol, "", "deploy: udp or tcp (default: udp if the process has both)");
+DEFINE_string(address, "",
+              "deploy --hook socket-select: the address the group's sockets are bound to, when the process "
+              "has several groups on the port (e.g. 127.0.0.1, ::)");
 DEFINE_string(app, "", "application name (deploy: default the process's name; map: required)");
 DEFINE_string(params, "", "deploy: policy parameters, NAME=VALUE[,NAME=VALUE...]");
 DEFINE_bool(persist, false,
@@ -46,7 +49,7 @@ const char* kUsage =
     "control the Syrup daemon.\n\n"
     "Usage:\n"
     "  syrupctl deploy --hook socket-select --pid PID --port PORT [--protocol udp|tcp]\n"
-    "                  [--app NAME] [--params K=V,...] POLICY.c\n"
+    "                  [--address ADDR] [--app NAME] [--params K=V,...] POLICY.c\n"
     "  syrupctl deploy --hook xdp --ifname IF --port PORT [--cpus C,...] [--pid PID [--persist]]\n"
     "                  [--app NAME] [--params K=V,...] POLICY.c\n"
     "  syrupctl deploy --hook thread --pid PID [--app NAME] [--params K=V,...] POLICY.c\n"
@@ -147,6 +150,10 @@ int cmd_deploy(const std::vector<std::string>& args) {
                         {"persist", FLAGS_persist || FLAGS_pid <= 0}};
   if (FLAGS_pid > 0) req["pid"] = FLAGS_pid;
   if (!FLAGS_protocol.empty()) req["protocol"] = FLAGS_protocol;
+  if (!FLAGS_address.empty()) {
+    if (thread_hook || xdp_hook) return usage("--address is for --hook socket-select");
+    req["address"] = FLAGS_address;
+  }
   if (xdp_hook) {
     req["ifname"] = FLAGS_ifname;
     if (!FLAGS_cpus.empty()) {

@@ -1,5 +1,5 @@
-// The name rules of the protocol (docs/protocol.md), in one place for syrupd, its --config
-// parser, libsyrup and syrupctl.
+// How the protocol (docs/protocol.md) spells names and addresses, in one place for syrupd,
+// its --config parser, libsyrup and syrupctl.
 //
 // Application names (a --config tenant is an application) and map names become bpffs path
 // components under syrupd's pin root: 1..64 of [A-Za-z0-9_-]. bpffs refuses any name
@@ -9,6 +9,10 @@
 // not first.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <cerrno>
 #include <cctype>
 #include <string>
 #include <string_view>
@@ -40,6 +44,19 @@ inline std::string application_from(std::string_view program) {
   std::string n;
   for (char c : program.substr(0, 64)) n += allowed(c, Kind::kPinned) ? c : '_';
   return n.empty() ? "app" : n;
+}
+
+// An IPv4 or IPv6 address as inet_ntop() writes it, which is how syrupd names a socket
+// group's address ("127.0.0.1", "::1"; "0:0::1" becomes "::1"). 0 or -EINVAL.
+inline int canonical_address(const std::string& text, std::string& out) {
+  unsigned char buf[sizeof(in6_addr)];
+  char s[INET6_ADDRSTRLEN];
+  int family = inet_pton(AF_INET, text.c_str(), buf) == 1    ? AF_INET
+               : inet_pton(AF_INET6, text.c_str(), buf) == 1 ? AF_INET6
+                                                              : 0;
+  if (!family || !inet_ntop(family, buf, s, sizeof s)) return -EINVAL;
+  out = s;
+  return 0;
 }
 
 }  // namespace syrup::names

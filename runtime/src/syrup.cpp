@@ -132,6 +132,7 @@ int syr_deploy_policy_source(const char* source, size_t len, const char* name,
   if (port) req["port"] = port;
   if (const char* ifname = OPT(opts, ifname, nullptr)) req["ifname"] = ifname;
   if (const char* proto = OPT(opts, protocol, nullptr)) req["protocol"] = proto;
+  if (const char* address = OPT(opts, address, nullptr)) req["address"] = address;
   const uint16_t* ports = OPT(opts, ports, nullptr);
   size_t n_ports = OPT(opts, n_ports, 0);
   if (n_ports && !ports) return fail(-EINVAL, "n_ports is set but ports is NULL");

@@ -74,6 +74,9 @@ struct syr_deploy_opts {
 	size_t n_cpus;
 	/* "udp" (default) or "tcp": the protocol of `port`/`ports`. */
 	const char *protocol;
+	/* Socket-select with `pid`: the address of the group's sockets ("127.0.0.1", "::"),
+	 * needed when the process has several SO_REUSEPORT groups on `port`. */
+	const char *address;
 };
 
 /* Compiles the policy at `path` for `hook` and deploys it. Returns the policy id (> 0)

@@ -45,7 +45,6 @@ int from_fds(std::vector<UniqueFd> fds, Executors& out, std::string& err);
 int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address, Executors& out,
              std::string& err);
 
-
 // Puts executor i in slot i of the REUSEPORT_SOCKARRAY `map_fd`. A socket can be in
 // only one such map at a time (the kernel answers EBUSY otherwise), which is why a
 // replacement policy reuses its predecessor's executor map.

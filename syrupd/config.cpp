@@ -530,7 +530,8 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
   // Its name: explicit, or the file's.
   if (auto it = f.find("name"); it != f.end()) {
     if (string_of(it->second, sub(path, "name"), e.name, "a policy name"))
-      if (std::string why = names::check("policy", e.name, names::Kind::kLabel); !why.empty()) error(it->second, sub(path, "name"), why);
+      if (std::string why = names::check("policy", e.name, names::Kind::kLabel); !why.empty())
+        error(it->second, sub(path, "name"), why);
   } else if (!e.path.empty()) {
     e.name = fs::path(e.path).filename().string();
     if (std::string why = names::check("policy", e.name, names::Kind::kLabel); !why.empty())

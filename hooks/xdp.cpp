@@ -92,15 +92,21 @@ std::set<Claim> process_ports(pid_t pid) {
   return out;
 }
 
-// The interface XDP program `prog_id` is attached to (in any mode), trying `hint` first,
-// with `q` filled: its index, or 0 if none. The kernel attaches by index, so a pin named
-// after an interface may have been renamed away from it while no syrupd ran.
-int attached_where(uint32_t prog_id, const std::string& hint, bpf_xdp_query_opts& q) {
+// The root program a previous syrupd pinned for `ifname` (`prog`, kernel id `prog_id`) and
+// the interface it is attached to, in any mode, with `q` filled: its index, or 0 if it is
+// not pinned or not attached. The kernel attaches by index, so the interface may have been
+// renamed away from the pin's name while no syrupd ran: it is looked for by id.
+int pinned_root(const std::string& ifname, UniqueFd& prog, uint32_t& prog_id, bpf_xdp_query_opts& q) {
+  prog.reset(bpf_obj_get(pins::xdp_root_obj(ifname, kRootProg).c_str()));
+  bpf_prog_info info{};
+  uint32_t len = sizeof info;
+  if (!prog || bpf_prog_get_info_by_fd(prog.get(), &info, &len)) return 0;
+  prog_id = info.id;
   auto has = [&](unsigned ifindex) {
     return ifindex && bpf_xdp_query(static_cast<int>(ifindex), 0, &q) == 0 &&
            (q.prog_id == prog_id || q.drv_prog_id == prog_id || q.skb_prog_id == prog_id);
   };
-  if (unsigned i = if_nametoindex(hint.c_str()); has(i)) return static_cast<int>(i);
+  if (unsigned i = if_nametoindex(ifname.c_str()); has(i)) return static_cast<int>(i);
   int found = 0;
   if (struct if_nameindex* all = if_nameindex()) {
     for (struct if_nameindex* i = all; i->if_index && !found; i++)
@@ -153,12 +159,9 @@ class Root {
     // policies on it find it so; recover() then follows the rename.
     auto r = std::make_shared<Root>();
     r->ifname_ = ifname;
-    r->adopted_prog_.reset(bpf_obj_get(pins::xdp_root_obj(ifname, kRootProg).c_str()));
-    bpf_prog_info info{};
-    uint32_t len = sizeof info;
+    uint32_t id = 0;
     LIBBPF_OPTS(bpf_xdp_query_opts, q);
-    if (!r->adopted_prog_ || bpf_prog_get_info_by_fd(r->adopted_prog_.get(), &info, &len) ||
-        !(r->ifindex_ = attached_where(info.id, ifname, q))) {
+    if (!(r->ifindex_ = pinned_root(ifname, r->adopted_prog_, id, q))) {
       err = "the XDP root program of " + ifname + " is no longer attached";
       return -ENOENT;
     }
@@ -176,8 +179,8 @@ class Root {
       err = "libxdp cannot use the adopted root program";
       return -EINVAL;
     }
-    r->mode_ = q.skb_prog_id == info.id ? XDP_MODE_SKB : XDP_MODE_NATIVE;
-    r->prog_id_ = info.id;
+    r->mode_ = q.skb_prog_id == id ? XDP_MODE_SKB : XDP_MODE_NATIVE;
+    r->prog_id_ = id;
     r->attached_ = true;
     out = std::move(r);
     return 0;
@@ -745,15 +748,12 @@ void XdpHook::recover() {
   for (auto& e : fs::directory_iterator(pins::xdp_dir(), ec)) {
     std::string ifname = pins::xdp_ifname(e.path().filename().string());
     if (roots_.count(ifname)) continue;  // adopted with its policies
-    UniqueFd prog(bpf_obj_get(pins::xdp_root_obj(ifname, kRootProg).c_str()));
-    bpf_prog_info info{};
-    uint32_t len = sizeof info;
+    UniqueFd prog;
+    uint32_t id = 0;
     LIBBPF_OPTS(bpf_xdp_query_opts, q);
-    int ifindex = 0;
-    if (prog && bpf_prog_get_info_by_fd(prog.get(), &info, &len) == 0 &&
-        (ifindex = attached_where(info.id, ifname, q))) {
+    if (int ifindex = pinned_root(ifname, prog, id, q)) {
       LIBBPF_OPTS(bpf_xdp_attach_opts, d, .old_prog_fd = prog.get());
-      uint32_t flags = q.skb_prog_id == info.id ? XDP_FLAGS_SKB_MODE : XDP_FLAGS_DRV_MODE;
+      uint32_t flags = q.skb_prog_id == id ? XDP_FLAGS_SKB_MODE : XDP_FLAGS_DRV_MODE;
       int r = bpf_xdp_detach(ifindex, flags | XDP_FLAGS_REPLACE, &d);
       char now[IF_NAMESIZE] = "?";
       if_indextoname(static_cast<unsigned>(ifindex), now);

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include <bpf/bpf.h>
 
@@ -67,6 +68,39 @@ int describe(int fd, SockInfo& si) {
   return 0;
 }
 
+// The socket descriptors of process `pid`: (fd number, inode) in ascending fd order.
+int socket_fds(pid_t pid, std::vector<std::pair<int, uint64_t>>& out, std::string& err) {
+  std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  DIR* d = opendir(dir.c_str());
+  if (!d) {
+    int e = errno;
+    err = "cannot list " + dir + ": " + std::strerror(e);
+    return -e;
+  }
+  while (dirent* de = readdir(d)) {
+    char link[64];
+    ssize_t l = de->d_name[0] == '.' ? -1 : readlinkat(dirfd(d), de->d_name, link, sizeof link - 1);
+    unsigned long long ino = 0;
+    if (l <= 0) continue;
+    link[l] = 0;
+    if (std::sscanf(link, "socket:[%llu]", &ino) == 1) out.emplace_back(std::atoi(de->d_name), ino);
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return 0;
+}
+
+// A duplicate of fd `n` of the process behind `pidfd`, if that is still socket `ino`: 0,
+// -EBADF if the process closed it (or reused the number) since it was listed, else -errno.
+int take(int pidfd, int n, uint64_t ino, UniqueFd& out) {
+  out.reset(static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, n, 0)));
+  if (!out) return -errno;
+  struct stat st;
+  if (fstat(out.get(), &st) == 0 && st.st_ino == ino) return 0;
+  out.reset();
+  return -EBADF;
+}
+
 // Why `si` cannot be an executor, or "".
 std::string unusable(const SockInfo& si) {
   if (si.protocol != IPPROTO_UDP && si.protocol != IPPROTO_TCP) return "not a UDP or TCP socket";
@@ -80,6 +114,17 @@ std::string unusable(const SockInfo& si) {
 
 std::string Executors::group() const {
   return std::string(proto_name(protocol)) + "/" + address + ":" + std::to_string(port);
+}
+
+Executors Executors::identity() const {
+  Executors e;
+  e.inodes = inodes;
+  e.source_fds = source_fds;
+  e.protocol = protocol;
+  e.port = port;
+  e.address = address;
+  e.holder = holder;
+  return e;
 }
 
 int from_fds(std::vector<UniqueFd> fds, Executors& out, std::string& err) {
@@ -103,6 +148,9 @@ int from_fds(std::vector<UniqueFd> fds, Executors& out, std::string& err) {
       err = "executor " + std::to_string(i) + " cannot be scheduled: " + why;
       return -EINVAL;
     }
+    struct stat st;
+    if (fstat(fds[i].get(), &st) < 0) return -errno;
+    out.inodes.push_back(st.st_ino);
     if (i == 0) {
       out.protocol = si.protocol;
       out.port = si.port;
@@ -129,47 +177,30 @@ int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address,
     err = "no process " + std::to_string(pid) + ": " + std::strerror(e);
     return -e;
   }
-  std::string dir = "/proc/" + std::to_string(pid) + "/fd";
-  DIR* d = opendir(dir.c_str());
-  if (!d) {
-    int e = errno;
-    err = "cannot list " + dir + ": " + std::strerror(e);
-    return -e;
-  }
-  std::vector<int> nums;
-  while (dirent* de = readdir(d)) {
-    if (de->d_name[0] == '.') continue;
-    nums.push_back(std::atoi(de->d_name));
-  }
-  closedir(d);
-  std::sort(nums.begin(), nums.end());
+  std::vector<std::pair<int, uint64_t>> fds;
+  if (int r = socket_fds(pid, fds, err)) return r;
 
   // Per group (protocol, address), the sockets on `port` in ascending fd order, one per
   // socket (a socket the process has under two fd numbers counts once, at its lowest).
   std::map<std::pair<int, std::string>, Executors> found;
-  std::map<ino_t, bool> seen;
-  for (int n : nums) {
-    char link[64];
-    std::string path = dir + "/" + std::to_string(n);
-    ssize_t l = readlink(path.c_str(), link, sizeof link - 1);
-    if (l <= 0 || std::strncmp(link, "socket:", 7) != 0) continue;
-    UniqueFd fd(static_cast<int>(syscall(SYS_pidfd_getfd, pidfd.get(), n, 0)));
-    if (!fd) {
-      int e = errno;
+  std::set<uint64_t> seen;
+  for (auto [n, ino] : fds) {
+    if (!seen.insert(ino).second) continue;
+    UniqueFd fd;
+    if (int r = take(pidfd.get(), n, ino, fd)) {
+      if (r == -EBADF) continue;  // closed meanwhile
       err = "cannot take socket fd " + std::to_string(n) + " of process " + std::to_string(pid) +
-            ": " + std::strerror(e);
-      return -e;
+            ": " + std::strerror(-r);
+      return r;
     }
-    struct stat st;
-    if (fstat(fd.get(), &st) < 0 || seen[st.st_ino]) continue;
     SockInfo si;
     if (describe(fd.get(), si) || si.port != port || !unusable(si).empty()) continue;
     if (protocol && si.protocol != protocol) continue;
-    seen[st.st_ino] = true;
     Executors& ex = found[{si.protocol, si.address}];
     ex.protocol = si.protocol;
     ex.port = si.port;
     ex.address = si.address;
+    ex.inodes.push_back(ino);
     ex.sockets.push_back(std::move(fd));
     ex.source_fds.push_back(n);
   }
@@ -216,8 +247,39 @@ int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address,
   return -ENOENT;
 }
 
+int retake(Executors& ex, std::string& err) {
+  ex.sockets.clear();
+  ex.sockets.resize(ex.inodes.size());
+  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, ex.holder, 0)));
+  std::vector<std::pair<int, uint64_t>> fds;
+  if (!pidfd || socket_fds(ex.holder, fds, err)) {
+    err = "process " + std::to_string(ex.holder) + ", which held its sockets, is gone";
+    return -ESRCH;
+  }
+  size_t held = 0;
+  int failed = 0;
+  for (auto [n, ino] : fds)
+    for (size_t i = 0; i < ex.inodes.size(); i++) {
+      if (ex.inodes[i] != ino || ex.sockets[i]) continue;
+      int r = take(pidfd.get(), n, ino, ex.sockets[i]);
+      held += r == 0;
+      if (r && r != -EBADF && !failed) {
+        failed = r;
+        err = "cannot take socket fd " + std::to_string(n) + " of process " + std::to_string(ex.holder) +
+              ": " + std::strerror(-r);
+      }
+      break;
+    }
+  if (held) return 0;
+  if (failed) return failed;
+  err = "process " + std::to_string(ex.holder) + " holds none of the " + std::to_string(ex.size()) +
+        " sockets any more";
+  return -ENOENT;
+}
+
 int fill(const Executors& ex, int map_fd, std::string& err) {
   for (uint32_t i = 0; i < ex.sockets.size(); i++) {
+    if (!ex.sockets[i]) continue;
     uint64_t fd = static_cast<uint64_t>(ex.sockets[i].get());
     if (bpf_map_update_elem(map_fd, &i, &fd, 0) < 0) {
       int e = errno;
@@ -232,18 +294,19 @@ void release(int map_fd, size_t n) {
   for (uint32_t i = 0; i < n && i < SYR_MAX_EXECUTORS; i++) bpf_map_delete_elem(map_fd, &i);
 }
 
-bool same_sockets(const Executors& a, const Executors& b) {
-  if (a.sockets.size() != b.sockets.size()) return false;
-  for (size_t i = 0; i < a.sockets.size(); i++) {
-    struct stat sa, sb;
-    if (fstat(a.sockets[i].get(), &sa) || fstat(b.sockets[i].get(), &sb) || sa.st_ino != sb.st_ino)
-      return false;
-  }
-  return true;
+bool same_sockets(const Executors& a, const Executors& b) { return a.inodes == b.inodes; }
+
+namespace {
+// A socket of the group that `ex` holds, or -1.
+int member(const Executors& ex) {
+  for (auto& s : ex.sockets)
+    if (s) return s.get();
+  return -1;
 }
+}  // namespace
 
 int attach(const Executors& ex, int prog_fd, std::string& err) {
-  if (setsockopt(ex.sockets.at(0).get(), SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, &prog_fd,
+  if (setsockopt(member(ex), SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, &prog_fd,
                  sizeof prog_fd) < 0) {
     int e = errno;
     err = "cannot attach the policy to " + ex.group() + ": " + std::strerror(e);
@@ -254,7 +317,7 @@ int attach(const Executors& ex, int prog_fd, std::string& err) {
 
 int detach(const Executors& ex, std::string& err) {
   int dummy = 0;
-  if (setsockopt(ex.sockets.at(0).get(), SOL_SOCKET, SO_DETACH_REUSEPORT_BPF, &dummy,
+  if (setsockopt(member(ex), SOL_SOCKET, SO_DETACH_REUSEPORT_BPF, &dummy,
                  sizeof dummy) < 0 &&
       errno != ENOENT) {
     int e = errno;
@@ -275,7 +338,7 @@ class GroupTarget : public Target {
  public:
   explicit GroupTarget(Executors ex) : ex_(std::move(ex)) {}
   std::string key() const override { return ex_.group(); }
-  uint32_t num_executors() const override { return static_cast<uint32_t>(ex_.sockets.size()); }
+  uint32_t num_executors() const override { return static_cast<uint32_t>(ex_.size()); }
 
   // A socket can be in one REUSEPORT_SOCKARRAY only: the new program shares the old
   // one's executor map.
@@ -293,12 +356,14 @@ class GroupTarget : public Target {
     bool refill = !prev || !same_sockets(prev->ex_, ex_);
     auto undo = [&] {
       if (!refill) return;
-      release(map, std::max(ex_.sockets.size(), prev ? prev->ex_.sockets.size() : 0));
+      release(map, std::max(ex_.size(), prev ? prev->ex_.size() : 0));
+      if (!prev) return;
+      Executors back = prev->ex_.identity();
       std::string ignored;
-      if (prev) fill(prev->ex_, map, ignored);
+      if (retake(back, ignored) == 0) fill(back, map, ignored);
     };
     if (refill) {
-      if (prev) release(map, prev->ex_.sockets.size());
+      if (prev) release(map, prev->ex_.size());
       if (int r = fill(ex_, map, err)) {
         undo();
         return r;
@@ -308,30 +373,33 @@ class GroupTarget : public Target {
       undo();
       return r;
     }
+    ex_.sockets.clear();  // from now on the application's descriptors alone keep them
     return 0;
   }
 
   void uninstall(LoadedPolicy& p) override {
+    // Through a socket the holder still has: one of the executors, else one it bound to
+    // the group since (the group lives on while any socket of it is open). With neither,
+    // the group ended with its sockets, or lives on only in processes syrupd does not know,
+    // where the program, its map emptied below, leaves every executor choice to the hash.
+    Executors now = ex_.identity();
     std::string err;
-    detach(ex_, err);
+    if (retake(now, err) == 0 ||
+        from_pid(ex_.holder, ex_.port, ex_.protocol, ex_.address, now, err) == 0)
+      detach(now, err);
     // At once, so the group can be deployed to again (the kernel frees maps lazily).
-    release(p.map_fd(SYR_EXECUTORS_MAP), ex_.sockets.size());
+    release(p.map_fd(SYR_EXECUTORS_MAP), ex_.size());
   }
 
   nlohmann::json describe() const override {
-    return {{"group", ex_.group()}, {"executors", ex_.sockets.size()}};
+    return {{"group", ex_.group()}, {"executors", ex_.size()}};
   }
 
   // The sockets themselves cannot be saved: their identity (inodes, in executor order)
   // and a process that holds them can, and a later syrupd takes them again from there.
   nlohmann::json save() const override {
-    nlohmann::json inodes = nlohmann::json::array();
-    for (auto& s : ex_.sockets) {
-      struct stat st;
-      inodes.push_back(fstat(s.get(), &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0);
-    }
     return {{"protocol", ex_.protocol}, {"port", ex_.port}, {"address", ex_.address},
-            {"holder", ex_.holder}, {"inodes", inodes}};
+            {"holder", ex_.holder}, {"inodes", ex_.inodes}};
   }
 
  private:
@@ -389,43 +457,15 @@ int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy&, std::uni
   ex.port = saved.value("port", 0);
   ex.address = saved.value("address", std::string());
   ex.holder = saved.value("holder", 0);
-  std::vector<uint64_t> inodes = saved.value("inodes", std::vector<uint64_t>{});
-  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, ex.holder, 0)));
-  if (!pidfd) {
-    err = "process " + std::to_string(ex.holder) + ", which held its sockets, is gone";
-    return -ESRCH;
-  }
-  std::map<uint64_t, UniqueFd> found;
-  std::error_code ec;
-  std::string dir = "/proc/" + std::to_string(ex.holder) + "/fd";
-  DIR* d = opendir(dir.c_str());
-  if (!d) {
-    err = "cannot list " + dir;
-    return -ESRCH;
-  }
-  while (dirent* de = readdir(d)) {
-    if (de->d_name[0] == '.') continue;
-    UniqueFd fd(static_cast<int>(syscall(SYS_pidfd_getfd, pidfd.get(), std::atoi(de->d_name), 0)));
-    struct stat st;
-    if (!fd || fstat(fd.get(), &st) < 0 || !S_ISSOCK(st.st_mode)) continue;
-    if (std::find(inodes.begin(), inodes.end(), st.st_ino) != inodes.end() && !found.count(st.st_ino))
-      found[st.st_ino] = std::move(fd);
-  }
-  closedir(d);
-  for (size_t i = 0; i < inodes.size(); i++) {
-    auto it = found.find(inodes[i]);
-    if (it == found.end()) {
-      err = "executor " + std::to_string(i) + " (socket inode " + std::to_string(inodes[i]) +
-            ") is no longer held by process " + std::to_string(ex.holder);
-      return -ENOENT;
-    }
-    ex.sockets.push_back(std::move(it->second));
-    found.erase(it);
-  }
-  if (ex.sockets.empty()) {
+  ex.inodes = saved.value("inodes", std::vector<uint64_t>{});
+  if (ex.inodes.empty()) {
     err = "no executors were saved";
     return -EINVAL;
   }
+  // The holder must still have a socket of the policy; one it closed meanwhile has left
+  // the group, and its slot in the executor map is empty.
+  if (int r = retake(ex, err)) return r;
+  ex.sockets.clear();
   out = std::make_unique<GroupTarget>(std::move(ex));
   return 0;
 }

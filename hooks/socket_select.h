@@ -2,14 +2,21 @@
 // sockets, fills a policy's executor array with them, and attaches the policy's program
 // to their group.
 //
-// Design: executors are sockets syrupd holds duplicates of, so it can always reach the
-// group to swap or detach a program. Attaching a program to a group replaces the
-// previous one in a single pointer swap in the kernel (reuseport_attach_prog), which is
-// what makes a live policy upgrade atomic: every datagram is seen by either the old or
-// the new program, and both have full executor arrays. Invariants: all executors of one
-// policy are in one group (same protocol, address and port); the executor order is the
-// order the application passed them in, or for --pid the ascending fd number inside the
-// target process.
+// Design: the application's descriptors alone keep its sockets open. syrupd holds
+// duplicates only while it installs a policy (to fill the executor map and attach the
+// program); when it needs the group again (to detach, to restore the map after a failed
+// replacement, to adopt after a restart) it takes a socket back from the process that
+// holds them (pidfd_getfd). So a socket the application closes leaves its group at once:
+// the kernel empties its slot in the executor map and the policy's choices of it fall
+// back to the kernel's hash. A duplicate held for the policy's life would keep it bound
+// and chosen, receiving traffic that no one reads until the application exits.
+// Attaching a program to a group replaces the previous one in a single pointer swap in
+// the kernel (reuseport_attach_prog), which is what makes a live policy upgrade atomic:
+// every datagram is seen by either the old or the new program, and both have full
+// executor arrays. Invariants: all executors of one policy are in one group (same
+// protocol, address and port); the executor order is the order the application passed
+// them in, or for --pid the ascending fd number inside the target process; an executor's
+// identity is its socket's inode.
 #pragma once
 
 #include <sys/types.h>
@@ -25,6 +32,9 @@
 namespace syrup::socket_select {
 
 struct Executors {
+  std::vector<uint64_t> inodes;  // executor i's socket, for the policy's life
+  // Duplicates of them while syrupd holds them (see above); -1 for one the holder no
+  // longer has (retake()).
   std::vector<UniqueFd> sockets;
   std::vector<int> source_fds;  // fd numbers in the owning process (for --pid), for messages
   int protocol = 0;             // IPPROTO_UDP or IPPROTO_TCP
@@ -33,6 +43,9 @@ struct Executors {
   pid_t holder = 0;             // a process that holds the sockets (for adoption)
   // Identity of the reuseport group: "udp/127.0.0.1:9000".
   std::string group() const;
+  size_t size() const { return inodes.size(); }
+  // The same executors, without the duplicates.
+  Executors identity() const;
 };
 
 // Validates sockets passed by an application. 0 or -errno with `err`.
@@ -45,7 +58,12 @@ int from_fds(std::vector<UniqueFd> fds, Executors& out, std::string& err);
 int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address, Executors& out,
              std::string& err);
 
-// Puts executor i in slot i of the REUSEPORT_SOCKARRAY `map_fd`. A socket can be in
+// Takes the executors of `ex` back from ex.holder, by inode: ex.sockets[i] is executor i,
+// or -1 if the holder no longer has it. 0 if it still has at least one, else -ESRCH (the
+// holder is gone) or -ENOENT, with `err`.
+int retake(Executors& ex, std::string& err);
+
+// Puts executor i in slot i of the REUSEPORT_SOCKARRAY `map_fd` (one not held: none). A socket can be in
 // only one such map at a time (the kernel answers EBUSY otherwise), which is why a
 // replacement policy reuses its predecessor's executor map.
 int fill(const Executors& ex, int map_fd, std::string& err);
@@ -56,7 +74,7 @@ int fill(const Executors& ex, int map_fd, std::string& err);
 // (a delete each) for a map whose group is unknown.
 void release(int map_fd, size_t n = SYR_MAX_EXECUTORS);
 
-// True if both hold the same sockets in the same order.
+// True if both are the same sockets in the same order.
 bool same_sockets(const Executors& a, const Executors& b);
 
 // The socket-select hook for syrupd's core (hook.h).
@@ -79,7 +97,8 @@ class SocketSelectHook : public Hook {
             std::string& err) override;
 };
 
-// Attaches `prog_fd` to the group (atomically replacing any program there).
+// Attaches `prog_fd` to the group through a socket of it that `ex` holds (atomically
+// replacing any program there).
 int attach(const Executors& ex, int prog_fd, std::string& err);
 
 // Detaches whatever program the group has; the kernel's hash decides again.

@@ -1001,9 +1001,8 @@ int resolve_group(const std::string& group, gid_t& out, std::string& err) {
 std::string persist_refusal(const std::string& hook) {
   if (hook == "thread") return "a persisting thread policy would hold on to the exited process's threads";
   if (hook == "socket-select")
-    return "a persisting socket-select policy would hold on to the exited process's sockets, and with them "
-           "the port: a new server binding it with SO_REUSEPORT would join their group and get none of its "
-           "traffic";
+    return "a socket-select policy's executors are the process's sockets, which close with it: a persisting "
+           "one would schedule nothing, and a new server's sockets form a new group that needs a deploy of its own";
   return {};
 }
 

@@ -191,10 +191,16 @@ void stop_suite_daemon(Daemon*& daemon) {
   daemon = nullptr;
 }
 
-UdpGroup::UdpGroup(int n, uint16_t port, const char* address) : port_(port) {
+UdpGroup::UdpGroup(int n, uint16_t port, const char* address) : port_(port), address_(address) {
+  open(n);
+}
+
+void UdpGroup::add() { open(1); }
+
+void UdpGroup::open(int n) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  inet_pton(AF_INET, address, &a.sin_addr);
+  inet_pton(AF_INET, address_.c_str(), &a.sin_addr);
   a.sin_port = htons(port_);
   std::vector<int> fds(n);
   if (int r = syr_open_reuseport_group(SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK,

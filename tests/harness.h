@@ -128,12 +128,19 @@ class UdpGroup {
   uint16_t port() const { return port_; }
   std::vector<int> fds() const;
   int size() const { return static_cast<int>(socks_.size()); }
+  // Closes socket i (drain() counts nothing for it from then on).
+  void close(int i) { socks_.at(static_cast<size_t>(i)).reset(); }
+  // Binds one more socket to the group's address and port, as socket size() - 1: it joins
+  // the group while any socket of it is open.
+  void add();
   // Reads everything queued; returns datagrams received per socket, and the payloads.
   std::vector<int> drain(std::vector<std::vector<std::string>>* payloads = nullptr, int wait_ms = 200);
 
  private:
+  void open(int n);
   std::vector<UniqueFd> socks_;
   uint16_t port_ = 0;
+  std::string address_;
 };
 
 // A connected client socket (one 5-tuple for its whole life).

@@ -101,12 +101,39 @@ class SocketSelect : public ::testing::Test {
   // the end of the test.
   int deploy(const std::string& rel, const UdpGroup& g, std::vector<syr_param> params = {},
              const char* app = "socktest") {
-    auto fds = g.fds();
+    return deploy_fds(rel, g.fds(), std::move(params), app);
+  }
+  int deploy_fds(const std::string& rel, std::vector<int> fds, std::vector<syr_param> params = {},
+                 const char* app = "socktest") {
     syr_deploy_opts o{.sz = sizeof o, .app = app, .fds = fds.data(), .n_fds = fds.size(),
                       .params = params.data(), .n_params = params.size()};
     int id = syr_deploy_policy(source_path(rel).c_str(), SYR_HOOK_SOCKET_SELECT, &o);
     if (id > 0) ids_.push_back(id);
     return id;
+  }
+
+  // `n` listening TCP sockets in one SO_REUSEPORT group on 127.0.0.1, whose address and
+  // port go to `a`; none (and a failure) if the group cannot be made.
+  static std::vector<UniqueFd> tcp_listeners(int n, sockaddr_in& a) {
+    a = sockaddr_in{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::vector<int> fds(static_cast<size_t>(n));
+    std::vector<UniqueFd> ls;
+    if (int r = syr_open_reuseport_group(SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                                         reinterpret_cast<sockaddr*>(&a), sizeof a, fds.data(), fds.size())) {
+      ADD_FAILURE() << "TCP SO_REUSEPORT group: " << strerror(-r) << ": " << syr_last_error();
+      return ls;
+    }
+    for (int fd : fds) ls.emplace_back(fd);
+    for (int fd : fds)
+      if (listen(fd, 64) != 0) ADD_FAILURE() << "listen: " << strerror(errno);
+    return ls;
+  }
+  static std::vector<int> raw(const std::vector<UniqueFd>& v) {
+    std::vector<int> fds;
+    for (auto& f : v) fds.push_back(f.get());
+    return fds;
   }
 
   static Daemon* daemon_;
@@ -371,21 +398,10 @@ TEST_F(SocketSelect, RemovingThePolicyRestoresTheKernelHash) {
 
 TEST_F(SocketSelect, TcpRoundRobinSpreadsConnectionsExactlyEvenly) {
   constexpr int kListeners = 3, kPer = 8;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::vector<int> fds(kListeners);
-  ASSERT_EQ(syr_open_reuseport_group(SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                                     reinterpret_cast<sockaddr*>(&a), sizeof a, fds.data(), fds.size()),
-            0)
-      << syr_last_error();
-  std::vector<UniqueFd> ls;
-  for (int fd : fds) ls.emplace_back(fd);
-  for (int fd : fds) ASSERT_EQ(listen(fd, 64), 0);
-  syr_deploy_opts o{.sz = sizeof o, .app = "socktest", .fds = fds.data(), .n_fds = fds.size()};
-  int id = syr_deploy_policy(source_path("policies/round_robin.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
-  ASSERT_GT(id, 0) << syr_last_error();
-  ids_.push_back(id);
+  sockaddr_in a;
+  std::vector<UniqueFd> ls = tcp_listeners(kListeners, a);
+  ASSERT_EQ(ls.size(), size_t{kListeners});
+  ASSERT_GT(deploy_fds("policies/round_robin.c", raw(ls)), 0) << syr_last_error();
 
   std::vector<UniqueFd> clients;
   for (int i = 0; i < kListeners * kPer; i++) {
@@ -403,6 +419,37 @@ TEST_F(SocketSelect, TcpRoundRobinSpreadsConnectionsExactlyEvenly) {
     }
   }
   EXPECT_EQ(accepted, std::vector<int>(kListeners, kPer));
+}
+
+// A listener the application closes takes no more connections, at once: the policy's
+// choices of it fall back to the kernel's hash over the listeners still open, and with
+// none left a connect is refused. Before, syrupd's duplicate kept it listening, and the
+// connections it took waited, unaccepted, until the application exited.
+TEST_F(SocketSelect, AListenerTheApplicationClosesTakesNoMoreConnections) {
+  sockaddr_in a;
+  std::vector<UniqueFd> ls = tcp_listeners(2, a);
+  ASSERT_EQ(ls.size(), 2u);
+  ASSERT_GT(deploy_fds("policies/round_robin.c", raw(ls)), 0) << syr_last_error();
+
+  ls[0].reset();
+  std::vector<UniqueFd> clients;
+  for (int i = 0; i < 6; i++) {
+    UniqueFd c(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    ASSERT_EQ(connect(c.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+    clients.push_back(std::move(c));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  int accepted = 0, c;
+  while ((c = accept(ls[1].get(), nullptr, nullptr)) >= 0) {
+    accepted++;
+    close(c);
+  }
+  EXPECT_EQ(accepted, 6) << "round robin's every other connection went to the closed listener";
+
+  ls[1].reset();
+  UniqueFd late(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  EXPECT_EQ(connect(late.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), -1);
+  EXPECT_EQ(errno, ECONNREFUSED) << "with every listener closed, nothing may listen on the port";
 }
 
 // Runs `body` in a forked child, so that what it changes (its uid, a network namespace
@@ -678,11 +725,10 @@ TEST_F(SocketSelectBadInput, ThreadPolicyIsRefusedNamingTheHookItIsFor) {
   ExpectGoodPolicyStillWorks();
 }
 
-// A socket-select policy may not persist past its process: syrupd holds duplicates of the
-// sockets, so they would keep the port, and a restarted server binding it with
-// SO_REUSEPORT would join their group and get none of its traffic (the policy choosing
-// among sockets nobody reads). Before, such a deploy succeeded and did exactly that. A
-// thread policy likewise ends with its process. The error says why and what to do; the
+// A socket-select policy may not persist past its process: its executors are the
+// process's sockets, which close with it, so it would schedule nothing, and a restarted
+// server's sockets form a new group that needs a deploy of its own. A thread policy
+// likewise ends with its process. The error says why and what to do; the
 // policy already on the group is not replaced.
 TEST_F(SocketSelectBadInput, PersistIsRefusedForTheHooksWhosePolicyEndsWithItsProcess) {
   auto fds = group_->fds();
@@ -690,7 +736,7 @@ TEST_F(SocketSelectBadInput, PersistIsRefusedForTheHooksWhosePolicyEndsWithItsPr
   EXPECT_EQ(syr_deploy_policy(source_path("policies/pass.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o), -EINVAL);
   std::string err = syr_last_error();
   EXPECT_NE(err.find("persist is not allowed for the socket-select hook: the policy ends with the process it "
-                     "schedules; a persisting socket-select policy would hold on to the exited process's sockets"),
+                     "schedules; a socket-select policy's executors are the process's sockets, which close with it"),
             std::string::npos)
       << err;
   EXPECT_NE(err.find("Deploy it again from the new process, or list it in syrupd's --config"), std::string::npos)
@@ -981,6 +1027,65 @@ TEST(SocketSelectRestart, SigkillUnderTrafficLosesNothingAndTheRestartAdopts) {
   for (int i = 0; i < 30; i++) c.send_request(1, i);
   auto counts = g.drain();
   EXPECT_EQ(std::count(counts.begin(), counts.end(), 30), 1);
+  EXPECT_EQ(d.stop(), 0);
+}
+
+// A socket the application closes leaves its group at once, also across a restart of
+// syrupd: what the policy sends to it falls back to the kernel's hash over the sockets
+// still open (before, syrupd's duplicate kept it bound and chosen, a black hole until the
+// application exited, and a restarted syrupd refused to adopt the policy). Removing the
+// policy detaches its program through a socket the application still holds, even one it
+// bound after the deploy.
+TEST(SocketSelectRestart, ASocketTheApplicationClosesLeavesItsGroupAtOnce) {
+  SYRUP_REQUIRE_ROOT();
+  Daemon d;
+  d.start();
+  UdpGroup g(3);
+  int id = deploy_on(g, "tests/policies/by_key.c", "closetest");  // key k to socket k % 3
+  ASSERT_GT(id, 0) << syr_last_error();
+  auto keys_received = [&g] {
+    UdpClient c(g.port());
+    for (uint32_t k = 0; k < 30; k++) c.send_request(1, k);
+    return g.drain();
+  };
+  auto list = [] {
+    std::string out;
+    EXPECT_EQ(run_cmd(build_bin("syrupctl") + " --json list", out), 0) << out;
+    return nlohmann::json::parse(out, nullptr, false);
+  };
+
+  g.close(0);
+  auto got = keys_received();
+  EXPECT_EQ(got[1] + got[2], 30) << "keys 0, 3, ... (for the closed socket 0) must reach the open ones";
+  std::string out;
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json stats " + std::to_string(id), out), 0) << out;
+  EXPECT_EQ(nlohmann::json::parse(out)[0]["fallback"], 10) << out;
+
+  d.crash();
+  d.start(d.bpffs_root());
+  EXPECT_NE(d.log().find("adopted 1 policies"), std::string::npos) << d.log();
+  got = keys_received();
+  EXPECT_EQ(got[1] + got[2], 30);
+
+  g.add();  // socket 3 joins the group: not an executor, reached by the hash
+  g.close(1);
+  g.close(2);
+  got = keys_received();
+  EXPECT_EQ(got[3], 30) << "the only open socket of the group must get everything";
+
+  auto j = list();
+  ASSERT_EQ(j.size(), 1u) << j.dump();
+  uint32_t prog_id = j[0]["prog_id"].get<uint32_t>();
+  ASSERT_EQ(syr_remove_policy(id), 0) << syr_last_error();
+  EXPECT_GE(wait_for(
+                [&] {
+                  int fd = bpf_prog_get_fd_by_id(prog_id);
+                  if (fd >= 0) close(fd);
+                  return fd < 0;
+                },
+                2000),
+            0)
+      << "the removed policy's program is still attached to the group";
   EXPECT_EQ(d.stop(), 0);
 }
 

@@ -60,7 +60,7 @@ struct syr_deploy_opts {
 	size_t n_params;
 	/* XDP: keep the policy after the deploying process exits (default: removed with it).
 	 * Socket-select and thread policies end with the process they schedule: persist
-	 * there is refused (-EINVAL), as the exited process's sockets would keep the port. */
+	 * there is refused (-EINVAL): their executors close with that process. */
 	bool persist;
 	/* Name shown for the policy (default: the file name of `path`). */
 	const char *name;

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <functional>
 #include <numeric>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -929,6 +930,58 @@ TEST_F(SocketSelect, SyrupctlDumpsMapsAndSumsStatsPerTenantAndHook) {
   EXPECT_EQ(t[0]["decisions"], 20);
   ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json stats --by hook", out), 0) << out;
   EXPECT_EQ(nlohmann::json::parse(out)[0]["hook"], "socket-select");
+}
+
+// `syrupctl list` and `stats --by` size their columns to what they hold: a long
+// application name, a long policy name and an IPv6 group keep every cell of a row under
+// its heading. Before, fixed widths (16 for APP, 18 for POLICY, 24 for TARGET) pushed the
+// rest of such a row out of line.
+TEST_F(SocketSelect, SyrupctlTablesKeepEveryCellUnderItsHeading) {
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  std::vector<int> fds(2);
+  if (syr_open_reuseport_group(SOCK_DGRAM | SOCK_CLOEXEC, reinterpret_cast<sockaddr*>(&a), sizeof a, fds.data(),
+                               fds.size()) != 0)
+    GTEST_SKIP() << "no IPv6 loopback (::1) here: " << syr_last_error();
+  std::vector<UniqueFd> held;
+  for (int fd : fds) held.emplace_back(fd);
+  const std::string app = "a-tenant-whose-name-is-longer-than-the-old-column";
+  syr_deploy_opts o{.sz = sizeof o, .app = app.c_str(), .fds = fds.data(), .n_fds = fds.size(),
+                    .name = "a_policy_with_a_long_name.c"};
+  int id = syr_deploy_policy(source_path("policies/round_robin.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+  ASSERT_GT(id, 0) << syr_last_error();
+  ids_.push_back(id);
+  UdpGroup g(2);
+  ASSERT_GT(deploy("policies/pass.c", g), 0) << syr_last_error();
+
+  // The header and the row naming `app`; each heading must start where its cell starts
+  // (left-aligned) or end where it ends (right-aligned, ID and EXEC).
+  auto lines_of = [&app](const std::string& cmd) {
+    std::string out;
+    EXPECT_EQ(run_cmd(build_bin("syrupctl") + " " + cmd, out), 0) << out;
+    std::istringstream in(out);
+    std::string header, line, row;
+    std::getline(in, header);
+    while (std::getline(in, line))
+      if (line.find(app) != std::string::npos) row = line;
+    EXPECT_FALSE(row.empty()) << out;
+    return std::make_pair(header, row);
+  };
+  auto [header, row] = lines_of("list");
+  ASSERT_FALSE(row.empty());
+  EXPECT_EQ(row.find(std::to_string(id) + "  "), header.find("ID") + 2 - std::to_string(id).size())
+      << header << "\n" << row;
+  uint16_t port = ntohs(a.sin6_port);
+  EXPECT_EQ(row.find(app), header.find("APP")) << header << "\n" << row;
+  EXPECT_EQ(row.find("a_policy_with_a_long_name.c"), header.find("POLICY")) << header << "\n" << row;
+  EXPECT_EQ(row.find("udp/::1:" + std::to_string(port)), header.find("TARGET")) << header << "\n" << row;
+  EXPECT_EQ(row.find(" 2 ") + 2, header.find("EXEC") + 4) << header << "\n" << row;
+  EXPECT_EQ(row.find(std::to_string(getpid())), header.find("OWNER")) << header << "\n" << row;
+
+  auto [sheader, srow] = lines_of("stats --by tenant");
+  ASSERT_FALSE(srow.empty());
+  EXPECT_EQ(srow.find(" 1 ") + 2, sheader.find("POLICIES") + 8) << sheader << "\n" << srow;
 }
 
 TEST_F(SocketSelect, AnotherAppCannotTakeOverAGroup) {

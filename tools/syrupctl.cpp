@@ -5,6 +5,7 @@
 #include <gflags/gflags.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -195,6 +196,41 @@ int parse_id(const std::string& s, int& id) {
   }
 }
 
+// A table whose columns are as wide as their widest cell, so that no value (an IPv6
+// group, a long application name) pushes the rest of its row out of line. Cells are
+// left-aligned, or right-aligned in the columns `right` names; a row may carry a note,
+// printed indented on the line below it.
+class Table {
+ public:
+  Table(std::vector<std::string> header, std::vector<bool> right = {})
+      : width_(header.size()), right_(std::move(right)) {
+    right_.resize(header.size());
+    add(std::move(header));
+  }
+  void add(std::vector<std::string> cells, std::string note = "") {
+    for (size_t i = 0; i < cells.size() && i < width_.size(); i++) width_[i] = std::max(width_[i], cells[i].size());
+    rows_.push_back({std::move(cells), std::move(note)});
+  }
+  void print() const {
+    for (auto& [cells, note] : rows_) {
+      std::string line;
+      for (size_t i = 0; i < cells.size(); i++) {
+        std::string pad(width_[i] - cells[i].size(), ' ');
+        bool last = i + 1 == cells.size();
+        line += right_[i] ? pad + cells[i] : cells[i] + (last ? "" : pad);
+        if (!last) line += "  ";
+      }
+      std::printf("%s\n", line.c_str());
+      if (!note.empty()) std::printf("    %s\n", note.c_str());
+    }
+  }
+
+ private:
+  std::vector<size_t> width_;
+  std::vector<bool> right_;
+  std::vector<std::pair<std::vector<std::string>, std::string>> rows_;
+};
+
 int cmd_remove(const std::vector<std::string>& args) {
   int id;
   if (args.size() != 1 || parse_id(args[0], id)) return usage("remove takes one policy ID");
@@ -217,17 +253,18 @@ int cmd_list(const std::vector<std::string>& args) {
     std::printf("no policies deployed\n");
     return 0;
   }
-  std::printf("%-4s %-16s %-14s %-18s %-24s %-5s %-8s %s\n", "ID", "APP", "HOOK", "POLICY", "TARGET",
-              "EXEC", "OWNER", "PROG");
+  Table t({"ID", "APP", "HOOK", "POLICY", "TARGET", "EXEC", "OWNER", "PROG"},
+          {true, false, false, false, false, true, false, false});
   for (auto& p : out["policies"]) {
     std::string owner = p["persist"].get<bool>() ? "persist" : std::to_string(p["owner_pid"].get<int>());
-    std::printf("%-4d %-16s %-14s %-18s %-24s %-5d %-8s %u\n", p["id"].get<int>(),
-                p["app"].get<std::string>().c_str(), p["hook"].get<std::string>().c_str(),
-                p["name"].get<std::string>().c_str(), p["target"].get<std::string>().c_str(),
-                p["executors"].get<int>(), owner.c_str(), p["prog_id"].get<unsigned>());
-    if (p.contains("status") && p["status"].is_string() && p["status"].get<std::string>() != "running")
-      std::printf("     status: %s\n", p["status"].get<std::string>().c_str());
+    std::string status =
+        p.contains("status") && p["status"].is_string() ? p["status"].get<std::string>() : "running";
+    t.add({std::to_string(p["id"].get<int>()), p["app"].get<std::string>(), p["hook"].get<std::string>(),
+           p["name"].get<std::string>(), p["target"].get<std::string>(), std::to_string(p["executors"].get<int>()),
+           owner, std::to_string(p["prog_id"].get<unsigned>())},
+          status == "running" ? "" : "status: " + status);
   }
+  t.print();
   return 0;
 }
 
@@ -259,13 +296,13 @@ int cmd_stats(const std::vector<std::string>& args) {
       std::cout << arr.dump(2) << "\n";
       return 0;
     }
-    std::printf("%-20s %8s %12s %10s %10s %10s\n", FLAGS_by == "tenant" ? "TENANT" : "HOOK", "POLICIES",
-                "DECISIONS", "PASS", "DROP", "FALLBACK");
+    Table t({FLAGS_by == "tenant" ? "TENANT" : "HOOK", "POLICIES", "DECISIONS", "PASS", "DROP", "FALLBACK"},
+            {false, true, true, true, true, true});
     for (auto& g : arr)
-      std::printf("%-20s %8llu %12llu %10llu %10llu %10llu\n", g[FLAGS_by].get<std::string>().c_str(),
-                  (unsigned long long)g["policies"].get<uint64_t>(), (unsigned long long)g["decisions"].get<uint64_t>(),
-                  (unsigned long long)g["pass"].get<uint64_t>(), (unsigned long long)g["drop"].get<uint64_t>(),
-                  (unsigned long long)g["fallback"].get<uint64_t>());
+      t.add({g[FLAGS_by].get<std::string>(), std::to_string(g["policies"].get<uint64_t>()),
+             std::to_string(g["decisions"].get<uint64_t>()), std::to_string(g["pass"].get<uint64_t>()),
+             std::to_string(g["drop"].get<uint64_t>()), std::to_string(g["fallback"].get<uint64_t>())});
+    t.print();
     return 0;
   }
   if (FLAGS_json) {

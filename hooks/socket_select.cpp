@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -340,6 +341,30 @@ class GroupTarget : public Target {
   std::string key() const override { return ex_.group(); }
   uint32_t num_executors() const override { return static_cast<uint32_t>(ex_.size()); }
 
+  // The executors still open, as the kernel shows them: it empties a socket's slot in the
+  // executor map when the socket closes (a lookup gives the socket's cookie).
+  uint32_t open_executors() const {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < ex_.size(); i++) {
+      uint64_t cookie;
+      n += bpf_map_lookup_elem(map_.get(), &i, &cookie) == 0;
+    }
+    return n;
+  }
+
+  // With every executor closed the group this policy was attached to has ended (a group
+  // bound to the same address since is another one, without the program): it schedules
+  // nothing, and it must not keep another deploy off that address.
+  std::string gone() const override {
+    if (!map_ || open_executors() > 0) return {};
+    return "every socket of its group " + key() + " was closed";
+  }
+
+  // After install() or adopt(): the executor map, to see which executors are open.
+  void watch(const LoadedPolicy& p) {
+    map_.reset(fcntl(p.map_fd(SYR_EXECUTORS_MAP), F_DUPFD_CLOEXEC, 0));
+  }
+
   // A socket can be in one REUSEPORT_SOCKARRAY only: the new program shares the old
   // one's executor map.
   int prepare_load(LoadSpec& spec, const Target*, const LoadedPolicy* old_loaded) override {
@@ -374,6 +399,7 @@ class GroupTarget : public Target {
       return r;
     }
     ex_.sockets.clear();  // from now on the application's descriptors alone keep them
+    watch(p);
     return 0;
   }
 
@@ -392,7 +418,12 @@ class GroupTarget : public Target {
   }
 
   nlohmann::json describe() const override {
-    return {{"group", ex_.group()}, {"executors", ex_.size()}};
+    nlohmann::json d = {{"group", ex_.group()}, {"executors", ex_.size()}};
+    if (!map_) return d;
+    uint32_t open = open_executors();
+    d["open_executors"] = open;
+    if (open == 0) d["status"] = "ended: " + gone();
+    return d;
   }
 
   // The sockets themselves cannot be saved: their identity (inodes, in executor order)
@@ -404,6 +435,7 @@ class GroupTarget : public Target {
 
  private:
   Executors ex_;
+  UniqueFd map_;
 };
 
 }  // namespace
@@ -450,7 +482,7 @@ int SocketSelectHook::make_target(const Caller& caller, proto::Message& req,
   return 0;
 }
 
-int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy&, std::unique_ptr<Target>& out,
+int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
                             std::string& err) {
   Executors ex;
   ex.protocol = saved.value("protocol", 0);
@@ -466,7 +498,9 @@ int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy&, std::uni
   // the group, and its slot in the executor map is empty.
   if (int r = retake(ex, err)) return r;
   ex.sockets.clear();
-  out = std::make_unique<GroupTarget>(std::move(ex));
+  auto t = std::make_unique<GroupTarget>(std::move(ex));
+  t->watch(p);
+  out = std::move(t);
   return 0;
 }
 

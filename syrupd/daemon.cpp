@@ -46,6 +46,9 @@ using nlohmann::json;
 namespace {
 
 constexpr int kRecvTimeoutSec = 5;
+// How often syrupd looks for policies whose attachment ended without news it could wait
+// for (every socket of a socket-select group closed).
+constexpr int kEndedCheckSec = 2;
 constexpr int kConfigRetrySec = 5;  // how often --config entries waiting for their process or interface are retried
 
 // The operations dispatch() serves (docs/protocol.md), in the order its error lists them.
@@ -294,16 +297,24 @@ int Daemon::run() {
   epoll_event evs[32];
   for (;;) {
     int timeout = sweep_clients();
+    auto now = std::chrono::steady_clock::now();
+    auto wake_at = [&](std::chrono::steady_clock::time_point t) {
+      int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(t - now).count() + 1);
+      timeout = timeout < 0 ? ms : std::min(timeout, ms);
+    };
+    if (!policies_.empty()) {
+      if (now >= ended_check_at_) {
+        if (remove_ended()) changed();
+        ended_check_at_ = now + std::chrono::seconds(kEndedCheckSec);
+      }
+      if (!policies_.empty()) wake_at(ended_check_at_);
+    }
     if (!config_waiting_.empty()) {
-      auto now = std::chrono::steady_clock::now();
       if (now >= config_retry_at_) {
         apply_config(true);
         config_retry_at_ = now + std::chrono::seconds(kConfigRetrySec);
       }
-      if (!config_waiting_.empty()) {
-        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(config_retry_at_ - now).count() + 1;
-        timeout = timeout < 0 ? static_cast<int>(ms) : std::min(timeout, static_cast<int>(ms));
-      }
+      if (!config_waiting_.empty()) wake_at(config_retry_at_);
     }
     int n = epoll_wait(epoll_fd_.get(), evs, 32, timeout);
     if (n < 0) {
@@ -721,15 +732,20 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   pid_t owner = caller.pid;
   if (int r = hi->make_target(caller, req, target, owner, err)) return {proto::error_response(-r, err)};
 
-  // A policy on this target whose owner has exited but whose exit event is still queued
-  // behind this request goes first: a port the kernel already gave to a new process is
-  // not held by a dead one.
-  std::vector<int> dead;
+  // A policy on this target that has ended goes first: one whose owner has exited but
+  // whose exit event is still queued behind this request (a port the kernel already gave
+  // to a new process is not held by a dead one), or whose attachment the kernel no longer
+  // has (every socket of its group closed: a group on that address now is another one).
+  std::vector<std::pair<int, std::string>> dead;
   for (auto& [id, p] : policies_) {
-    pollfd pf{p->owner_pidfd.get(), POLLIN, 0};
-    if (p->owner_pidfd && p->target->key() == target->key() && poll(&pf, 1, 0) == 1) dead.push_back(id);
+    if (p->target->key() != target->key()) continue;
+    if (owner_gone(*p)) dead.emplace_back(id, "its owner exited");
+    else if (std::string why = p->target->gone(); !why.empty()) dead.emplace_back(id, why);
   }
-  for (int id : dead) remove_policy(id, true, "its owner exited");
+  for (auto& [id, why] : dead) {
+    config_entry_waits(*policies_[id]);
+    remove_policy(id, true, why.c_str());
+  }
 
   // One policy per target: the same application replaces, another is refused.
   Policy* old = nullptr;
@@ -962,15 +978,27 @@ void Daemon::owner_exited(int pidfd) {
   if (ids.empty()) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, pidfd, nullptr);
 }
 
-void Daemon::follow_kernel() {
+bool Daemon::owner_gone(const Policy& p) {
+  pollfd pf{p.owner_pidfd.get(), POLLIN, 0};
+  return p.owner_pidfd && poll(&pf, 1, 0) == 1;
+}
+
+bool Daemon::remove_ended() {
   std::vector<std::pair<int, std::string>> gone;
-  for (auto& [id, p] : policies_)
+  for (auto& [id, p] : policies_) {
+    if (owner_gone(*p)) continue;  // its sockets closed with it: owner_exited() says so
     if (std::string why = p->target->gone(); !why.empty()) gone.emplace_back(id, std::move(why));
+  }
   for (auto& [id, why] : gone) {
-    // A --config entry's policy comes back when its interface does.
+    // A --config entry's policy comes back when its interface (its process's group) does.
     config_entry_waits(*policies_[id]);
     remove_policy(id, true, why.c_str());
   }
+  return !gone.empty();
+}
+
+void Daemon::follow_kernel() {
+  remove_ended();
   // What the others save may have changed with the kernel (an interface's new name). Rare
   // enough to serialise them all again.
   for (auto& [id, p] : policies_) record(*p);

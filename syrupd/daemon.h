@@ -171,6 +171,12 @@ class Daemon {
   // policies whose attachment the kernel no longer runs (Target::gone()), with that
   // reason, and records the rest (an XDP policy's interface renamed: its key and state).
   void follow_kernel();
+  // Removes the policies whose attachment has ended (Target::gone()), with that reason:
+  // after a refresh(), and every kEndedCheckSec for what ends without news (the last
+  // socket of a socket-select group closed). True if there were any.
+  bool remove_ended();
+  // Has the policy's owner exited (its exit event perhaps still queued)?
+  static bool owner_gone(const Policy& p);
   // A --config entry's policy that is going away waits to be deployed again (retried
   // every kConfigRetrySec, the first time after 1 s): its process or interface may be back.
   void config_entry_waits(const Policy& p);
@@ -271,6 +277,7 @@ class Daemon {
   // without a reload.
   std::set<std::string> config_waiting_;
   std::chrono::steady_clock::time_point config_retry_at_;
+  std::chrono::steady_clock::time_point ended_check_at_;
   metrics::Metrics metrics_;
   metrics::Totals totals_;
   int metrics_refresh_fd_ = -1;

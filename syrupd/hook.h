@@ -92,8 +92,10 @@ class Target {
   // What a later syrupd needs to adopt this attachment (Hook::adopt); null: it cannot.
   virtual nlohmann::json save() const { return nullptr; }
   // Why the kernel no longer runs this attachment although no one removed the policy (an
-  // interface was deleted, or its program detached by another tool), as Hook::refresh()
-  // last found it; empty while it runs. syrupd then removes the policy with this reason.
+  // interface was deleted, or its program detached by another tool, as Hook::refresh()
+  // last found it; every socket of a group closed); empty while it runs. Asked after a
+  // refresh(), every few seconds and before a deploy to the same key; syrupd then removes
+  // the policy with this reason. Cheap: no more than a few map lookups.
   virtual std::string gone() const { return {}; }
 };
 

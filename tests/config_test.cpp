@@ -391,9 +391,11 @@ TEST(Config, RebootStyleCleanStartRebuildsFromTheFile) {
   EXPECT_EQ(attached_xdp_prog(net->host_if), 0u) << "syrupd left an XDP program attached";
 }
 
-// A socket-select entry follows its process: when the process exits its policy goes
-// (the sockets are released), and when a new process is there (found again through the
-// pid file) syrupd deploys the entry on it within a few seconds, without a reload.
+// A socket-select entry follows its process: when the process exits its policy goes, and
+// when a new process is there (found again through the pid file) syrupd deploys the entry
+// on it within a few seconds, without a reload. So too when the process closes its
+// sockets and binds the port again (a reload in place): the policy ends with the old
+// group and comes back on the new one.
 TEST(Config, SocketSelectEntryFollowsItsProcessAcrossARestartWithoutAReload) {
   SYRUP_REQUIRE_ROOT();
   uint16_t port;
@@ -402,14 +404,23 @@ TEST(Config, SocketSelectEntryFollowsItsProcessAcrossARestartWithoutAReload) {
     port = probe.port();
   }
   TempFile pidfile("server.pid"), yaml("follow.yaml");
-  // A "server": two SO_REUSEPORT sockets on the port; writes its pid file when bound.
+  // A "server": two SO_REUSEPORT sockets on the port; writes its pid file when bound. On
+  // SIGUSR1 it reloads in place: closes them and binds two new ones.
+  static volatile sig_atomic_t reload = 0;
   auto start_server = [&]() -> pid_t {
     pid_t c = fork();
     if (c == 0) {
-      UdpGroup g(2, port);
+      signal(SIGUSR1, [](int) { reload = 1; });
+      auto g = std::make_unique<UdpGroup>(2, port);
       std::ofstream(pidfile.path + ".tmp") << getpid() << "\n";
       rename((pidfile.path + ".tmp").c_str(), pidfile.path.c_str());
-      for (;;) pause();
+      for (;;) {
+        pause();
+        if (!reload) continue;
+        reload = 0;
+        g.reset();
+        g = std::make_unique<UdpGroup>(2, port);
+      }
     }
     for (int i = 0; i < 200 && access(pidfile.path.c_str(), F_OK) != 0; i++)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -465,6 +476,22 @@ TEST(Config, SocketSelectEntryFollowsItsProcessAcrossARestartWithoutAReload) {
   ASSERT_TRUE(deployed_for(server.pid, 10000)) << list_policies().dump() << d.log();
   EXPECT_NE(d.log().find("entries waiting for their process or interface: 1 deployed"), std::string::npos) << d.log();
   routes("restarted server");
+
+  // The old group ends with its sockets: the policy is removed, and the entry comes back
+  // on the new group of the same process.
+  int before = list_policies()[0]["id"];
+  kill(server.pid, SIGUSR1);
+  bool again = false;
+  for (int t = 0; t < 200 && !again; t++) {
+    json l = list_policies();
+    again = l.is_array() && l.size() == 1 && l[0]["id"] != before && l[0]["owner_pid"] == server.pid;
+    if (!again) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(again) << list_policies().dump() << d.log();
+  EXPECT_NE(d.log().find("every socket of its group udp/127.0.0.1:" + std::to_string(port) + " was closed"),
+            std::string::npos)
+      << d.log();
+  routes("server reloaded in place");
   EXPECT_EQ(d.stop(), 0);
 }
 

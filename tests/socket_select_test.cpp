@@ -453,6 +453,53 @@ TEST_F(SocketSelect, AListenerTheApplicationClosesTakesNoMoreConnections) {
   EXPECT_EQ(errno, ECONNREFUSED) << "with every listener closed, nothing may listen on the port";
 }
 
+// A policy whose group has ended (the application closed every socket of it) schedules
+// nothing; it must say so and not keep the address from a new group. `list` shows it
+// "ended", a deploy on a new group at that address (another application's) takes its
+// place at once, and without any deploy syrupd removes it within seconds (every 2 s it
+// looks). Before, it stayed listed as running, and the new group's deploy was refused
+// with EBUSY as "scheduled by application 'first'" until the owner exited.
+TEST_F(SocketSelect, APolicyWhoseSocketsAreAllClosedEndsAndFreesItsAddress) {
+  auto group = std::make_unique<UdpGroup>(2);
+  uint16_t port = group->port();
+  int first = deploy("policies/round_robin.c", *group, {}, "first");
+  ASSERT_GT(first, 0) << syr_last_error();
+  auto listed = [](int id) {
+    std::string out;
+    EXPECT_EQ(run_cmd(build_bin("syrupctl") + " --json list", out), 0) << out;
+    for (auto& p : nlohmann::json::parse(out))
+      if (p["id"] == id) return p;
+    return nlohmann::json();
+  };
+  EXPECT_EQ(listed(first)["open_executors"], 2);
+  EXPECT_FALSE(listed(first).contains("status"));
+  std::string group_name = "udp/127.0.0.1:" + std::to_string(port);
+
+  group.reset();
+  nlohmann::json p = listed(first);
+  if (!p.is_null()) {  // unless the 2 s look came first
+    EXPECT_EQ(p["open_executors"], 0);
+    EXPECT_EQ(p["status"], "ended: every socket of its group " + group_name + " was closed") << p.dump();
+  }
+  UdpGroup again(2, port);
+  int second = deploy("policies/round_robin.c", again, {}, "second");
+  ASSERT_GT(second, 0) << syr_last_error();
+  EXPECT_EQ(syr_remove_policy(first), -ENOENT);
+  EXPECT_EQ(std::string(syr_last_error()), "no policy " + std::to_string(first) +
+                                               " (round_robin.c of app 'first' was removed: every socket of "
+                                               "its group " + group_name + " was closed)");
+  UdpClient c(port);
+  for (int i = 0; i < 40; i++) c.send_request(1, i);
+  EXPECT_EQ(again.drain(), (std::vector<int>{20, 20}));
+
+  // No deploy: the periodic look finds it.
+  auto third_group = std::make_unique<UdpGroup>(1);
+  int third = deploy("policies/pass.c", *third_group, {}, "third");
+  ASSERT_GT(third, 0) << syr_last_error();
+  third_group.reset();
+  EXPECT_GE(wait_for([&] { return listed(third).is_null(); }, 5000), 0) << "the ended policy is still listed";
+}
+
 // Runs `body` in a forked child, so that what it changes (its uid, a network namespace
 // and its sysctls, a file limit) never touches the test process; the child reports a problem with
 // child_fails(code, why), which fails the test with that message.

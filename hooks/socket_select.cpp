@@ -355,10 +355,8 @@ class GroupTarget : public Target {
   // With every executor closed the group this policy was attached to has ended (a group
   // bound to the same address since is another one, without the program): it schedules
   // nothing, and it must not keep another deploy off that address.
-  std::string gone() const override {
-    if (!map_ || open_executors() > 0) return {};
-    return "every socket of its group " + key() + " was closed";
-  }
+  std::string gone() const override { return map_ && open_executors() == 0 ? ended() : std::string(); }
+  std::string ended() const { return "every socket of its group " + key() + " was closed"; }
 
   // After install() or adopt(): the executor map, to see which executors are open.
   void watch(const LoadedPolicy& p) {
@@ -422,7 +420,7 @@ class GroupTarget : public Target {
     if (!map_) return d;
     uint32_t open = open_executors();
     d["open_executors"] = open;
-    if (open == 0) d["status"] = "ended: " + gone();
+    if (open == 0) d["status"] = "ended: " + ended();
     return d;
   }
 

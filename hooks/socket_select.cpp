@@ -113,19 +113,8 @@ std::string unusable(const SockInfo& si) {
 
 }  // namespace
 
-std::string Executors::group() const {
+std::string ExecutorIds::group() const {
   return std::string(proto_name(protocol)) + "/" + address + ":" + std::to_string(port);
-}
-
-Executors Executors::identity() const {
-  Executors e;
-  e.inodes = inodes;
-  e.source_fds = source_fds;
-  e.protocol = protocol;
-  e.port = port;
-  e.address = address;
-  e.holder = holder;
-  return e;
 }
 
 int from_fds(std::vector<UniqueFd> fds, Executors& out, std::string& err) {

@@ -31,21 +31,29 @@
 
 namespace syrup::socket_select {
 
-struct Executors {
-  std::vector<uint64_t> inodes;  // executor i's socket, for the policy's life
-  // Duplicates of them while syrupd holds them (see above); -1 for one the holder no
-  // longer has (retake()).
-  std::vector<UniqueFd> sockets;
+// What identifies a policy's executors for its life: everything but the sockets.
+struct ExecutorIds {
+  std::vector<uint64_t> inodes;  // executor i's socket
   std::vector<int> source_fds;  // fd numbers in the owning process (for --pid), for messages
   int protocol = 0;             // IPPROTO_UDP or IPPROTO_TCP
   uint16_t port = 0;
   std::string address;          // bound address, e.g. "127.0.0.1" or "::"
-  pid_t holder = 0;             // a process that holds the sockets (for adoption)
+  pid_t holder = 0;             // a process that holds the sockets (retake(), adoption)
   // Identity of the reuseport group: "udp/127.0.0.1:9000".
   std::string group() const;
   size_t size() const { return inodes.size(); }
+};
+
+struct Executors : ExecutorIds {
+  // Duplicates of the sockets while syrupd holds them (see above); -1 for one the holder
+  // no longer has (retake()).
+  std::vector<UniqueFd> sockets;
   // The same executors, without the duplicates.
-  Executors identity() const;
+  Executors identity() const {
+    Executors e;
+    static_cast<ExecutorIds&>(e) = *this;
+    return e;
+  }
 };
 
 // Validates sockets passed by an application. 0 or -errno with `err`.

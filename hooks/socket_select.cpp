@@ -237,17 +237,15 @@ int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address,
   return -ENOENT;
 }
 
-int retake(Executors& ex, std::string& err) {
-  ex.sockets.clear();
-  ex.sockets.resize(ex.inodes.size());
-  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, ex.holder, 0)));
+namespace {
+// Takes from process `pid` the executors of `ex` it holds that ex.sockets lacks, by inode.
+// Adds to `held` the number taken; the first failure other than a descriptor closed
+// meanwhile goes to `failed` and `err`. -ESRCH if the process is gone.
+int take_from(pid_t pid, Executors& ex, size_t& held, int& failed, std::string& err) {
+  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
   std::vector<std::pair<int, uint64_t>> fds;
-  if (!pidfd || socket_fds(ex.holder, fds, err)) {
-    err = "process " + std::to_string(ex.holder) + ", which held its sockets, is gone";
-    return -ESRCH;
-  }
-  size_t held = 0;
-  int failed = 0;
+  std::string ignored;
+  if (!pidfd || socket_fds(pid, fds, ignored)) return -ESRCH;
   for (auto [n, ino] : fds)
     for (size_t i = 0; i < ex.inodes.size(); i++) {
       if (ex.inodes[i] != ino || ex.sockets[i]) continue;
@@ -255,16 +253,41 @@ int retake(Executors& ex, std::string& err) {
       held += r == 0;
       if (r && r != -EBADF && !failed) {
         failed = r;
-        err = "cannot take socket fd " + std::to_string(n) + " of process " + std::to_string(ex.holder) +
-              ": " + std::strerror(-r);
+        err = "cannot take socket fd " + std::to_string(n) + " of process " + std::to_string(pid) + ": " +
+              std::strerror(-r);
       }
       break;
     }
+  return 0;
+}
+}  // namespace
+
+int retake(Executors& ex, std::string& err) {
+  ex.sockets.clear();
+  ex.sockets.resize(ex.inodes.size());
+  size_t held = 0;
+  int failed = 0;
+  bool holder_gone = take_from(ex.holder, ex, held, failed, err) == -ESRCH;
+  // What the holder lacks, from whichever process has it: a worker it forked, or a
+  // process it passed the sockets to. Without this, a group that outlives its holder could
+  // not be reached, and a program left attached to it would keep dropping what its policy
+  // drops after the policy was removed.
+  if (held < ex.size()) {
+    DIR* d = opendir("/proc");
+    while (dirent* de = d ? readdir(d) : nullptr) {
+      pid_t pid = std::atoi(de->d_name);
+      if (pid > 0 && pid != ex.holder) take_from(pid, ex, held, failed, err);
+      if (held == ex.size()) break;
+    }
+    if (d) closedir(d);
+  }
   if (held) return 0;
   if (failed) return failed;
-  err = "process " + std::to_string(ex.holder) + " holds none of the " + std::to_string(ex.size()) +
-        " sockets any more";
-  return -ENOENT;
+  err = (holder_gone ? "process " + std::to_string(ex.holder) + ", which held its sockets, is gone"
+                     : "process " + std::to_string(ex.holder) + " holds none of the " + std::to_string(ex.size()) +
+                           " sockets any more") +
+        ", and no other process has one";
+  return holder_gone ? -ESRCH : -ENOENT;
 }
 
 int fill(const Executors& ex, int map_fd, std::string& err) {
@@ -391,10 +414,10 @@ class GroupTarget : public Target {
   }
 
   void uninstall(LoadedPolicy& p) override {
-    // Through a socket the holder still has: one of the executors, else one it bound to
-    // the group since (the group lives on while any socket of it is open). With neither,
-    // the group ended with its sockets, or lives on only in processes syrupd does not know,
-    // where the program, its map emptied below, leaves every executor choice to the hash.
+    // Through a socket of the group: one of the executors, which any process may still
+    // have (a worker the owner forked outlives it), else one the holder bound to the group
+    // since (the group lives on while any socket of it is open). With neither, the group
+    // ended with its sockets.
     Executors now = ex_.identity();
     std::string err;
     if (retake(now, err) == 0 ||
@@ -481,8 +504,8 @@ int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::u
     err = "no executors were saved";
     return -EINVAL;
   }
-  // The holder must still have a socket of the policy; one it closed meanwhile has left
-  // the group, and its slot in the executor map is empty.
+  // Some process (the holder, else any) must still have a socket of the policy; one closed
+  // meanwhile has left the group, and its slot in the executor map is empty.
   if (int r = retake(ex, err)) return r;
   ex.sockets.clear();
   auto t = std::make_unique<GroupTarget>(std::move(ex));

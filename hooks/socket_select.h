@@ -6,7 +6,7 @@
 // duplicates only while it installs a policy (to fill the executor map and attach the
 // program); when it needs the group again (to detach, to restore the map after a failed
 // replacement, to adopt after a restart) it takes a socket back from the process that
-// holds them (pidfd_getfd). So a socket the application closes leaves its group at once:
+// holds them (pidfd_getfd), or from any other that has one (a worker it forked). So a socket the application closes leaves its group at once:
 // the kernel empties its slot in the executor map and the policy's choices of it fall
 // back to the kernel's hash. A duplicate held for the policy's life would keep it bound
 // and chosen, receiving traffic that no one reads until the application exits.
@@ -38,7 +38,7 @@ struct ExecutorIds {
   int protocol = 0;             // IPPROTO_UDP or IPPROTO_TCP
   uint16_t port = 0;
   std::string address;          // bound address, e.g. "127.0.0.1" or "::"
-  pid_t holder = 0;             // a process that holds the sockets (retake(), adoption)
+  pid_t holder = 0;             // the process that holds the sockets, asked first (retake())
   // Identity of the reuseport group: "udp/127.0.0.1:9000".
   std::string group() const;
   size_t size() const { return inodes.size(); }
@@ -66,9 +66,10 @@ int from_fds(std::vector<UniqueFd> fds, Executors& out, std::string& err);
 int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address, Executors& out,
              std::string& err);
 
-// Takes the executors of `ex` back from ex.holder, by inode: ex.sockets[i] is executor i,
-// or -1 if the holder no longer has it. 0 if it still has at least one, else -ESRCH (the
-// holder is gone) or -ENOENT, with `err`.
+// Takes the executors of `ex` back by inode, from ex.holder first and what it lacks from
+// any other process that has it (a forked worker): ex.sockets[i] is executor i, or -1 if
+// no process has it any more. 0 if at least one was taken, else -ESRCH (the holder is gone)
+// or -ENOENT, with `err`. Reads every process's descriptors when the holder lacks one.
 int retake(Executors& ex, std::string& err);
 
 // Puts executor i in slot i of the REUSEPORT_SOCKARRAY `map_fd` (one not held: none). A socket can be in

@@ -3,9 +3,11 @@
 // Each test asserts which socket got which datagram (or connection).
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <net/if.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -519,6 +521,68 @@ void expect_child_passes(const std::function<void()>& body) {
   ASSERT_TRUE(WIFEXITED(st));
   EXPECT_EQ(WEXITSTATUS(st), 0) << "see the child's message above";
 }
+
+// A forked process that deploys (`deploy` returns the policy id, or -errno) and then
+// lives until release(): an owner the test can let exit while the test process keeps the
+// sockets they share, as a worker forked by the application would.
+class OwnerProcess {
+ public:
+  explicit OwnerProcess(const std::function<int()>& deploy) {
+    int res[2], hold[2];
+    // Close-on-exec: a syrupd the test starts later must not keep the owner waiting.
+    if (pipe2(res, O_CLOEXEC) || pipe2(hold, O_CLOEXEC)) {
+      ADD_FAILURE() << "pipe: " << strerror(errno);
+      return;
+    }
+    pid_ = fork();
+    if (pid_ == 0) {
+      ::close(res[0]);
+      ::close(hold[1]);
+      int id = deploy();
+      std::string why = id > 0 ? "" : syr_last_error();
+      (void)!write(res[1], &id, sizeof id);
+      (void)!write(res[1], why.data(), why.size());
+      ::close(res[1]);
+      char c;
+      (void)!read(hold[0], &c, 1);  // until the test closes its end
+      _exit(0);
+    }
+    ::close(res[1]);
+    ::close(hold[0]);
+    hold_ = hold[1];
+    char buf[512];
+    if (pid_ < 0 || read(res[0], &id_, sizeof id_) != static_cast<ssize_t>(sizeof id_)) {
+      ADD_FAILURE() << "the owner process did not report its deploy";
+      id_ = 0;
+    }
+    ssize_t n = pid_ > 0 ? read(res[0], buf, sizeof buf) : 0;
+    if (n > 0) error_.assign(buf, static_cast<size_t>(n));
+    ::close(res[0]);
+  }
+  ~OwnerProcess() { release(); }
+  int id() const { return id_; }                   // the deploy's answer
+  const std::string& error() const { return error_; }  // its syr_last_error() if it failed
+  pid_t pid() const { return pid_; }
+  // Lets the owner exit and reaps it (killed if it has not exited within 5 s).
+  void release() {
+    if (hold_ >= 0) ::close(hold_);
+    hold_ = -1;
+    if (pid_ <= 0 || reaped_) return;
+    if (wait_for([&] { return waitpid(pid_, nullptr, WNOHANG) == pid_; }, 5000) < 0) {
+      ADD_FAILURE() << "the owner process " << pid_ << " did not exit";
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    reaped_ = true;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int hold_ = -1;
+  int id_ = 0;
+  bool reaped_ = false;
+  std::string error_;
+};
 
 // The executors' group must be the application's alone. Given port 0 with SO_REUSEPORT,
 // the kernel may hand out a port another group of the same user holds, and the socket
@@ -1041,23 +1105,9 @@ TEST_F(SocketSelect, AnotherAppCannotTakeOverAGroup) {
 
 TEST_F(SocketSelect, PolicyIsRemovedWhenTheDeployingProcessExits) {
   UdpGroup g(2);
-  int pipefd[2];
-  ASSERT_EQ(pipe(pipefd), 0);
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    auto fds = g.fds();
-    syr_deploy_opts o{.sz = sizeof o, .app = "shortlived", .fds = fds.data(), .n_fds = fds.size()};
-    int id = syr_deploy_policy(source_path("policies/round_robin.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
-    (void)!write(pipefd[1], &id, sizeof id);
-    _exit(0);
-  }
-  close(pipefd[1]);
-  int id = 0;
-  ASSERT_EQ(read(pipefd[0], &id, sizeof id), static_cast<ssize_t>(sizeof id));
-  close(pipefd[0]);
-  ASSERT_GT(id, 0);
-  waitpid(child, nullptr, 0);
+  OwnerProcess owner([&] { return deploy_on(g, "policies/round_robin.c", "shortlived"); });
+  ASSERT_GT(owner.id(), 0) << owner.error();
+  owner.release();
   std::string out;
   bool gone = false;
   for (int i = 0; i < 100 && !gone; i++) {
@@ -1067,7 +1117,35 @@ TEST_F(SocketSelect, PolicyIsRemovedWhenTheDeployingProcessExits) {
   }
   EXPECT_TRUE(gone) << out;
   EXPECT_FALSE(std::filesystem::exists(daemon_->bpffs_root() + "/apps/shortlived"));
-  EXPECT_NE(daemon_->log().find("owner process " + std::to_string(child) + " exited"), std::string::npos);
+  EXPECT_NE(daemon_->log().find("owner process " + std::to_string(owner.pid()) + " exited"), std::string::npos);
+}
+
+// The owner exits while another process keeps the group's sockets (here the test process;
+// in an application, a worker it forked). The policy is removed, and its program must come
+// off the group as well: syrupd takes a socket of the group from that other process.
+// Before, it asked the exited owner only, found nothing, and left the program attached with
+// an empty executor map, so what the policy dropped stayed dropped with no policy listed.
+TEST_F(SocketSelect, WhenTheOwnerExitsAGroupAnotherProcessKeepsIsHashedAgain) {
+  UdpGroup g(2);
+  OwnerProcess owner([&] { return deploy_on(g, "tests/policies/drop_all.c", "dropper"); });
+  ASSERT_GT(owner.id(), 0) << owner.error();
+  UdpClient c(g.port());
+  for (int i = 0; i < 10; i++) c.send_request(1, i);
+  ASSERT_EQ(g.drain(), (std::vector<int>{0, 0})) << "the policy must drop while it is deployed";
+  owner.release();
+  std::string out;
+  ASSERT_GE(wait_for(
+                [&] {
+                  run_cmd(build_bin("syrupctl") + " --json list", out);
+                  return nlohmann::json::parse(out, nullptr, false) == nlohmann::json::array();
+                },
+                3000),
+            0)
+      << out;
+  for (int i = 0; i < 20; i++) c.send_request(1, i);
+  auto counts = g.drain();
+  EXPECT_EQ(counts[0] + counts[1], 20) << "the removed policy still drops";
+  EXPECT_EQ(std::count(counts.begin(), counts.end(), 20), 1) << "one flow, one socket: the kernel's hash";
 }
 
 TEST_F(SocketSelect, AnUnprivilegedApplicationDeploysAndWritesHintsWithoutCapabilities) {
@@ -1186,6 +1264,52 @@ TEST(SocketSelectRestart, ASocketTheApplicationClosesLeavesItsGroupAtOnce) {
                 2000),
             0)
       << "the removed policy's program is still attached to the group";
+  EXPECT_EQ(d.stop(), 0);
+}
+
+// A group whose owner closed its copies of the sockets, while another process (a forked
+// worker; here the test process) keeps them, is adopted by a restarted syrupd: it takes a
+// socket from that process. Before, it asked the owner only and did not adopt the policy,
+// whose program stayed attached with an empty map and kept dropping after the owner exited.
+TEST(SocketSelectRestart, AGroupOnlyAnotherProcessHoldsIsAdoptedAndDetachedWhenItsOwnerExits) {
+  SYRUP_REQUIRE_ROOT();
+  Daemon d;
+  d.start();
+  UdpGroup g(2);
+  OwnerProcess owner([&] {
+    int id = deploy_on(g, "tests/policies/drop_all.c", "handedover");
+    for (int fd : g.fds()) close(fd);  // the owner's copies; the test process keeps its own
+    return id;
+  });
+  ASSERT_GT(owner.id(), 0) << owner.error();
+  UdpClient c(g.port());
+  auto received = [&] {
+    for (int i = 0; i < 10; i++) c.send_request(1, i);
+    auto counts = g.drain();
+    return counts[0] + counts[1];
+  };
+  EXPECT_EQ(received(), 0);
+
+  d.crash();
+  d.start(d.bpffs_root());
+  EXPECT_NE(d.log().find("adopted 1 policies"), std::string::npos) << d.log();
+  std::string out;
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json list", out), 0) << out;
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_EQ(j.size(), 1u) << out;
+  EXPECT_EQ(j[0]["open_executors"], 2) << out;
+  EXPECT_EQ(received(), 0) << "the adopted policy must still drop";
+
+  owner.release();
+  EXPECT_GE(wait_for(
+                [&] {
+                  run_cmd(build_bin("syrupctl") + " --json list", out);
+                  return nlohmann::json::parse(out, nullptr, false) == nlohmann::json::array();
+                },
+                3000),
+            0)
+      << out;
+  EXPECT_EQ(received(), 10) << "the policy of the exited owner still drops";
   EXPECT_EQ(d.stop(), 0);
 }
 

@@ -1442,8 +1442,11 @@ json Daemon::policy_stats(const Policy& p) const {
              {"executors", execs},   {"pass", pass},      {"drop", drop},
              {"fallback", fb},       {"decisions", total + pass + drop + fb},
              {"run_cnt", info.run_cnt}, {"run_time_ns", info.run_time_ns}};
-  // A hook's health (e.g. a thread policy the kernel ejected), as `list` shows it.
-  if (json d = p.target->describe(); d.is_object() && d.contains("status")) st["status"] = d["status"];
+  // What `list` shows of the executors' state: a hook's health (a thread policy the kernel
+  // ejected, a socket-select group that ended) and the socket-select executors still open.
+  json d = p.target->describe();
+  for (const char* k : {"status", "open_executors"})
+    if (d.is_object() && d.contains(k)) st[k] = d[k];
   return st;
 }
 

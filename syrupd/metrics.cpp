@@ -129,6 +129,8 @@ PolicySample policy_sample(const nlohmann::json& s, const std::string& hook, con
   p.target = target;
   if (s.contains("executors") && s["executors"].is_array())
     for (auto& v : s["executors"]) p.executors.push_back(v.is_number_unsigned() ? v.get<uint64_t>() : 0);
+  if (s.contains("open_executors") && s["open_executors"].is_number_integer())
+    p.open_executors = s["open_executors"].get<int64_t>();
   p.pass = u64("pass");
   p.drop = u64("drop");
   p.fallback = u64("fallback");
@@ -153,6 +155,11 @@ std::string render(const Snapshot& s) {
   }
   w.family("syrup_policy_executors", "gauge", "Executors of a deployed policy.");
   for (auto& p : s.policies) w.sample("syrup_policy_executors", policy_labels(p), uint64_t{p.executors.size()});
+  w.family("syrup_policy_open_executors", "gauge",
+           "Executors of a socket-select policy whose socket is still open (the kernel empties a closed one's slot).");
+  for (auto& p : s.policies)
+    if (p.open_executors >= 0)
+      w.sample("syrup_policy_open_executors", policy_labels(p), static_cast<uint64_t>(p.open_executors));
   w.family("syrup_policy_decisions_total", "counter",
            "Decisions of a policy that sent an input to an executor, per executor.");
   for (auto& p : s.policies)

@@ -38,6 +38,7 @@ struct PolicySample {
   std::string policy;  // its name
   std::string target;  // e.g. udp/127.0.0.1:9000
   std::vector<uint64_t> executors;  // enforced decisions per executor
+  int64_t open_executors = -1;      // socket-select: executors whose socket is open; else -1
   uint64_t pass = 0, drop = 0, fallback = 0;
   uint64_t run_cnt = 0, run_time_ns = 0;  // the kernel's bpf_stats (0 unless enabled)
 };

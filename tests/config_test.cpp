@@ -142,6 +142,10 @@ TEST(Config, AppliedAtStartReloadedOnSighupOnlyWhatChangedAndExported) {
   EXPECT_NE(m.find("tenant=\"cfgapp\""), std::string::npos) << m;
   EXPECT_NE(m.find("syrup_config_reloads_total"), std::string::npos) << m;
   EXPECT_NE(m.find("syrup_tenant_policies{tenant=\"cfgapp\"} 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("syrup_policy_open_executors{tenant=\"cfgapp\",hook=\"socket-select\",policy=\"rr\",id=\"" +
+                   std::to_string(rr_id) + "\"} 2"),
+            std::string::npos)
+      << m;
 
   // Removing an entry removes its policy; the kernel's hash is back on that group.
   write_yaml(true, false);

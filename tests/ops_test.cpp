@@ -703,6 +703,7 @@ metrics::Snapshot sample_snapshot() {
   p.policy = "rr.c";
   p.target = "udp/127.0.0.1:9000";
   p.executors = {5, 7};
+  p.open_executors = 1;
   p.pass = 1;
   p.drop = 2;
   p.fallback = 3;
@@ -751,6 +752,9 @@ syrup_policy_info{tenant="kv",hook="socket-select",policy="rr.c",id="3",target="
 # HELP syrup_policy_executors Executors of a deployed policy.
 # TYPE syrup_policy_executors gauge
 syrup_policy_executors{tenant="kv",hook="socket-select",policy="rr.c",id="3"} 2
+# HELP syrup_policy_open_executors Executors of a socket-select policy whose socket is still open (the kernel empties a closed one's slot).
+# TYPE syrup_policy_open_executors gauge
+syrup_policy_open_executors{tenant="kv",hook="socket-select",policy="rr.c",id="3"} 1
 # HELP syrup_policy_decisions_total Decisions of a policy that sent an input to an executor, per executor.
 # TYPE syrup_policy_decisions_total counter
 syrup_policy_decisions_total{tenant="kv",hook="socket-select",policy="rr.c",id="3",executor="0"} 5
@@ -887,7 +891,7 @@ TEST(Metrics, ErrnoNamesAndSamplesFromStats) {
   EXPECT_EQ(metrics::errno_name(-ENOENT), "ENOENT");
   EXPECT_EQ(metrics::errno_name(4000), "E4000");
   json stats = json::parse(R"({"id":7,"app":"kv","name":"sita.c","executors":[1,2,3],"pass":4,"drop":5,
-                               "fallback":6,"decisions":21,"run_cnt":8,"run_time_ns":900})");
+                               "fallback":6,"decisions":21,"run_cnt":8,"run_time_ns":900,"open_executors":2})");
   metrics::PolicySample p = metrics::policy_sample(stats, "xdp", "eth0");
   EXPECT_EQ(p.id, 7);
   EXPECT_EQ(p.tenant, "kv");
@@ -900,7 +904,9 @@ TEST(Metrics, ErrnoNamesAndSamplesFromStats) {
   EXPECT_EQ(p.fallback, 6u);
   EXPECT_EQ(p.run_cnt, 8u);
   EXPECT_EQ(p.run_time_ns, 900u);
+  EXPECT_EQ(p.open_executors, 2);
   EXPECT_EQ(metrics::policy_sample(json::object(), "", "").executors.size(), 0u);
+  EXPECT_EQ(metrics::policy_sample(json::object(), "", "").open_executors, -1) << "not a socket-select policy";
 }
 
 TEST(Metrics, PublishHandsOverSnapshots) {

@@ -475,6 +475,9 @@ TEST_F(SocketSelect, APolicyWhoseSocketsAreAllClosedEndsAndFreesItsAddress) {
   };
   EXPECT_EQ(listed(first)["open_executors"], 2);
   EXPECT_FALSE(listed(first).contains("status"));
+  std::string stats;
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json stats " + std::to_string(first), stats), 0) << stats;
+  EXPECT_EQ(nlohmann::json::parse(stats)[0]["open_executors"], 2) << stats;
   std::string group_name = "udp/127.0.0.1:" + std::to_string(port);
 
   group.reset();

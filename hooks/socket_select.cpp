@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -238,6 +239,16 @@ int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address,
 }
 
 namespace {
+// Calls fn(pid) for every process, until it returns true.
+void each_process(const std::function<bool(pid_t)>& fn) {
+  DIR* d = opendir("/proc");
+  while (dirent* de = d ? readdir(d) : nullptr) {
+    pid_t pid = std::atoi(de->d_name);
+    if (pid > 0 && fn(pid)) break;
+  }
+  if (d) closedir(d);
+}
+
 // Takes from process `pid` the executors of `ex` it holds that ex.sockets lacks, by inode.
 // Adds to `held` the number taken; the first failure other than a descriptor closed
 // meanwhile goes to `failed` and `err`. -ESRCH if the process is gone.
@@ -272,15 +283,11 @@ int retake(Executors& ex, std::string& err) {
   // process it passed the sockets to. Without this, a group that outlives its holder could
   // not be reached, and a program left attached to it would keep dropping what its policy
   // drops after the policy was removed.
-  if (held < ex.size()) {
-    DIR* d = opendir("/proc");
-    while (dirent* de = d ? readdir(d) : nullptr) {
-      pid_t pid = std::atoi(de->d_name);
-      if (pid > 0 && pid != ex.holder) take_from(pid, ex, held, failed, err);
-      if (held == ex.size()) break;
-    }
-    if (d) closedir(d);
-  }
+  if (held < ex.size())
+    each_process([&](pid_t pid) {
+      if (pid != ex.holder) take_from(pid, ex, held, failed, err);
+      return held == ex.size();
+    });
   if (held) return 0;
   if (failed) return failed;
   err = (holder_gone ? "process " + std::to_string(ex.holder) + ", which held its sockets, is gone"
@@ -308,6 +315,12 @@ void release(int map_fd, size_t n) {
 }
 
 bool same_sockets(const Executors& a, const Executors& b) { return a.inodes == b.inodes; }
+
+uint32_t map_id(int map_fd) {
+  bpf_map_info info{};
+  uint32_t len = sizeof info;
+  return bpf_map_get_info_by_fd(map_fd, &info, &len) == 0 ? info.id : 0;
+}
 
 namespace {
 // A socket of the group that `ex` holds, or -1.
@@ -511,15 +524,43 @@ int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::u
   auto t = std::make_unique<GroupTarget>(std::move(ex));
   t->watch(p);
   out = std::move(t);
+  adopted_maps_.insert(map_id(p.map_fd(SYR_EXECUTORS_MAP)));
   return 0;
 }
 
 void SocketSelectHook::release_leftover(std::string_view, const std::string& policy_dir) {
-  // The program may still be attached to its group, which syrupd cannot reach without a
-  // socket; emptying its executor map makes it fall back to the kernel's hash and frees
-  // the sockets for a new deploy.
   UniqueFd m(bpf_obj_get((policy_dir + "/" SYR_EXECUTORS_MAP).c_str()));
-  if (m) release(m.get());
+  // A replacement the previous syrupd had pinned but not recorded shares its executor map
+  // with the adopted policy it was replacing: that group is the adopted policy's.
+  if (!m || adopted_maps_.count(map_id(m.get()))) return;
+  // Its program may still be attached to its group: no record says which, but the
+  // executor map still holds the group's open sockets (a lookup gives a socket's cookie),
+  // and any process's socket of that cookie is a way in to detach it. Then the map is
+  // emptied, which frees the sockets for a new deploy.
+  std::set<uint64_t> cookies;
+  for (uint32_t i = 0; i < SYR_MAX_EXECUTORS; i++) {
+    uint64_t c;
+    if (bpf_map_lookup_elem(m.get(), &i, &c) == 0) cookies.insert(c);
+  }
+  if (!cookies.empty()) each_process([&](pid_t pid) {
+    UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+    std::vector<std::pair<int, uint64_t>> fds;
+    std::string ignored;
+    if (!pidfd || socket_fds(pid, fds, ignored)) return false;
+    for (auto [n, ino] : fds) {
+      Executors ex;
+      ex.sockets.resize(1);
+      uint64_t cookie = 0;
+      socklen_t len = sizeof cookie;
+      if (take(pidfd.get(), n, ino, ex.sockets[0]) ||
+          getsockopt(ex.sockets[0].get(), SOL_SOCKET, SO_COOKIE, &cookie, &len) || !cookies.count(cookie))
+        continue;
+      detach(ex, ignored);
+      return true;
+    }
+    return false;
+  });
+  release(m.get());
 }
 
 }  // namespace syrup::socket_select

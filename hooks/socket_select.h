@@ -86,6 +86,9 @@ void release(int map_fd, size_t n = SYR_MAX_EXECUTORS);
 // True if both are the same sockets in the same order.
 bool same_sockets(const Executors& a, const Executors& b);
 
+// The kernel's id of a map (0 if it cannot be read).
+uint32_t map_id(int map_fd);
+
 // The socket-select hook for syrupd's core (hook.h).
 class SocketSelectHook : public Hook {
  public:
@@ -104,6 +107,9 @@ class SocketSelectHook : public Hook {
   void release_leftover(std::string_view app, const std::string& policy_dir) override;
   int adopt(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
             std::string& err) override;
+
+ private:
+  std::set<uint32_t> adopted_maps_;  // executor maps of the policies adopt() took over
 };
 
 // Attaches `prog_fd` to the group through a socket of it that `ex` holds (atomically

@@ -11,6 +11,7 @@
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1313,6 +1314,72 @@ TEST(SocketSelectRestart, AGroupOnlyAnotherProcessHoldsIsAdoptedAndDetachedWhenI
             0)
       << out;
   EXPECT_EQ(received(), 10) << "the policy of the exited owner still drops";
+  EXPECT_EQ(d.stop(), 0);
+}
+
+// A restarted syrupd without the state file cannot adopt a policy: its pins are leftovers,
+// and no record names the group its program is attached to. The executor map still holds
+// the group's sockets, and their cookies find a process's socket of the group: the program
+// is detached through it, as the start's warning says ("their hooks use the kernel's
+// default"). Before, only the map was emptied, and the program kept dropping what its
+// policy dropped, with no policy listed.
+TEST(SocketSelectRestart, ALeftoverPolicyIsDetachedFromItsGroup) {
+  SYRUP_REQUIRE_ROOT();
+  Daemon d;
+  d.start();
+  UdpGroup g(2);
+  ASSERT_GT(deploy_on(g, "tests/policies/drop_all.c", "leftover"), 0) << syr_last_error();
+  UdpClient c(g.port());
+  auto received = [&] {
+    for (int i = 0; i < 10; i++) c.send_request(1, i);
+    auto counts = g.drain();
+    return counts[0] + counts[1];
+  };
+  EXPECT_EQ(received(), 0);
+  d.crash();
+  ASSERT_EQ(unlink(d.state_file().c_str()), 0) << strerror(errno);
+  d.start(d.bpffs_root());
+  EXPECT_NE(d.log().find("found 1 policies of a previous syrupd"), std::string::npos) << d.log();
+  EXPECT_EQ(received(), 10) << "the leftover program still drops";
+  EXPECT_EQ(d.stop(), 0);
+}
+
+// A leftover that shares its executor map with an adopted policy (a replacement the
+// previous syrupd pinned but had not recorded when it died; made here by pinning the
+// adopted policy's program and map a second time under another id) is that policy's
+// group: it is neither emptied nor detached.
+TEST(SocketSelectRestart, ALeftoverSharingAnAdoptedPolicysMapLeavesItsGroupAlone) {
+  SYRUP_REQUIRE_ROOT();
+  Daemon d;
+  d.start();
+  UdpGroup g(2);
+  int id = deploy_on(g, "tests/policies/drop_all.c", "shared");
+  ASSERT_GT(id, 0) << syr_last_error();
+  UdpClient c(g.port());
+  auto received = [&] {
+    for (int i = 0; i < 10; i++) c.send_request(1, i);
+    auto counts = g.drain();
+    return counts[0] + counts[1];
+  };
+  EXPECT_EQ(received(), 0);
+  d.crash();
+  std::string policies = d.bpffs_root() + "/apps/shared/policies/";
+  std::string twin = policies + std::to_string(id + 100);
+  ASSERT_EQ(mkdir(twin.c_str(), 0700), 0) << strerror(errno);
+  for (const char* pin : {"prog", "syr_executors"}) {
+    UniqueFd fd(bpf_obj_get((policies + std::to_string(id) + "/" + pin).c_str()));
+    ASSERT_TRUE(fd) << pin << ": " << strerror(errno);
+    ASSERT_EQ(bpf_obj_pin(fd.get(), (twin + "/" + pin).c_str()), 0) << strerror(errno);
+  }
+  d.start(d.bpffs_root());
+  EXPECT_NE(d.log().find("adopted 1 policies"), std::string::npos) << d.log();
+  EXPECT_NE(d.log().find("found 1 policies of a previous syrupd"), std::string::npos) << d.log();
+  EXPECT_EQ(received(), 0) << "the adopted policy's group lost its program";
+  std::string out;
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json list", out), 0) << out;
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_EQ(j.size(), 1u) << out;
+  EXPECT_EQ(j[0]["open_executors"], 2) << "the adopted policy's executor map was emptied";
   EXPECT_EQ(d.stop(), 0);
 }
 

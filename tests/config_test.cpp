@@ -27,12 +27,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-json list_policies() {
-  std::string out;
-  run_cmd(build_bin("syrupctl") + " --json list", out);
-  return json::parse(out, nullptr, false);
-}
-
 // A file removed however the test ends.
 struct TempFile {
   std::string path;

@@ -272,6 +272,12 @@ void UdpClient::send_request(uint32_t type, uint32_t key, size_t extra) {
   send(p.data(), p.size());
 }
 
+nlohmann::json list_policies() {
+  std::string out;
+  run_cmd(build_bin("syrupctl") + " --json list", out);
+  return nlohmann::json::parse(out, nullptr, false);
+}
+
 int deploy_on(const UdpGroup& g, const char* rel, const char* app) {
   auto fds = g.fds();
   syr_deploy_opts o{.sz = sizeof o, .app = app, .fds = fds.data(), .n_fds = fds.size()};

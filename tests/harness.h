@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "sched_attr.h"
 #include "syrup/syrup.h"
 #include "unique_fd.h"
@@ -159,6 +161,9 @@ class UdpClient {
 // Deploys source_path(rel) at the socket-select hook on `g` for application `app`: the
 // policy's id, or -errno (syr_last_error() says why).
 int deploy_on(const UdpGroup& g, const char* rel, const char* app);
+
+// What `syrupctl --json list` shows: the policies, or a discarded value if it failed.
+nlohmann::json list_policies();
 
 // Runs a command, returns its exit status; stdout+stderr in `out`.
 int run_cmd(const std::string& cmd, std::string& out);

@@ -588,6 +588,18 @@ class OwnerProcess {
   std::string error_;
 };
 
+// Sends `n` requests on the one flow of `c` to `g`: how many its sockets received.
+int delivered(UdpGroup& g, UdpClient& c, int n = 10) {
+  for (int i = 0; i < n; i++) c.send_request(1, static_cast<uint32_t>(i));
+  auto counts = g.drain();
+  return std::accumulate(counts.begin(), counts.end(), 0);
+}
+
+// Waits up to 3 s for syrupctl to list no policy.
+bool none_listed() {
+  return wait_for([] { return list_policies() == nlohmann::json::array(); }, 3000) >= 0;
+}
+
 // The executors' group must be the application's alone. Given port 0 with SO_REUSEPORT,
 // the kernel may hand out a port another group of the same user holds, and the socket
 // joins that group (Tenants.DeployAndExitCyclesLeakNothing once failed on it: a child's
@@ -1134,18 +1146,9 @@ TEST_F(SocketSelect, WhenTheOwnerExitsAGroupAnotherProcessKeepsIsHashedAgain) {
   OwnerProcess owner([&] { return deploy_on(g, "tests/policies/drop_all.c", "dropper"); });
   ASSERT_GT(owner.id(), 0) << owner.error();
   UdpClient c(g.port());
-  for (int i = 0; i < 10; i++) c.send_request(1, i);
-  ASSERT_EQ(g.drain(), (std::vector<int>{0, 0})) << "the policy must drop while it is deployed";
+  ASSERT_EQ(delivered(g, c), 0) << "the policy must drop while it is deployed";
   owner.release();
-  std::string out;
-  ASSERT_GE(wait_for(
-                [&] {
-                  run_cmd(build_bin("syrupctl") + " --json list", out);
-                  return nlohmann::json::parse(out, nullptr, false) == nlohmann::json::array();
-                },
-                3000),
-            0)
-      << out;
+  ASSERT_TRUE(none_listed()) << list_policies().dump();
   for (int i = 0; i < 20; i++) c.send_request(1, i);
   auto counts = g.drain();
   EXPECT_EQ(counts[0] + counts[1], 20) << "the removed policy still drops";
@@ -1230,11 +1233,6 @@ TEST(SocketSelectRestart, ASocketTheApplicationClosesLeavesItsGroupAtOnce) {
     for (uint32_t k = 0; k < 30; k++) c.send_request(1, k);
     return g.drain();
   };
-  auto list = [] {
-    std::string out;
-    EXPECT_EQ(run_cmd(build_bin("syrupctl") + " --json list", out), 0) << out;
-    return nlohmann::json::parse(out, nullptr, false);
-  };
 
   g.close(0);
   auto got = keys_received();
@@ -1255,7 +1253,7 @@ TEST(SocketSelectRestart, ASocketTheApplicationClosesLeavesItsGroupAtOnce) {
   got = keys_received();
   EXPECT_EQ(got[3], 30) << "the only open socket of the group must get everything";
 
-  auto j = list();
+  auto j = list_policies();
   ASSERT_EQ(j.size(), 1u) << j.dump();
   uint32_t prog_id = j[0]["prog_id"].get<uint32_t>();
   ASSERT_EQ(syr_remove_policy(id), 0) << syr_last_error();
@@ -1287,33 +1285,19 @@ TEST(SocketSelectRestart, AGroupOnlyAnotherProcessHoldsIsAdoptedAndDetachedWhenI
   });
   ASSERT_GT(owner.id(), 0) << owner.error();
   UdpClient c(g.port());
-  auto received = [&] {
-    for (int i = 0; i < 10; i++) c.send_request(1, i);
-    auto counts = g.drain();
-    return counts[0] + counts[1];
-  };
-  EXPECT_EQ(received(), 0);
+  EXPECT_EQ(delivered(g, c), 0);
 
   d.crash();
   d.start(d.bpffs_root());
   EXPECT_NE(d.log().find("adopted 1 policies"), std::string::npos) << d.log();
-  std::string out;
-  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json list", out), 0) << out;
-  auto j = nlohmann::json::parse(out, nullptr, false);
-  ASSERT_EQ(j.size(), 1u) << out;
-  EXPECT_EQ(j[0]["open_executors"], 2) << out;
-  EXPECT_EQ(received(), 0) << "the adopted policy must still drop";
+  auto j = list_policies();
+  ASSERT_EQ(j.size(), 1u) << j.dump();
+  EXPECT_EQ(j[0]["open_executors"], 2) << j.dump();
+  EXPECT_EQ(delivered(g, c), 0) << "the adopted policy must still drop";
 
   owner.release();
-  EXPECT_GE(wait_for(
-                [&] {
-                  run_cmd(build_bin("syrupctl") + " --json list", out);
-                  return nlohmann::json::parse(out, nullptr, false) == nlohmann::json::array();
-                },
-                3000),
-            0)
-      << out;
-  EXPECT_EQ(received(), 10) << "the policy of the exited owner still drops";
+  EXPECT_TRUE(none_listed()) << list_policies().dump();
+  EXPECT_EQ(delivered(g, c), 10) << "the policy of the exited owner still drops";
   EXPECT_EQ(d.stop(), 0);
 }
 
@@ -1330,17 +1314,12 @@ TEST(SocketSelectRestart, ALeftoverPolicyIsDetachedFromItsGroup) {
   UdpGroup g(2);
   ASSERT_GT(deploy_on(g, "tests/policies/drop_all.c", "leftover"), 0) << syr_last_error();
   UdpClient c(g.port());
-  auto received = [&] {
-    for (int i = 0; i < 10; i++) c.send_request(1, i);
-    auto counts = g.drain();
-    return counts[0] + counts[1];
-  };
-  EXPECT_EQ(received(), 0);
+  EXPECT_EQ(delivered(g, c), 0);
   d.crash();
   ASSERT_EQ(unlink(d.state_file().c_str()), 0) << strerror(errno);
   d.start(d.bpffs_root());
   EXPECT_NE(d.log().find("found 1 policies of a previous syrupd"), std::string::npos) << d.log();
-  EXPECT_EQ(received(), 10) << "the leftover program still drops";
+  EXPECT_EQ(delivered(g, c), 10) << "the leftover program still drops";
   EXPECT_EQ(d.stop(), 0);
 }
 
@@ -1356,12 +1335,7 @@ TEST(SocketSelectRestart, ALeftoverSharingAnAdoptedPolicysMapLeavesItsGroupAlone
   int id = deploy_on(g, "tests/policies/drop_all.c", "shared");
   ASSERT_GT(id, 0) << syr_last_error();
   UdpClient c(g.port());
-  auto received = [&] {
-    for (int i = 0; i < 10; i++) c.send_request(1, i);
-    auto counts = g.drain();
-    return counts[0] + counts[1];
-  };
-  EXPECT_EQ(received(), 0);
+  EXPECT_EQ(delivered(g, c), 0);
   d.crash();
   std::string policies = d.bpffs_root() + "/apps/shared/policies/";
   std::string twin = policies + std::to_string(id + 100);
@@ -1374,11 +1348,9 @@ TEST(SocketSelectRestart, ALeftoverSharingAnAdoptedPolicysMapLeavesItsGroupAlone
   d.start(d.bpffs_root());
   EXPECT_NE(d.log().find("adopted 1 policies"), std::string::npos) << d.log();
   EXPECT_NE(d.log().find("found 1 policies of a previous syrupd"), std::string::npos) << d.log();
-  EXPECT_EQ(received(), 0) << "the adopted policy's group lost its program";
-  std::string out;
-  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json list", out), 0) << out;
-  auto j = nlohmann::json::parse(out, nullptr, false);
-  ASSERT_EQ(j.size(), 1u) << out;
+  EXPECT_EQ(delivered(g, c), 0) << "the adopted policy's group lost its program";
+  auto j = list_policies();
+  ASSERT_EQ(j.size(), 1u) << j.dump();
   EXPECT_EQ(j[0]["open_executors"], 2) << "the adopted policy's executor map was emptied";
   EXPECT_EQ(d.stop(), 0);
 }

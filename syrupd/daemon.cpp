@@ -742,10 +742,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
     if (owner_gone(*p)) dead.emplace_back(id, "its owner exited");
     else if (std::string why = p->target->gone(); !why.empty()) dead.emplace_back(id, why);
   }
-  for (auto& [id, why] : dead) {
-    config_entry_waits(*policies_[id]);
-    remove_policy(id, true, why.c_str());
-  }
+  for (auto& [id, why] : dead) end_policy(id, why);
 
   // One policy per target: the same application replaces, another is refused.
   Policy* old = nullptr;
@@ -969,12 +966,7 @@ void Daemon::owner_exited(int pidfd) {
   std::vector<int> ids;
   for (auto& [id, p] : policies_)
     if (p->owner_pidfd.get() == pidfd) ids.push_back(id);
-  for (int id : ids) {
-    std::string why = "owner process " + std::to_string(policies_[id]->owner_pid) + " exited";
-    // A --config entry's policy comes back on the process's successor.
-    config_entry_waits(*policies_[id]);
-    remove_policy(id, true, why.c_str());
-  }
+  for (int id : ids) end_policy(id, "owner process " + std::to_string(policies_[id]->owner_pid) + " exited");
   if (ids.empty()) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, pidfd, nullptr);
 }
 
@@ -989,11 +981,7 @@ bool Daemon::remove_ended() {
     if (owner_gone(*p)) continue;  // its sockets closed with it: owner_exited() says so
     if (std::string why = p->target->gone(); !why.empty()) gone.emplace_back(id, std::move(why));
   }
-  for (auto& [id, why] : gone) {
-    // A --config entry's policy comes back when its interface (its process's group) does.
-    config_entry_waits(*policies_[id]);
-    remove_policy(id, true, why.c_str());
-  }
+  for (auto& [id, why] : gone) end_policy(id, why);
   return !gone.empty();
 }
 
@@ -1005,10 +993,14 @@ void Daemon::follow_kernel() {
   changed();
 }
 
-void Daemon::config_entry_waits(const Policy& p) {
-  if (p.config_identity.empty()) return;
-  if (config_waiting_.empty()) config_retry_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  config_waiting_.insert(p.config_identity);
+void Daemon::end_policy(int id, const std::string& why) {
+  // A --config entry's policy comes back on its process's successor, its process's new
+  // group, its interface made again.
+  if (const std::string& entry = policies_[id]->config_identity; !entry.empty()) {
+    if (config_waiting_.empty()) config_retry_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    config_waiting_.insert(entry);
+  }
+  remove_policy(id, true, why.c_str());
 }
 
 Hook* Daemon::hook_watching(int fd) const {

@@ -177,9 +177,10 @@ class Daemon {
   bool remove_ended();
   // Has the policy's owner exited (its exit event perhaps still queued)?
   static bool owner_gone(const Policy& p);
-  // A --config entry's policy that is going away waits to be deployed again (retried
+  // Removes a policy that ended without being asked to (its owner exited, its attachment
+  // is gone) with reason `why`; a --config entry's waits to be deployed again (retried
   // every kConfigRetrySec, the first time after 1 s): its process or interface may be back.
-  void config_entry_waits(const Policy& p);
+  void end_policy(int id, const std::string& why);
   // The hook whose event_fd() `fd` is, or null.
   Hook* hook_watching(int fd) const;
   // The state file: written after every change; read once at start to adopt.

@@ -70,8 +70,15 @@ int describe(int fd, SockInfo& si) {
   return 0;
 }
 
-// The socket descriptors of process `pid`: (fd number, inode) in ascending fd order.
-int socket_fds(pid_t pid, std::vector<std::pair<int, uint64_t>>& out, std::string& err) {
+// The socket descriptors of process `pid`: (fd number, inode) in ascending fd order, and
+// a pidfd of it to take them with (take()). 0 or -errno with `err`.
+int socket_fds(pid_t pid, UniqueFd& pidfd, std::vector<std::pair<int, uint64_t>>& out, std::string& err) {
+  pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+  if (!pidfd) {
+    int e = errno;
+    err = "no process " + std::to_string(pid) + ": " + std::strerror(e);
+    return -e;
+  }
   std::string dir = "/proc/" + std::to_string(pid) + "/fd";
   DIR* d = opendir(dir.c_str());
   if (!d) {
@@ -162,14 +169,9 @@ int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address,
     err = "--pid needs --port: which of the process's sockets to schedule";
     return -EINVAL;
   }
-  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
-  if (!pidfd) {
-    int e = errno;
-    err = "no process " + std::to_string(pid) + ": " + std::strerror(e);
-    return -e;
-  }
+  UniqueFd pidfd;
   std::vector<std::pair<int, uint64_t>> fds;
-  if (int r = socket_fds(pid, fds, err)) return r;
+  if (int r = socket_fds(pid, pidfd, fds, err)) return r;
 
   // Per group (protocol, address), the sockets on `port` in ascending fd order, one per
   // socket (a socket the process has under two fd numbers counts once, at its lowest).
@@ -253,10 +255,10 @@ void each_process(const std::function<bool(pid_t)>& fn) {
 // Adds to `held` the number taken; the first failure other than a descriptor closed
 // meanwhile goes to `failed` and `err`. -ESRCH if the process is gone.
 int take_from(pid_t pid, Executors& ex, size_t& held, int& failed, std::string& err) {
-  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+  UniqueFd pidfd;
   std::vector<std::pair<int, uint64_t>> fds;
   std::string ignored;
-  if (!pidfd || socket_fds(pid, fds, ignored)) return -ESRCH;
+  if (socket_fds(pid, pidfd, fds, ignored)) return -ESRCH;
   for (auto [n, ino] : fds)
     for (size_t i = 0; i < ex.inodes.size(); i++) {
       if (ex.inodes[i] != ino || ex.sockets[i]) continue;
@@ -543,10 +545,10 @@ void SocketSelectHook::release_leftover(std::string_view, const std::string& pol
     if (bpf_map_lookup_elem(m.get(), &i, &c) == 0) cookies.insert(c);
   }
   if (!cookies.empty()) each_process([&](pid_t pid) {
-    UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+    UniqueFd pidfd;
     std::vector<std::pair<int, uint64_t>> fds;
     std::string ignored;
-    if (!pidfd || socket_fds(pid, fds, ignored)) return false;
+    if (socket_fds(pid, pidfd, fds, ignored)) return false;
     for (auto [n, ino] : fds) {
       Executors ex;
       ex.sockets.resize(1);

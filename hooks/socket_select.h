@@ -6,9 +6,9 @@
 // duplicates only while it installs a policy (to fill the executor map and attach the
 // program); when it needs the group again (to detach, to restore the map after a failed
 // replacement, to adopt after a restart) it takes a socket back from the process that
-// holds them (pidfd_getfd), or from any other that has one (a worker it forked). So a socket the application closes leaves its group at once:
-// the kernel empties its slot in the executor map and the policy's choices of it fall
-// back to the kernel's hash. A duplicate held for the policy's life would keep it bound
+// holds them (pidfd_getfd), or from any other that has one (a worker it forked). So a
+// socket the application closes leaves its group at once: the kernel empties its slot in
+// the executor map and the policy's choices of it fall back to the kernel's hash. A duplicate held for the policy's life would keep it bound
 // and chosen, receiving traffic that no one reads until the application exits.
 // Attaching a program to a group replaces the previous one in a single pointer swap in
 // the kernel (reuseport_attach_prog), which is what makes a live policy upgrade atomic:

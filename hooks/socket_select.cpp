@@ -18,6 +18,7 @@
 
 #include <bpf/bpf.h>
 
+#include "inet_diag.h"
 #include "names.h"
 #include "syrup/abi.h"
 
@@ -110,6 +111,28 @@ int take(int pidfd, int n, uint64_t ino, UniqueFd& out) {
   return -EBADF;
 }
 
+// Which sockets a search takes, so that it takes no other: taking a socket re-tags it
+// with syrupd's net_cls class id and net_prio index (see inet_diag.h). First those whose
+// sock_diag record passes `match`; then, only if they gave nothing, those no dump saw (a
+// socket of a namespace no task is in and /run/netns does not name, or any socket when
+// sock_diag cannot be read), so such a socket is still found.
+class Search {
+ public:
+  explicit Search(const std::function<bool(const inet_diag::InetSock&)>& match) {
+    std::vector<inet_diag::InetSock> all;
+    std::string ignored;
+    inet_diag::all_sockets(all, ignored);
+    for (const auto& s : all) {
+      seen_.insert(s.inode);
+      if (match(s)) match_.insert(s.inode);
+    }
+  }
+  bool wants(uint64_t inode, bool unseen) const { return unseen ? !seen_.count(inode) : match_.count(inode) > 0; }
+
+ private:
+  std::set<uint64_t> seen_, match_;
+};
+
 // Why `si` cannot be an executor, or "".
 std::string unusable(const SockInfo& si) {
   if (si.protocol != IPPROTO_UDP && si.protocol != IPPROTO_TCP) return "not a UDP or TCP socket";
@@ -172,30 +195,36 @@ int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address,
   UniqueFd pidfd;
   std::vector<std::pair<int, uint64_t>> fds;
   if (int r = socket_fds(pid, pidfd, fds, err)) return r;
+  Search on_port([&](const inet_diag::InetSock& s) {
+    return s.port == port && (!protocol || s.protocol == protocol);
+  });
 
   // Per group (protocol, address), the sockets on `port` in ascending fd order, one per
   // socket (a socket the process has under two fd numbers counts once, at its lowest).
   std::map<std::pair<int, std::string>, Executors> found;
-  std::set<uint64_t> seen;
-  for (auto [n, ino] : fds) {
-    if (!seen.insert(ino).second) continue;
-    UniqueFd fd;
-    if (int r = take(pidfd.get(), n, ino, fd)) {
-      if (r == -EBADF) continue;  // closed meanwhile
-      err = "cannot take socket fd " + std::to_string(n) + " of process " + std::to_string(pid) +
-            ": " + std::strerror(-r);
-      return r;
+  for (bool unseen : {false, true}) {
+    std::set<uint64_t> seen;
+    for (auto [n, ino] : fds) {
+      if (!on_port.wants(ino, unseen) || !seen.insert(ino).second) continue;
+      UniqueFd fd;
+      if (int r = take(pidfd.get(), n, ino, fd)) {
+        if (r == -EBADF) continue;  // closed meanwhile
+        err = "cannot take socket fd " + std::to_string(n) + " of process " + std::to_string(pid) +
+              ": " + std::strerror(-r);
+        return r;
+      }
+      SockInfo si;
+      if (describe(fd.get(), si) || si.port != port || !unusable(si).empty()) continue;
+      if (protocol && si.protocol != protocol) continue;
+      Executors& ex = found[{si.protocol, si.address}];
+      ex.protocol = si.protocol;
+      ex.port = si.port;
+      ex.address = si.address;
+      ex.inodes.push_back(ino);
+      ex.sockets.push_back(std::move(fd));
+      ex.source_fds.push_back(n);
     }
-    SockInfo si;
-    if (describe(fd.get(), si) || si.port != port || !unusable(si).empty()) continue;
-    if (protocol && si.protocol != protocol) continue;
-    Executors& ex = found[{si.protocol, si.address}];
-    ex.protocol = si.protocol;
-    ex.port = si.port;
-    ex.address = si.address;
-    ex.inodes.push_back(ino);
-    ex.sockets.push_back(std::move(fd));
-    ex.source_fds.push_back(n);
+    if (!found.empty()) break;
   }
   // UDP first when both protocols qualify; then the address, which must be named when the
   // process has several groups on the port (a guess would leave the others unscheduled).
@@ -544,24 +573,31 @@ void SocketSelectHook::release_leftover(std::string_view, const std::string& pol
     uint64_t c;
     if (bpf_map_lookup_elem(m.get(), &i, &c) == 0) cookies.insert(c);
   }
-  if (!cookies.empty()) each_process([&](pid_t pid) {
-    UniqueFd pidfd;
-    std::vector<std::pair<int, uint64_t>> fds;
-    std::string ignored;
-    if (socket_fds(pid, pidfd, fds, ignored)) return false;
-    for (auto [n, ino] : fds) {
-      Executors ex;
-      ex.sockets.resize(1);
-      uint64_t cookie = 0;
-      socklen_t len = sizeof cookie;
-      if (take(pidfd.get(), n, ino, ex.sockets[0]) ||
-          getsockopt(ex.sockets[0].get(), SOL_SOCKET, SO_COOKIE, &cookie, &len) || !cookies.count(cookie))
-        continue;
-      detach(ex, ignored);
-      return true;
-    }
-    return false;
-  });
+  if (cookies.empty()) {
+    release(m.get());
+    return;
+  }
+  Search in_group([&](const inet_diag::InetSock& s) { return cookies.count(s.cookie) > 0; });
+  bool detached = false;
+  for (bool unseen : {false, true})
+    each_process([&](pid_t pid) {
+      UniqueFd pidfd;
+      std::vector<std::pair<int, uint64_t>> fds;
+      std::string ignored;
+      if (detached || socket_fds(pid, pidfd, fds, ignored)) return detached;
+      for (auto [n, ino] : fds) {
+        Executors ex;
+        ex.sockets.resize(1);
+        uint64_t cookie = 0;
+        socklen_t len = sizeof cookie;
+        if (!in_group.wants(ino, unseen) || take(pidfd.get(), n, ino, ex.sockets[0]) ||
+            getsockopt(ex.sockets[0].get(), SOL_SOCKET, SO_COOKIE, &cookie, &len) || !cookies.count(cookie))
+          continue;
+        detach(ex, ignored);
+        return detached = true;
+      }
+      return false;
+    });
   release(m.get());
 }
 

@@ -8,8 +8,11 @@
 // replacement, to adopt after a restart) it takes a socket back from the process that
 // holds them (pidfd_getfd), or from any other that has one (a worker it forked). So a
 // socket the application closes leaves its group at once: the kernel empties its slot in
-// the executor map and the policy's choices of it fall back to the kernel's hash. A duplicate held for the policy's life would keep it bound
-// and chosen, receiving traffic that no one reads until the application exits.
+// the executor map and the policy's choices of it fall back to the kernel's hash. A
+// duplicate held for the policy's life would keep it bound and chosen, receiving traffic
+// that no one reads until the application exits. syrupd takes only sockets it has
+// matched first, by inode or by port or cookie in the kernel's socket records
+// (inet_diag.h): a socket taken is re-tagged with syrupd's net_cls class id.
 // Attaching a program to a group replaces the previous one in a single pointer swap in
 // the kernel (reuseport_attach_prog), which is what makes a live policy upgrade atomic:
 // every datagram is seen by either the old or the new program, and both have full

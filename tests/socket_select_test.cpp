@@ -9,6 +9,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -21,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -28,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness.h"
+#include "inet_diag.h"
 #include "syrup/syrup.h"
 
 namespace syrup::test {
@@ -599,6 +602,99 @@ int delivered(UdpGroup& g, UdpClient& c, int n = 10) {
 bool none_listed() {
   return wait_for([] { return list_policies() == nlohmann::json::array(); }, 3000) >= 0;
 }
+
+// A socket of this process with a net_cls class id of its own: a thread of the test's
+// joins a cgroup-v1 net_cls group (on a hierarchy mounted for the test) with class id
+// `id`, makes a UDP socket bound to 127.0.0.1 and stays there until the end. The socket
+// keeps that class id until a process takes it (pidfd_getfd re-tags it with the taker's:
+// syrupd's is 0). Moving a task between net_cls groups re-tags every socket of its
+// descriptor table, so the thread never moves back; it ends in the group. `skip` says
+// why there is none (no cgroup-v1 net_cls on this kernel).
+class ClassedSocket {
+ public:
+  explicit ClassedSocket(uint32_t id) : group_(mnt_.path() + "/syrup-test") {
+    if (mount("none", mnt_.path().c_str(), "cgroup", 0, "net_cls") != 0) {
+      skip = std::string("cannot mount a cgroup-v1 net_cls hierarchy: ") + strerror(errno);
+      return;
+    }
+    mounted_ = true;
+    if (mkdir(group_.c_str(), 0755) != 0 || !write(group_ + "/net_cls.classid", std::to_string(id))) {
+      skip = std::string("cannot make a net_cls group: ") + strerror(errno);
+      return;
+    }
+    std::promise<void> made;
+    thread_ = std::thread([&] {
+      if (write(group_ + "/tasks", std::to_string(gettid()))) {
+        fd_.reset(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (bind(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fd_.reset();
+      }
+      made.set_value();
+      end_.get_future().wait();
+    });
+    made.get_future().wait();
+    if (!fd_) skip = "cannot make a socket in the net_cls group";
+  }
+  ~ClassedSocket() {
+    if (thread_.joinable()) {
+      end_.set_value();
+      thread_.join();
+    }
+    if (!mounted_) return;
+    // The ended thread leaves the group a moment after join().
+    wait_for([&] { return rmdir(group_.c_str()) == 0 || errno != EBUSY; }, 2000);
+    umount(mnt_.path().c_str());
+  }
+  int fd() const { return fd_.get(); }
+  std::string skip;
+
+ private:
+  static bool write(const std::string& path, const std::string& v) {
+    std::ofstream f(path);
+    f << v << "\n";
+    f.close();
+    return static_cast<bool>(f);
+  }
+  TempDir mnt_;
+  std::string group_;
+  bool mounted_ = false;
+  UniqueFd fd_;
+  std::promise<void> end_;
+  std::thread thread_;
+};
+
+// The class id sock_diag reports for socket `fd` (0 when it finds none).
+uint32_t class_id(int fd) {
+  uint64_t cookie = 0;
+  socklen_t len = sizeof cookie;
+  std::vector<inet_diag::InetSock> all;
+  std::string err;
+  if (getsockopt(fd, SOL_SOCKET, SO_COOKIE, &cookie, &len) || inet_diag::all_sockets(all, err)) return 0;
+  for (const auto& s : all)
+    if (s.cookie == cookie) return s.class_id;
+  return 0;
+}
+
+// Runs `fn` on a thread of its own in a new network namespace with loopback up. Once the
+// thread has ended, no task is in that namespace and no name holds it: only what `fn`
+// made there (its sockets) keeps it. "" or what failed.
+std::string in_unnamed_namespace(const std::function<void()>& fn) {
+  std::string failed;
+  std::thread([&] {
+    if (unshare(CLONE_NEWNET) != 0) return void(failed = std::string("unshare: ") + strerror(errno));
+    UniqueFd ctl(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    ifreq ifr{};
+    std::snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
+    ifr.ifr_flags = IFF_UP;
+    if (ioctl(ctl.get(), SIOCSIFFLAGS, &ifr) != 0) return void(failed = std::string("lo up: ") + strerror(errno));
+    fn();
+  }).join();
+  return failed;
+}
+
+constexpr uint32_t kTestClassId = 0x100001;
 
 // The executors' group must be the application's alone. Given port 0 with SO_REUSEPORT,
 // the kernel may hand out a port another group of the same user holds, and the socket
@@ -1321,6 +1417,96 @@ TEST(SocketSelectRestart, ALeftoverPolicyIsDetachedFromItsGroup) {
   EXPECT_NE(d.log().find("found 1 policies of a previous syrupd"), std::string::npos) << d.log();
   EXPECT_EQ(delivered(g, c), 10) << "the leftover program still drops";
   EXPECT_EQ(d.stop(), 0);
+}
+
+// The search for a leftover's group finds the socket of a cookie from the kernel's socket
+// records and takes only that one. Taking every socket to read its cookie would re-tag
+// each with syrupd's net_cls class id, changing how tc and netfilter treat the traffic of
+// sockets that have nothing to do with the policy (here: a socket of the same process,
+// made before the group, so the search meets it first).
+TEST(SocketSelectRestart, TheLeftoverSearchTakesNoOtherSocket) {
+  SYRUP_REQUIRE_ROOT();
+  ClassedSocket bystander(kTestClassId);
+  if (!bystander.skip.empty()) GTEST_SKIP() << bystander.skip;
+  ASSERT_EQ(class_id(bystander.fd()), kTestClassId) << "the socket did not get the group's class id";
+  Daemon d;
+  d.start();
+  UdpGroup g(2);
+  ASSERT_GT(deploy_on(g, "tests/policies/drop_all.c", "leftover"), 0) << syr_last_error();
+  UdpClient c(g.port());
+  EXPECT_EQ(delivered(g, c), 0);
+  d.crash();
+  ASSERT_EQ(unlink(d.state_file().c_str()), 0) << strerror(errno);
+  d.start(d.bpffs_root());
+  EXPECT_NE(d.log().find("found 1 policies of a previous syrupd"), std::string::npos) << d.log();
+  EXPECT_EQ(delivered(g, c), 10) << "the leftover program still drops";
+  EXPECT_EQ(class_id(bystander.fd()), kTestClassId) << "syrupd took a socket outside the group";
+  EXPECT_EQ(d.stop(), 0);
+}
+
+// A group whose sockets are in a network namespace no task is in and no name holds (made
+// by a thread that has ended) is missing from every socket record syrupd can read; the
+// search then takes the sockets no record showed, and still detaches the leftover.
+TEST(SocketSelectRestart, ALeftoverInANamespaceNoTaskIsInIsStillDetached) {
+  SYRUP_REQUIRE_ROOT();
+  std::unique_ptr<UdpGroup> g;
+  std::unique_ptr<UdpClient> c;
+  ASSERT_EQ(in_unnamed_namespace([&] {
+              g = std::make_unique<UdpGroup>(2);
+              c = std::make_unique<UdpClient>(g->port());
+            }),
+            "");
+  Daemon d;
+  d.start();
+  ASSERT_GT(deploy_on(*g, "tests/policies/drop_all.c", "leftover"), 0) << syr_last_error();
+  EXPECT_EQ(delivered(*g, *c), 0);
+  d.crash();
+  ASSERT_EQ(unlink(d.state_file().c_str()), 0) << strerror(errno);
+  d.start(d.bpffs_root());
+  EXPECT_NE(d.log().find("found 1 policies of a previous syrupd"), std::string::npos) << d.log();
+  EXPECT_EQ(delivered(*g, *c), 10) << "the leftover program still drops";
+  EXPECT_EQ(d.stop(), 0);
+}
+
+// Deploy by pid finds the process's sockets on the port from the kernel's socket records
+// and takes only those: its other sockets keep their net_cls class id.
+TEST_F(SocketSelect, DeployByPidTakesNoSocketOffThePort) {
+  ClassedSocket bystander(kTestClassId);
+  if (!bystander.skip.empty()) GTEST_SKIP() << bystander.skip;
+  ASSERT_EQ(class_id(bystander.fd()), kTestClassId) << "the socket did not get the group's class id";
+  UdpGroup g(2);
+  std::string out;
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json deploy --hook socket-select --app pidtest --pid " +
+                        std::to_string(getpid()) + " --port " + std::to_string(g.port()) + " " +
+                        source_path("tests/policies/drop_all.c"),
+                    out),
+            0)
+      << out;
+  ids_.push_back(nlohmann::json::parse(out)["id"].get<int>());
+  UdpClient c(g.port());
+  EXPECT_EQ(delivered(g, c), 0) << "the policy is not on the group";
+  EXPECT_EQ(class_id(bystander.fd()), kTestClassId) << "syrupd took a socket off the port";
+}
+
+// Deploy by pid also finds a group in a network namespace no task is in (no socket
+// record shows it): it then looks at the sockets no record showed.
+TEST_F(SocketSelect, DeployByPidFindsAGroupInANamespaceNoTaskIsIn) {
+  std::unique_ptr<UdpGroup> g;
+  std::unique_ptr<UdpClient> c;
+  ASSERT_EQ(in_unnamed_namespace([&] {
+              g = std::make_unique<UdpGroup>(2);
+              c = std::make_unique<UdpClient>(g->port());
+            }),
+            "");
+  std::string out;
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json deploy --hook socket-select --app pidtest --pid " +
+                        std::to_string(getpid()) + " --port " + std::to_string(g->port()) + " " +
+                        source_path("tests/policies/drop_all.c"),
+                    out),
+            0)
+      << out;
+  ids_.push_back(nlohmann::json::parse(out)["id"].get<int>());
+  EXPECT_EQ(delivered(*g, *c), 0) << "the policy is not on the group";
 }
 
 // A leftover that shares its executor map with an adopted policy (a replacement the

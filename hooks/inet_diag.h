@@ -1,0 +1,34 @@
+// The inet sockets of every network namespace, as the kernel's sock_diag reports them:
+// cookie, inode, protocol, local port and cgroup-v1 class id, read without touching a
+// socket.
+//
+// Design: syrupd must find sockets by cookie (a leftover policy's executor map holds
+// cookies) or by port (deploy by pid) in processes it does not own. Taking each socket
+// of a process to look at it (pidfd_getfd) would work, but receiving a socket re-tags it
+// with the receiver's net_cls class id and net_prio index (__receive_sock), which
+// changes how tc and netfilter treat traffic of sockets that have nothing to do with
+// the policy. A sock_diag dump reads the same facts from outside. A dump sees one
+// network namespace (the one its netlink socket was made in), so one short-lived thread
+// joins each namespace in turn. Invariants: every namespace a task is in or
+// /run/netns names is dumped once; UDP and TCP, IPv4 and IPv6, every state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace syrup::inet_diag {
+
+struct InetSock {
+  uint64_t cookie = 0;    // SO_COOKIE; also what a REUSEPORT_SOCKARRAY lookup returns
+  uint64_t inode = 0;     // the socket's inode: "socket:[inode]" in /proc/PID/fd
+  int protocol = 0;       // IPPROTO_UDP or IPPROTO_TCP
+  uint16_t port = 0;      // local port, host order
+  uint32_t class_id = 0;  // net_cls class id, or the socket's priority when that is 0
+};
+
+// Every UDP and TCP socket of every network namespace. 0, or -errno with `err` when not
+// even syrupd's own namespace could be read; a namespace it cannot join is left out.
+int all_sockets(std::vector<InetSock>& out, std::string& err);
+
+}  // namespace syrup::inet_diag

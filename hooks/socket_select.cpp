@@ -413,6 +413,8 @@ class GroupTarget : public Target {
   // nothing, and it must not keep another deploy off that address.
   std::string gone() const override { return map_ && open_executors() == 0 ? ended() : std::string(); }
   std::string ended() const { return "every socket of its group " + key() + " was closed"; }
+  // A socket closing tells no one outside its process.
+  bool ends_unannounced() const override { return true; }
 
   // After install() or adopt(): the executor map, to see which executors are open.
   void watch(const LoadedPolicy& p) {

@@ -302,12 +302,12 @@ int Daemon::run() {
       int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(t - now).count() + 1);
       timeout = timeout < 0 ? ms : std::min(timeout, ms);
     };
-    if (!policies_.empty()) {
+    if (some_end_unannounced()) {
       if (now >= ended_check_at_) {
         if (remove_ended()) changed();
         ended_check_at_ = now + std::chrono::seconds(kEndedCheckSec);
       }
-      if (!policies_.empty()) wake_at(ended_check_at_);
+      if (some_end_unannounced()) wake_at(ended_check_at_);
     }
     if (!config_waiting_.empty()) {
       if (now >= config_retry_at_) {
@@ -973,6 +973,11 @@ void Daemon::owner_exited(int pidfd) {
 bool Daemon::owner_gone(const Policy& p) {
   pollfd pf{p.owner_pidfd.get(), POLLIN, 0};
   return p.owner_pidfd && poll(&pf, 1, 0) == 1;
+}
+
+bool Daemon::some_end_unannounced() const {
+  return std::any_of(policies_.begin(), policies_.end(),
+                     [](const auto& e) { return e.second->target->ends_unannounced(); });
 }
 
 bool Daemon::remove_ended() {

@@ -175,6 +175,9 @@ class Daemon {
   // after a refresh(), and every kEndedCheckSec for what ends without news (the last
   // socket of a socket-select group closed). True if there were any.
   bool remove_ended();
+  // Does some policy's target end without news (Target::ends_unannounced())? Only then
+  // does syrupd wake every kEndedCheckSec.
+  bool some_end_unannounced() const;
   // Has the policy's owner exited (its exit event perhaps still queued)?
   static bool owner_gone(const Policy& p);
   // Removes a policy that ended without being asked to (its owner exited, its attachment

@@ -94,9 +94,14 @@ class Target {
   // Why the kernel no longer runs this attachment although no one removed the policy (an
   // interface was deleted, or its program detached by another tool, as Hook::refresh()
   // last found it; every socket of a group closed); empty while it runs. Asked after a
-  // refresh(), every few seconds and before a deploy to the same key; syrupd then removes
-  // the policy with this reason. Cheap: no more than a few map lookups.
+  // refresh(), every few seconds (only while some target ends_unannounced()) and before a
+  // deploy to the same key; syrupd then removes the policy with this reason. Cheap: no
+  // more than a few map lookups.
   virtual std::string gone() const { return {}; }
+  // Whether the attachment can end with no news syrupd could wait for, so that only
+  // looking every few seconds finds it (the last socket of a group closed). A syrupd
+  // whose targets all say no sleeps until something happens.
+  virtual bool ends_unannounced() const { return false; }
 };
 
 class Hook {

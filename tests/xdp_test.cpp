@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -483,6 +484,26 @@ TEST_F(Xdp, RemovingTheLastPolicyDetachesAndLeavesTheInterfaceAsItWas) {
   UniqueFd peer(net_->peer_udp());
   for (int i = 0; i < 5; i++) send_to(peer.get(), net_->host_ip, 9351, 1, i);
   EXPECT_EQ(drain(s.get()).size(), 5u);
+}
+
+// Times syrupd's main thread has gone to sleep (voluntary context switches), -1 if unknown.
+long main_thread_sleeps(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("voluntary_ctxt_switches:", 0) == 0) return std::stol(line.substr(24));
+  return -1;
+}
+
+// An XDP policy's attachment ends only with news syrupd waits for (a link event), so a
+// syrupd whose policies are all XDP sleeps until something happens. It used to wake every
+// 2 s to look for ended socket-select groups it did not have.
+TEST_F(Xdp, SyrupdWithOnlyXdpPoliciesSleepsUntilSomethingHappens) {
+  ASSERT_GT(deploy("policies/pass.c", "idle", {9391}), 0) << syr_last_error();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  long before = main_thread_sleeps(daemon_.pid());
+  ASSERT_GE(before, 0);
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  EXPECT_LE(main_thread_sleeps(daemon_.pid()) - before, 1) << "syrupd woke with nothing to do";
 }
 
 // The kernel can take a policy's attachment away without syrupd: the interface is deleted

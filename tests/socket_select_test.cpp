@@ -119,6 +119,19 @@ class SocketSelect : public ::testing::Test {
     return id;
   }
 
+  // Deploys tests/policies/<name> on this process's sockets on `port` with syrupctl
+  // --pid (the id is removed at the end of the test): "" or syrupctl's output.
+  std::string deploy_pid(uint16_t port, const std::string& name) {
+    std::string out;
+    if (run_cmd(build_bin("syrupctl") + " --json deploy --hook socket-select --app pidtest --pid " +
+                    std::to_string(getpid()) + " --port " + std::to_string(port) + " " +
+                    source_path("tests/policies/" + name),
+                out) != 0)
+      return out.empty() ? "syrupctl failed" : out;
+    ids_.push_back(nlohmann::json::parse(out)["id"].get<int>());
+    return "";
+  }
+
   // `n` listening TCP sockets in one SO_REUSEPORT group on 127.0.0.1, whose address and
   // port go to `a`; none (and a failure) if the group cannot be made.
   static std::vector<UniqueFd> tcp_listeners(int n, sockaddr_in& a) {
@@ -677,21 +690,41 @@ uint32_t class_id(int fd) {
   return 0;
 }
 
-// Runs `fn` on a thread of its own in a new network namespace with loopback up. Once the
-// thread has ended, no task is in that namespace and no name holds it: only what `fn`
-// made there (its sockets) keeps it. "" or what failed.
-std::string in_unnamed_namespace(const std::function<void()>& fn) {
+// A group of two sockets and a client of it, in a new network namespace with loopback up
+// made by a thread that has ended: no task is in that namespace and no name holds it, only
+// its sockets do. `failed` says what went wrong, if anything.
+struct UnnamedNamespaceGroup {
+  UnnamedNamespaceGroup() {
+    std::thread([&] {
+      if (unshare(CLONE_NEWNET) != 0) return void(failed = std::string("unshare: ") + strerror(errno));
+      UniqueFd ctl(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+      ifreq ifr{};
+      std::snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
+      ifr.ifr_flags = IFF_UP;
+      if (ioctl(ctl.get(), SIOCSIFFLAGS, &ifr) != 0) return void(failed = std::string("lo up: ") + strerror(errno));
+      group = std::make_unique<UdpGroup>(2);
+      client = std::make_unique<UdpClient>(group->port());
+    }).join();
+  }
+  std::unique_ptr<UdpGroup> group;
+  std::unique_ptr<UdpClient> client;
   std::string failed;
-  std::thread([&] {
-    if (unshare(CLONE_NEWNET) != 0) return void(failed = std::string("unshare: ") + strerror(errno));
-    UniqueFd ctl(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-    ifreq ifr{};
-    std::snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
-    ifr.ifr_flags = IFF_UP;
-    if (ioctl(ctl.get(), SIOCSIFFLAGS, &ifr) != 0) return void(failed = std::string("lo up: ") + strerror(errno));
-    fn();
-  }).join();
-  return failed;
+};
+
+// Deploys drop_all.c on `g` through a syrupd that then dies and loses its state file,
+// so that the syrupd started next finds the policy as a leftover: it must detach it, and
+// `c`'s datagrams reach the group again.
+void expect_leftover_detached(UdpGroup& g, UdpClient& c) {
+  Daemon d;
+  d.start();
+  ASSERT_GT(deploy_on(g, "tests/policies/drop_all.c", "leftover"), 0) << syr_last_error();
+  EXPECT_EQ(delivered(g, c), 0);
+  d.crash();
+  ASSERT_EQ(unlink(d.state_file().c_str()), 0) << strerror(errno);
+  d.start(d.bpffs_root());
+  EXPECT_NE(d.log().find("found 1 policies of a previous syrupd"), std::string::npos) << d.log();
+  EXPECT_EQ(delivered(g, c), 10) << "the leftover program still drops";
+  EXPECT_EQ(d.stop(), 0);
 }
 
 constexpr uint32_t kTestClassId = 0x100001;
@@ -815,14 +848,7 @@ TEST_F(SocketSelect, UnmodifiedProcessByPidTakesItsSocketsInFdOrder) {
   // The "unmodified application" is this process: its sockets are taken by syrupd with
   // pidfd_getfd, executor i being the i-th socket in ascending fd order.
   UdpGroup g(3);
-  std::string out;
-  int rc = run_cmd(build_bin("syrupctl") + " --json deploy --hook socket-select --app pidtest --pid " +
-                       std::to_string(getpid()) + " --port " + std::to_string(g.port()) + " " +
-                       source_path("tests/policies/by_key.c"),
-                   out);
-  ASSERT_EQ(rc, 0) << out;
-  int id = nlohmann::json::parse(out)["id"];
-  ids_.push_back(id);
+  ASSERT_EQ(deploy_pid(g.port(), "by_key.c"), "");
   UdpClient c(g.port());
   for (uint32_t k = 0; k < 90; k++) c.send_request(1, k);
   std::vector<std::vector<std::string>> got;
@@ -833,6 +859,7 @@ TEST_F(SocketSelect, UnmodifiedProcessByPidTakesItsSocketsInFdOrder) {
       memcpy(&key, p.data() + 4, 4);
       EXPECT_EQ(key % 3, static_cast<uint32_t>(i)) << "executor order is not ascending fd order";
     }
+  std::string out;
   ASSERT_EQ(run_cmd(build_bin("syrupctl") + " list", out), 0);
   EXPECT_NE(out.find("pidtest"), std::string::npos) << out;
   EXPECT_NE(out.find("by_key.c"), std::string::npos) << out;
@@ -1405,18 +1432,9 @@ TEST(SocketSelectRestart, AGroupOnlyAnotherProcessHoldsIsAdoptedAndDetachedWhenI
 // policy dropped, with no policy listed.
 TEST(SocketSelectRestart, ALeftoverPolicyIsDetachedFromItsGroup) {
   SYRUP_REQUIRE_ROOT();
-  Daemon d;
-  d.start();
   UdpGroup g(2);
-  ASSERT_GT(deploy_on(g, "tests/policies/drop_all.c", "leftover"), 0) << syr_last_error();
   UdpClient c(g.port());
-  EXPECT_EQ(delivered(g, c), 0);
-  d.crash();
-  ASSERT_EQ(unlink(d.state_file().c_str()), 0) << strerror(errno);
-  d.start(d.bpffs_root());
-  EXPECT_NE(d.log().find("found 1 policies of a previous syrupd"), std::string::npos) << d.log();
-  EXPECT_EQ(delivered(g, c), 10) << "the leftover program still drops";
-  EXPECT_EQ(d.stop(), 0);
+  expect_leftover_detached(g, c);
 }
 
 // The search for a leftover's group finds the socket of a cookie from the kernel's socket
@@ -1429,19 +1447,10 @@ TEST(SocketSelectRestart, TheLeftoverSearchTakesNoOtherSocket) {
   ClassedSocket bystander(kTestClassId);
   if (!bystander.skip.empty()) GTEST_SKIP() << bystander.skip;
   ASSERT_EQ(class_id(bystander.fd()), kTestClassId) << "the socket did not get the group's class id";
-  Daemon d;
-  d.start();
   UdpGroup g(2);
-  ASSERT_GT(deploy_on(g, "tests/policies/drop_all.c", "leftover"), 0) << syr_last_error();
   UdpClient c(g.port());
-  EXPECT_EQ(delivered(g, c), 0);
-  d.crash();
-  ASSERT_EQ(unlink(d.state_file().c_str()), 0) << strerror(errno);
-  d.start(d.bpffs_root());
-  EXPECT_NE(d.log().find("found 1 policies of a previous syrupd"), std::string::npos) << d.log();
-  EXPECT_EQ(delivered(g, c), 10) << "the leftover program still drops";
+  expect_leftover_detached(g, c);
   EXPECT_EQ(class_id(bystander.fd()), kTestClassId) << "syrupd took a socket outside the group";
-  EXPECT_EQ(d.stop(), 0);
 }
 
 // A group whose sockets are in a network namespace no task is in and no name holds (made
@@ -1449,23 +1458,9 @@ TEST(SocketSelectRestart, TheLeftoverSearchTakesNoOtherSocket) {
 // search then takes the sockets no record showed, and still detaches the leftover.
 TEST(SocketSelectRestart, ALeftoverInANamespaceNoTaskIsInIsStillDetached) {
   SYRUP_REQUIRE_ROOT();
-  std::unique_ptr<UdpGroup> g;
-  std::unique_ptr<UdpClient> c;
-  ASSERT_EQ(in_unnamed_namespace([&] {
-              g = std::make_unique<UdpGroup>(2);
-              c = std::make_unique<UdpClient>(g->port());
-            }),
-            "");
-  Daemon d;
-  d.start();
-  ASSERT_GT(deploy_on(*g, "tests/policies/drop_all.c", "leftover"), 0) << syr_last_error();
-  EXPECT_EQ(delivered(*g, *c), 0);
-  d.crash();
-  ASSERT_EQ(unlink(d.state_file().c_str()), 0) << strerror(errno);
-  d.start(d.bpffs_root());
-  EXPECT_NE(d.log().find("found 1 policies of a previous syrupd"), std::string::npos) << d.log();
-  EXPECT_EQ(delivered(*g, *c), 10) << "the leftover program still drops";
-  EXPECT_EQ(d.stop(), 0);
+  UnnamedNamespaceGroup n;
+  ASSERT_EQ(n.failed, "");
+  expect_leftover_detached(*n.group, *n.client);
 }
 
 // Deploy by pid finds the process's sockets on the port from the kernel's socket records
@@ -1475,14 +1470,7 @@ TEST_F(SocketSelect, DeployByPidTakesNoSocketOffThePort) {
   if (!bystander.skip.empty()) GTEST_SKIP() << bystander.skip;
   ASSERT_EQ(class_id(bystander.fd()), kTestClassId) << "the socket did not get the group's class id";
   UdpGroup g(2);
-  std::string out;
-  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json deploy --hook socket-select --app pidtest --pid " +
-                        std::to_string(getpid()) + " --port " + std::to_string(g.port()) + " " +
-                        source_path("tests/policies/drop_all.c"),
-                    out),
-            0)
-      << out;
-  ids_.push_back(nlohmann::json::parse(out)["id"].get<int>());
+  ASSERT_EQ(deploy_pid(g.port(), "drop_all.c"), "");
   UdpClient c(g.port());
   EXPECT_EQ(delivered(g, c), 0) << "the policy is not on the group";
   EXPECT_EQ(class_id(bystander.fd()), kTestClassId) << "syrupd took a socket off the port";
@@ -1491,22 +1479,10 @@ TEST_F(SocketSelect, DeployByPidTakesNoSocketOffThePort) {
 // Deploy by pid also finds a group in a network namespace no task is in (no socket
 // record shows it): it then looks at the sockets no record showed.
 TEST_F(SocketSelect, DeployByPidFindsAGroupInANamespaceNoTaskIsIn) {
-  std::unique_ptr<UdpGroup> g;
-  std::unique_ptr<UdpClient> c;
-  ASSERT_EQ(in_unnamed_namespace([&] {
-              g = std::make_unique<UdpGroup>(2);
-              c = std::make_unique<UdpClient>(g->port());
-            }),
-            "");
-  std::string out;
-  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json deploy --hook socket-select --app pidtest --pid " +
-                        std::to_string(getpid()) + " --port " + std::to_string(g->port()) + " " +
-                        source_path("tests/policies/drop_all.c"),
-                    out),
-            0)
-      << out;
-  ids_.push_back(nlohmann::json::parse(out)["id"].get<int>());
-  EXPECT_EQ(delivered(*g, *c), 0) << "the policy is not on the group";
+  UnnamedNamespaceGroup n;
+  ASSERT_EQ(n.failed, "");
+  ASSERT_EQ(deploy_pid(n.group->port(), "drop_all.c"), "");
+  EXPECT_EQ(delivered(*n.group, *n.client), 0) << "the policy is not on the group";
 }
 
 // A leftover that shares its executor map with an adopted policy (a replacement the

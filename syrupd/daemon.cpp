@@ -739,7 +739,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   std::vector<std::pair<int, std::string>> dead;
   for (auto& [id, p] : policies_) {
     if (p->target->key() != target->key()) continue;
-    if (owner_gone(*p)) dead.emplace_back(id, "its owner exited");
+    if (owner_gone(*p)) dead.emplace_back(id, owner_exited_reason(*p));
     else if (std::string why = p->target->gone(); !why.empty()) dead.emplace_back(id, why);
   }
   for (auto& [id, why] : dead) end_policy(id, why);
@@ -966,8 +966,12 @@ void Daemon::owner_exited(int pidfd) {
   std::vector<int> ids;
   for (auto& [id, p] : policies_)
     if (p->owner_pidfd.get() == pidfd) ids.push_back(id);
-  for (int id : ids) end_policy(id, "owner process " + std::to_string(policies_[id]->owner_pid) + " exited");
+  for (int id : ids) end_policy(id, owner_exited_reason(*policies_[id]));
   if (ids.empty()) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, pidfd, nullptr);
+}
+
+std::string Daemon::owner_exited_reason(const Policy& p) {
+  return "owner process " + std::to_string(p.owner_pid) + " exited";
 }
 
 bool Daemon::owner_gone(const Policy& p) {

@@ -180,6 +180,9 @@ class Daemon {
   bool some_end_unannounced() const;
   // Has the policy's owner exited (its exit event perhaps still queued)?
   static bool owner_gone(const Policy& p);
+  // The reason a policy ends with its owner, whichever place sees the exit first (the
+  // pidfd's event, or a deploy to the same target that finds the owner gone).
+  static std::string owner_exited_reason(const Policy& p);
   // Removes a policy that ended without being asked to (its owner exited, its attachment
   // is gone) with reason `why`; a --config entry's waits to be deployed again (retried
   // every kConfigRetrySec, the first time after 1 s): its process or interface may be back.

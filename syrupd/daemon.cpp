@@ -56,6 +56,13 @@ constexpr int kConfigRetrySec = 5;  // how often --config entries waiting for th
 const std::vector<std::string> kOps = {"ping",     "deploy",   "remove",    "list",
                                        "stats",    "map_open", "map_dump", "thread_tid"};
 
+// Has the process behind `pidfd` exited? A pidfd is readable from its process's exit on;
+// false for -1 or a closed descriptor.
+bool exited(int pidfd) {
+  pollfd pf{pidfd, POLLIN, 0};
+  return pidfd >= 0 && poll(&pf, 1, 0) == 1 && (pf.revents & POLLIN);
+}
+
 json ok(json extra = json::object()) {
   extra["ok"] = true;
   return extra;
@@ -963,6 +970,10 @@ void Daemon::gc_app(const std::string& app) {
 }
 
 void Daemon::owner_exited(int pidfd) {
+  // An event fetched in one batch with a request or news that ended its policy is stale,
+  // and by the time it is handled its number may be a new policy's pidfd: only an exit
+  // the pidfd still shows ends policies.
+  if (!exited(pidfd)) return;
   std::vector<int> ids;
   for (auto& [id, p] : policies_)
     if (p->owner_pidfd.get() == pidfd) ids.push_back(id);
@@ -974,10 +985,7 @@ std::string Daemon::owner_exited_reason(const Policy& p) {
   return "owner process " + std::to_string(p.owner_pid) + " exited";
 }
 
-bool Daemon::owner_gone(const Policy& p) {
-  pollfd pf{p.owner_pidfd.get(), POLLIN, 0};
-  return p.owner_pidfd && poll(&pf, 1, 0) == 1;
-}
+bool Daemon::owner_gone(const Policy& p) { return exited(p.owner_pidfd.get()); }
 
 bool Daemon::some_end_unannounced() const {
   return std::any_of(policies_.begin(), policies_.end(),

@@ -744,11 +744,9 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   // to a new process is not held by a dead one), or whose attachment the kernel no longer
   // has (every socket of its group closed: a group on that address now is another one).
   std::vector<std::pair<int, std::string>> dead;
-  for (auto& [id, p] : policies_) {
-    if (p->target->key() != target->key()) continue;
-    if (owner_gone(*p)) dead.emplace_back(id, owner_exited_reason(*p));
-    else if (std::string why = p->target->gone(); !why.empty()) dead.emplace_back(id, why);
-  }
+  for (auto& [id, p] : policies_)
+    if (p->target->key() == target->key())
+      if (std::string why = why_ended(*p); !why.empty()) dead.emplace_back(id, std::move(why));
   for (auto& [id, why] : dead) end_policy(id, why);
 
   // One policy per target: the same application replaces, another is refused.
@@ -985,7 +983,9 @@ std::string Daemon::owner_exited_reason(const Policy& p) {
   return "owner process " + std::to_string(p.owner_pid) + " exited";
 }
 
-bool Daemon::owner_gone(const Policy& p) { return exited(p.owner_pidfd.get()); }
+std::string Daemon::why_ended(const Policy& p) {
+  return exited(p.owner_pidfd.get()) ? owner_exited_reason(p) : p.target->gone();
+}
 
 bool Daemon::some_end_unannounced() const {
   return std::any_of(policies_.begin(), policies_.end(),
@@ -994,10 +994,8 @@ bool Daemon::some_end_unannounced() const {
 
 bool Daemon::remove_ended() {
   std::vector<std::pair<int, std::string>> gone;
-  for (auto& [id, p] : policies_) {
-    if (owner_gone(*p)) continue;  // its sockets closed with it: owner_exited() says so
-    if (std::string why = p->target->gone(); !why.empty()) gone.emplace_back(id, std::move(why));
-  }
+  for (auto& [id, p] : policies_)
+    if (std::string why = why_ended(*p); !why.empty()) gone.emplace_back(id, std::move(why));
   for (auto& [id, why] : gone) end_policy(id, why);
   return !gone.empty();
 }

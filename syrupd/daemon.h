@@ -171,17 +171,19 @@ class Daemon {
   // policies whose attachment the kernel no longer runs (Target::gone()), with that
   // reason, and records the rest (an XDP policy's interface renamed: its key and state).
   void follow_kernel();
-  // Removes the policies whose attachment has ended (Target::gone()), with that reason:
+  // Removes the policies that have ended (why_ended()), with that reason:
   // after a refresh(), and every kEndedCheckSec for what ends without news (the last
   // socket of a socket-select group closed). True if there were any.
   bool remove_ended();
   // Does some policy's target end without news (Target::ends_unannounced())? Only then
   // does syrupd wake every kEndedCheckSec.
   bool some_end_unannounced() const;
-  // Has the policy's owner exited (its exit event perhaps still queued)?
-  static bool owner_gone(const Policy& p);
-  // The reason a policy ends with its owner, whichever place sees the exit first (the
-  // pidfd's event, or a deploy to the same target that finds the owner gone).
+  // Why a policy has ended without a request, or empty: its owner exited (its exit event
+  // perhaps still queued behind what asks: the owner's reason, as owner_exited() would
+  // give it; a socket-select group's sockets closed with the owner), else its attachment
+  // is gone (Target::gone()). For remove_ended() and a deploy to the same target.
+  static std::string why_ended(const Policy& p);
+  // The reason a policy ends with its owner.
   static std::string owner_exited_reason(const Policy& p);
   // Removes a policy that ended without being asked to (its owner exited, its attachment
   // is gone) with reason `why`; a --config entry's waits to be deployed again (retried

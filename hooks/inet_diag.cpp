@@ -59,6 +59,7 @@ int dump(int nl, int family, int protocol, std::vector<InetSock>& out) {
       s.cookie = m->id.idiag_cookie[0] | static_cast<uint64_t>(m->id.idiag_cookie[1]) << 32;
       s.inode = m->idiag_inode;
       s.protocol = protocol;
+      s.state = m->idiag_state;
       s.port = ntohs(m->id.idiag_sport);
       int alen = static_cast<int>(h->nlmsg_len - NLMSG_LENGTH(sizeof *m));
       for (auto* a = reinterpret_cast<rtattr*>(reinterpret_cast<char*>(m) + NLMSG_ALIGN(sizeof *m));

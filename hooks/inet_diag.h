@@ -1,6 +1,6 @@
 // The inet sockets of every network namespace, as the kernel's sock_diag reports them:
-// cookie, inode, protocol, local port and cgroup-v1 class id, read without touching a
-// socket.
+// cookie, inode, protocol, state, local port and cgroup-v1 class id, read without
+// touching a socket.
 //
 // Design: syrupd must find sockets by cookie (a leftover policy's executor map holds
 // cookies) or by port (deploy by pid) in processes it does not own. Taking each socket
@@ -23,6 +23,7 @@ struct InetSock {
   uint64_t cookie = 0;    // SO_COOKIE; also what a REUSEPORT_SOCKARRAY lookup returns
   uint64_t inode = 0;     // the socket's inode: "socket:[inode]" in /proc/PID/fd
   int protocol = 0;       // IPPROTO_UDP or IPPROTO_TCP
+  int state = 0;          // TCP_LISTEN, TCP_ESTABLISHED, ... (UDP: TCP_CLOSE or TCP_ESTABLISHED)
   uint16_t port = 0;      // local port, host order
   uint32_t class_id = 0;  // net_cls class id, or the socket's priority when that is 0
 };

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -195,13 +196,17 @@ int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address,
   UniqueFd pidfd;
   std::vector<std::pair<int, uint64_t>> fds;
   if (int r = socket_fds(pid, pidfd, fds, err)) return r;
+  // A UDP socket or a TCP listener on the port: a connection a listener accepted has the
+  // port too, but is never an executor (and a server may hold thousands).
   Search on_port([&](const inet_diag::InetSock& s) {
-    return s.port == port && (!protocol || s.protocol == protocol);
+    return s.port == port && (!protocol || s.protocol == protocol) &&
+           (s.protocol == IPPROTO_UDP || s.state == TCP_LISTEN);
   });
 
   // Per group (protocol, address), the sockets on `port` in ascending fd order, one per
   // socket (a socket the process has under two fd numbers counts once, at its lowest).
   std::map<std::pair<int, std::string>, Executors> found;
+  std::string why_not;  // why the first of its sockets on the port cannot be an executor
   for (bool unseen : {false, true}) {
     std::set<uint64_t> seen;
     for (auto [n, ino] : fds) {
@@ -214,8 +219,13 @@ int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address,
         return r;
       }
       SockInfo si;
-      if (describe(fd.get(), si) || si.port != port || !unusable(si).empty()) continue;
-      if (protocol && si.protocol != protocol) continue;
+      if (describe(fd.get(), si) || si.port != port || (protocol && si.protocol != protocol)) continue;
+      if (std::string why = unusable(si); !why.empty()) {
+        if (why_not.empty())
+          why_not = "fd " + std::to_string(n) + ", " + proto_name(si.protocol) + "/" + si.address + ":" +
+                    std::to_string(si.port) + ": " + why;
+        continue;
+      }
       Executors& ex = found[{si.protocol, si.address}];
       ex.protocol = si.protocol;
       ex.port = si.port;
@@ -224,7 +234,9 @@ int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address,
       ex.sockets.push_back(std::move(fd));
       ex.source_fds.push_back(n);
     }
-    if (!found.empty()) break;
+    // The sockets no record showed are looked at only if the records showed none of the
+    // process's on the port: each one looked at is taken, and so re-tagged (Search).
+    if (!found.empty() || !seen.empty()) break;
   }
   // UDP first when both protocols qualify; then the address, which must be named when the
   // process has several groups on the port (a guess would leave the others unscheduled).
@@ -265,7 +277,7 @@ int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address,
   }
   err = "process " + std::to_string(pid) + " has no SO_REUSEPORT " +
         (protocol == IPPROTO_TCP ? "TCP listener" : protocol == IPPROTO_UDP ? "UDP socket" : "socket") +
-        " bound to port " + std::to_string(port);
+        " bound to port " + std::to_string(port) + (why_not.empty() ? "" : " (" + why_not + ")");
   return -ENOENT;
 }
 

@@ -11,8 +11,9 @@
 // the executor map and the policy's choices of it fall back to the kernel's hash. A
 // duplicate held for the policy's life would keep it bound and chosen, receiving traffic
 // that no one reads until the application exits. syrupd takes only sockets it has
-// matched first, by inode or by port or cookie in the kernel's socket records
-// (inet_diag.h): a socket taken is re-tagged with syrupd's net_cls class id.
+// matched first, by inode, or in the kernel's socket records (inet_diag.h) by cookie or
+// as a UDP socket or TCP listener on the port: a socket taken is re-tagged with
+// syrupd's net_cls class id.
 // Attaching a program to a group replaces the previous one in a single pointer swap in
 // the kernel (reuseport_attach_prog), which is what makes a live policy upgrade atomic:
 // every datagram is seen by either the old or the new program, and both have full

@@ -616,16 +616,26 @@ bool none_listed() {
   return wait_for([] { return list_policies() == nlohmann::json::array(); }, 3000) >= 0;
 }
 
-// A socket of this process with a net_cls class id of its own: a thread of the test's
+// Sockets of this process with a net_cls class id of their own: a thread of the test's
 // joins a cgroup-v1 net_cls group (on a hierarchy mounted for the test) with class id
-// `id`, makes a UDP socket bound to 127.0.0.1 and stays there until the end. The socket
-// keeps that class id until a process takes it (pidfd_getfd re-tags it with the taker's:
-// syrupd's is 0). Moving a task between net_cls groups re-tags every socket of its
-// descriptor table, so the thread never moves back; it ends in the group. `skip` says
-// why there is none (no cgroup-v1 net_cls on this kernel).
+// `id`, makes them -- by default one UDP socket bound to 127.0.0.1 (fd()); else `make`,
+// which says whether it succeeded -- and stays there until the end. A socket keeps that
+// class id until a process takes it (pidfd_getfd re-tags it with the taker's: syrupd's
+// is 0). Moving a task between net_cls groups re-tags every socket of its descriptor
+// table, so the thread never moves back; it ends in the group. `skip` says why there is
+// none (no cgroup-v1 net_cls on this kernel).
 class ClassedSocket {
  public:
-  explicit ClassedSocket(uint32_t id) : group_(mnt_.path() + "/syrup-test") {
+  explicit ClassedSocket(uint32_t id)
+      : ClassedSocket(id, [this] {
+          fd_.reset(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+          sockaddr_in a{};
+          a.sin_family = AF_INET;
+          a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+          if (bind(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fd_.reset();
+          return static_cast<bool>(fd_);
+        }) {}
+  ClassedSocket(uint32_t id, const std::function<bool()>& make) : group_(mnt_.path() + "/syrup-test") {
     if (mount("none", mnt_.path().c_str(), "cgroup", 0, "net_cls") != 0) {
       skip = std::string("cannot mount a cgroup-v1 net_cls hierarchy: ") + strerror(errno);
       return;
@@ -636,19 +646,14 @@ class ClassedSocket {
       return;
     }
     std::promise<void> made;
+    bool ok = false;
     thread_ = std::thread([&] {
-      if (write(group_ + "/tasks", std::to_string(gettid()))) {
-        fd_.reset(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        if (bind(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fd_.reset();
-      }
+      ok = write(group_ + "/tasks", std::to_string(gettid())) && make();
       made.set_value();
       end_.get_future().wait();
     });
     made.get_future().wait();
-    if (!fd_) skip = "cannot make a socket in the net_cls group";
+    if (!ok) skip = "cannot make the sockets in the net_cls group";
   }
   ~ClassedSocket() {
     if (thread_.joinable()) {
@@ -1483,6 +1488,83 @@ TEST_F(SocketSelect, DeployByPidFindsAGroupInANamespaceNoTaskIsIn) {
   ASSERT_EQ(n.failed, "");
   ASSERT_EQ(deploy_pid(n.group->port(), "drop_all.c"), "");
   EXPECT_EQ(delivered(*n.group, *n.client), 0) << "the policy is not on the group";
+}
+
+// Deploy by pid takes the TCP listeners on the port and none of the connections they
+// accepted, which have the port too (a server may hold thousands): each taken would be
+// re-tagged with syrupd's net_cls class id.
+TEST_F(SocketSelect, DeployByPidTakesNoConnectionItsListenersAccepted) {
+  sockaddr_in a{};
+  std::vector<UniqueFd> listeners;
+  UniqueFd client, accepted;
+  ClassedSocket made(kTestClassId, [&] {
+    listeners = tcp_listeners(2, a);
+    client.reset(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (listeners.size() != 2 || !client || connect(client.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+      return false;
+    wait_for([&] {
+      for (auto& l : listeners)
+        if (!accepted) accepted.reset(accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      return static_cast<bool>(accepted);
+    }, 2000);
+    return static_cast<bool>(accepted);
+  });
+  if (!made.skip.empty()) GTEST_SKIP() << made.skip;
+  ASSERT_EQ(class_id(accepted.get()), kTestClassId) << "the connection did not get the group's class id";
+  ASSERT_EQ(deploy_pid(ntohs(a.sin_port), "drop_all.c"), "");
+  auto j = list_policies();
+  ASSERT_EQ(j.size(), 1u) << j.dump();
+  EXPECT_EQ(j[0]["open_executors"], 2) << j.dump();
+  EXPECT_EQ(class_id(listeners[0].get()), 0u) << "syrupd did not take the listeners: the check below proves nothing";
+  EXPECT_EQ(class_id(accepted.get()), kTestClassId) << "syrupd took a connection the listeners accepted";
+}
+
+// A process whose socket on the port cannot be an executor is told why. The sockets no
+// socket record shows (here one in a network namespace no task is in) are then left
+// alone: syrupd looks at those only when the records show none of the process's sockets
+// on the port, since each one looked at is taken and so re-tagged.
+TEST_F(SocketSelect, DeployByPidSaysWhyItsSocketOnThePortCannotBeScheduled) {
+  UniqueFd plain(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t al = sizeof a;
+  ASSERT_EQ(bind(plain.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  ASSERT_EQ(getsockname(plain.get(), reinterpret_cast<sockaddr*>(&a), &al), 0);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+
+  UniqueFd netns, hidden;  // a socket in a namespace the thread leaves again
+  ClassedSocket made(kTestClassId, [&] {
+    UniqueFd home(open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
+    if (!home || unshare(CLONE_NEWNET) != 0) return false;
+    netns.reset(open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
+    hidden.reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    sockaddr_in any{};  // bound (to any port), or sock_diag would not show it there either
+    any.sin_family = AF_INET;
+    if (!hidden || bind(hidden.get(), reinterpret_cast<sockaddr*>(&any), sizeof any) != 0) return false;
+    return setns(home.get(), CLONE_NEWNET) == 0 && netns;
+  });
+  if (!made.skip.empty()) GTEST_SKIP() << made.skip;
+  auto hidden_class = [&] {  // read from inside its namespace, where sock_diag shows it
+    uint32_t id = 0;
+    std::thread([&] {
+      if (setns(netns.get(), CLONE_NEWNET) == 0) id = class_id(hidden.get());
+    }).join();
+    return id;
+  };
+  ASSERT_EQ(hidden_class(), kTestClassId) << "the hidden socket did not get the group's class id";
+
+  std::string out;
+  EXPECT_EQ(run_cmd(build_bin("syrupctl") + " deploy --hook socket-select --app pidtest --pid " +
+                        std::to_string(getpid()) + " --port " + port + " " + source_path("tests/policies/drop_all.c"),
+                    out),
+            1)
+      << out;
+  EXPECT_NE(out.find("has no SO_REUSEPORT socket bound to port " + port + " (fd " + std::to_string(plain.get()) +
+                     ", udp/127.0.0.1:" + port + ": SO_REUSEPORT is not set on it)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(hidden_class(), kTestClassId) << "syrupd took a socket no record showed";
 }
 
 // A leftover that shares its executor map with an adopted policy (a replacement the

@@ -14,6 +14,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -90,49 +91,70 @@ void add_namespace(const std::string& path, std::set<ino_t>& seen, std::vector<U
   out.push_back(std::move(fd));
 }
 
+// Calls fn(name) for each entry of directory `dir` but . and ..
+void each_entry(const std::string& dir, const std::function<void(const std::string&)>& fn) {
+  DIR* d = opendir(dir.c_str());
+  while (dirent* de = d ? readdir(d) : nullptr)
+    if (de->d_name[0] != '.') fn(std::string(de->d_name));
+  if (d) closedir(d);
+}
+
+// The network namespaces of the tasks of process `pid` into `out` (a thread may have
+// joined a namespace its process is not in: setns is per thread).
+void add_process(const std::string& pid, std::set<ino_t>& seen, std::vector<UniqueFd>& out) {
+  each_entry("/proc/" + pid + "/task", [&](const std::string& tid) {
+    add_namespace("/proc/" + pid + "/task/" + tid + "/ns/net", seen, out);
+  });
+}
+
 // Every network namespace some task is in or /run/netns names; syrupd's own first.
-std::vector<UniqueFd> namespaces() {
+std::vector<UniqueFd> every_namespace() {
   std::set<ino_t> seen;
   std::vector<UniqueFd> out;
   add_namespace("/proc/self/ns/net", seen, out);
   if (out.empty()) return out;  // all_sockets() reports it: the first is syrupd's own
-  auto each_entry = [](const std::string& dir, auto fn) {
-    DIR* d = opendir(dir.c_str());
-    while (dirent* de = d ? readdir(d) : nullptr)
-      if (de->d_name[0] != '.') fn(std::string(de->d_name));
-    if (d) closedir(d);
-  };
-  // A thread may have joined a namespace its process is not in (setns is per thread).
   each_entry("/proc", [&](const std::string& pid) {
-    if (pid[0] < '0' || pid[0] > '9') return;
-    each_entry("/proc/" + pid + "/task", [&](const std::string& tid) {
-      add_namespace("/proc/" + pid + "/task/" + tid + "/ns/net", seen, out);
-    });
+    if (pid[0] >= '0' && pid[0] <= '9') add_process(pid, seen, out);
   });
   each_entry("/run/netns", [&](const std::string& name) { add_namespace("/run/netns/" + name, seen, out); });
   return out;
 }
 
+// Dumps each of `ns` from a thread of its own; the result of each dump goes to `rc`.
+// setns changes only the calling thread's namespace: a thread of its own keeps the rest
+// of syrupd where it is, and its namespace ends with it.
+void dump_each(const std::vector<UniqueFd>& ns, std::vector<InetSock>& out, std::vector<int>& rc) {
+  rc.assign(ns.size(), 0);
+  std::thread([&] {
+    for (size_t i = 0; i < ns.size(); i++)
+      rc[i] = setns(ns[i].get(), CLONE_NEWNET) < 0 ? -errno : dump_namespace(out);
+  }).join();
+}
+
 }  // namespace
 
 int all_sockets(std::vector<InetSock>& out, std::string& err) {
-  std::vector<UniqueFd> ns = namespaces();
-  int own = 0;
-  // setns changes only the calling thread's namespace: a thread of its own keeps the
-  // rest of syrupd where it is, and its namespace ends with it.
-  std::thread([&] {
-    for (size_t i = 0; i < ns.size(); i++) {
-      if (setns(ns[i].get(), CLONE_NEWNET) < 0) {
-        if (i == 0) own = -errno;
-        continue;
-      }
-      int r = dump_namespace(out);
-      if (i == 0) own = r;
-    }
-  }).join();
-  if (ns.empty()) own = -ENOENT;
+  std::vector<UniqueFd> ns = every_namespace();
+  std::vector<int> rc;
+  dump_each(ns, out, rc);
+  int own = ns.empty() ? -ENOENT : rc[0];
   if (own) err = std::string("cannot read the sockets of syrupd's network namespace (sock_diag): ") + std::strerror(-own);
   return own;
+}
+
+int process_sockets(pid_t pid, std::vector<InetSock>& out, std::string& err) {
+  std::set<ino_t> seen;
+  std::vector<UniqueFd> ns;
+  add_process(std::to_string(pid), seen, ns);
+  std::vector<int> rc;
+  dump_each(ns, out, rc);
+  int last = -ENOENT;
+  for (int r : rc)
+    if (r == 0) return 0;
+    else last = r;
+  err = "cannot read the sockets of the network namespaces of process " + std::to_string(pid) +
+        " (sock_diag): " + std::strerror(-last);
+  return last;
 }
 
 }  // namespace syrup::inet_diag

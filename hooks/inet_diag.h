@@ -9,9 +9,12 @@
 // changes how tc and netfilter treat traffic of sockets that have nothing to do with
 // the policy. A sock_diag dump reads the same facts from outside. A dump sees one
 // network namespace (the one its netlink socket was made in), so one short-lived thread
-// joins each namespace in turn. Invariants: every namespace a task is in or
-// /run/netns names is dumped once; UDP and TCP, IPv4 and IPv6, every state.
+// joins each namespace in turn. Invariants: every namespace asked for (all_sockets():
+// each one a task is in or /run/netns names) is dumped once; UDP and TCP, IPv4 and
+// IPv6, every state.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <string>
@@ -31,5 +34,11 @@ struct InetSock {
 // Every UDP and TCP socket of every network namespace. 0, or -errno with `err` when not
 // even syrupd's own namespace could be read; a namespace it cannot join is left out.
 int all_sockets(std::vector<InetSock>& out, std::string& err);
+
+// Every UDP and TCP socket of the network namespaces the tasks of process `pid` are in:
+// where its sockets almost always are, found without walking every task of the machine
+// (all_sockets() stats each task's namespace: about 40 ms with 5000 threads). 0, or
+// -errno with `err` when none of them could be read.
+int process_sockets(pid_t pid, std::vector<InetSock>& out, std::string& err);
 
 }  // namespace syrup::inet_diag

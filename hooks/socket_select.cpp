@@ -113,25 +113,52 @@ int take(int pidfd, int n, uint64_t ino, UniqueFd& out) {
 }
 
 // Which sockets a search takes, so that it takes no other: taking a socket re-tags it
-// with syrupd's net_cls class id and net_prio index (see inet_diag.h). First those whose
-// sock_diag record passes `match`; then, only if they gave nothing, those no dump saw (a
-// socket of a namespace no task is in and /run/netns does not name, or any socket when
-// sock_diag cannot be read), so such a socket is still found.
+// with syrupd's net_cls class id and net_prio index (see inet_diag.h). It goes in passes
+// (passes()) and stops at the first that gives something:
+//  - kFirst: the sockets whose sock_diag record passes `match`, in the namespaces of
+//    process `within`'s tasks, or (within 0) in every namespace;
+//  - kWider (only with `within`): those of every namespace (a socket made before its
+//    process's threads moved to another namespace);
+//  - kUnseen: those no dump of every namespace saw (a socket of a namespace no task is
+//    in and /run/netns does not name, or any socket when sock_diag cannot be read), so
+//    such a socket is still found.
 class Search {
  public:
-  explicit Search(const std::function<bool(const inet_diag::InetSock&)>& match) {
-    std::vector<inet_diag::InetSock> all;
+  enum Pass { kFirst, kWider, kUnseen };
+  Search(std::function<bool(const inet_diag::InetSock&)> match, pid_t within)
+      : match_(std::move(match)), within_(within) {
+    std::vector<inet_diag::InetSock> some;
     std::string ignored;
-    inet_diag::all_sockets(all, ignored);
-    for (const auto& s : all) {
-      seen_.insert(s.inode);
-      if (match(s)) match_.insert(s.inode);
+    if (within ? inet_diag::process_sockets(within, some, ignored) : inet_diag::all_sockets(some, ignored)) return;
+    for (const auto& s : some)
+      if (match_(s)) first_.insert(s.inode);
+    if (!within) {
+      every_ = true;
+      for (const auto& s : some) seen_.insert(s.inode);
+      wider_ = first_;
     }
   }
-  bool wants(uint64_t inode, bool unseen) const { return unseen ? !seen_.count(inode) : match_.count(inode) > 0; }
+  std::vector<Pass> passes() const { return within_ ? std::vector{kFirst, kWider, kUnseen} : std::vector{kFirst, kUnseen}; }
+  bool wants(uint64_t inode, Pass pass) {
+    if (pass == kFirst) return first_.count(inode) > 0;
+    if (!every_) {  // dumped once, when a pass first needs it
+      every_ = true;
+      std::vector<inet_diag::InetSock> all;
+      std::string ignored;
+      inet_diag::all_sockets(all, ignored);
+      for (const auto& s : all) {
+        seen_.insert(s.inode);
+        if (match_(s)) wider_.insert(s.inode);
+      }
+    }
+    return pass == kWider ? wider_.count(inode) && !first_.count(inode) : !seen_.count(inode);
+  }
 
  private:
-  std::set<uint64_t> seen_, match_;
+  std::function<bool(const inet_diag::InetSock&)> match_;
+  pid_t within_;
+  bool every_ = false;  // seen_ and wider_ hold every namespace's records
+  std::set<uint64_t> first_, wider_, seen_;
 };
 
 // Why `si` cannot be an executor, or "".
@@ -198,19 +225,21 @@ int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address,
   if (int r = socket_fds(pid, pidfd, fds, err)) return r;
   // A UDP socket or a TCP listener on the port: a connection a listener accepted has the
   // port too, but is never an executor (and a server may hold thousands).
-  Search on_port([&](const inet_diag::InetSock& s) {
-    return s.port == port && (!protocol || s.protocol == protocol) &&
-           (s.protocol == IPPROTO_UDP || s.state == TCP_LISTEN);
-  });
+  Search on_port(
+      [&](const inet_diag::InetSock& s) {
+        return s.port == port && (!protocol || s.protocol == protocol) &&
+               (s.protocol == IPPROTO_UDP || s.state == TCP_LISTEN);
+      },
+      pid);
 
   // Per group (protocol, address), the sockets on `port` in ascending fd order, one per
   // socket (a socket the process has under two fd numbers counts once, at its lowest).
   std::map<std::pair<int, std::string>, Executors> found;
   std::string why_not;  // why the first of its sockets on the port cannot be an executor
-  for (bool unseen : {false, true}) {
-    std::set<uint64_t> seen;
+  std::set<uint64_t> seen;
+  for (Search::Pass pass : on_port.passes()) {
     for (auto [n, ino] : fds) {
-      if (!on_port.wants(ino, unseen) || !seen.insert(ino).second) continue;
+      if (!on_port.wants(ino, pass) || !seen.insert(ino).second) continue;
       UniqueFd fd;
       if (int r = take(pidfd.get(), n, ino, fd)) {
         if (r == -EBADF) continue;  // closed meanwhile
@@ -234,9 +263,9 @@ int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address,
       ex.sockets.push_back(std::move(fd));
       ex.source_fds.push_back(n);
     }
-    // The sockets no record showed are looked at only if the records showed none of the
-    // process's on the port: each one looked at is taken, and so re-tagged (Search).
-    if (!found.empty() || !seen.empty()) break;
+    // The next pass only if this one found none of the process's sockets on the port:
+    // each one looked at is taken, and so re-tagged (Search).
+    if (!seen.empty()) break;
   }
   // UDP first when both protocols qualify; then the address, which must be named when the
   // process has several groups on the port (a guess would leave the others unscheduled).
@@ -591,9 +620,9 @@ void SocketSelectHook::release_leftover(std::string_view, const std::string& pol
     release(m.get());
     return;
   }
-  Search in_group([&](const inet_diag::InetSock& s) { return cookies.count(s.cookie) > 0; });
+  Search in_group([&](const inet_diag::InetSock& s) { return cookies.count(s.cookie) > 0; }, 0);
   bool detached = false;
-  for (bool unseen : {false, true})
+  for (Search::Pass pass : in_group.passes())
     each_process([&](pid_t pid) {
       UniqueFd pidfd;
       std::vector<std::pair<int, uint64_t>> fds;
@@ -604,7 +633,7 @@ void SocketSelectHook::release_leftover(std::string_view, const std::string& pol
         ex.sockets.resize(1);
         uint64_t cookie = 0;
         socklen_t len = sizeof cookie;
-        if (!in_group.wants(ino, unseen) || take(pidfd.get(), n, ino, ex.sockets[0]) ||
+        if (!in_group.wants(ino, pass) || take(pidfd.get(), n, ino, ex.sockets[0]) ||
             getsockopt(ex.sockets[0].get(), SOL_SOCKET, SO_COOKIE, &cookie, &len) || !cookies.count(cookie))
           continue;
         detach(ex, ignored);

@@ -696,12 +696,21 @@ uint32_t class_id(int fd) {
 }
 
 // A group of two sockets and a client of it, in a new network namespace with loopback up
-// made by a thread that has ended: no task is in that namespace and no name holds it, only
-// its sockets do. `failed` says what went wrong, if anything.
-struct UnnamedNamespaceGroup {
-  UnnamedNamespaceGroup() {
+// made by a thread that has left it again: no task is in that namespace; only its sockets
+// and, if `name` is given, /run/netns/<name> (removed at the end) hold it. `failed` says
+// what went wrong, if anything.
+struct NamespaceGroup {
+  explicit NamespaceGroup(const std::string& name = "") : name_(name) {
+    std::string out;
+    if (!name.empty() && run_cmd("ip netns add " + name, out) != 0) {
+      failed = "ip netns add " + name + ": " + out;
+      return;
+    }
     std::thread([&] {
-      if (unshare(CLONE_NEWNET) != 0) return void(failed = std::string("unshare: ") + strerror(errno));
+      UniqueFd home(open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
+      UniqueFd named(name.empty() ? -1 : open(("/run/netns/" + name).c_str(), O_RDONLY | O_CLOEXEC));
+      if (name.empty() ? unshare(CLONE_NEWNET) != 0 : (!named || setns(named.get(), CLONE_NEWNET) != 0))
+        return void(failed = std::string("into a new namespace: ") + strerror(errno));
       UniqueFd ctl(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
       ifreq ifr{};
       std::snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
@@ -709,11 +718,21 @@ struct UnnamedNamespaceGroup {
       if (ioctl(ctl.get(), SIOCSIFFLAGS, &ifr) != 0) return void(failed = std::string("lo up: ") + strerror(errno));
       group = std::make_unique<UdpGroup>(2);
       client = std::make_unique<UdpClient>(group->port());
+      if (!home || setns(home.get(), CLONE_NEWNET) != 0) failed = std::string("back home: ") + strerror(errno);
     }).join();
+  }
+  ~NamespaceGroup() {
+    client.reset();
+    group.reset();
+    std::string out;
+    if (!name_.empty()) run_cmd("ip netns del " + name_, out);
   }
   std::unique_ptr<UdpGroup> group;
   std::unique_ptr<UdpClient> client;
   std::string failed;
+
+ private:
+  std::string name_;
 };
 
 // Deploys drop_all.c on `g` through a syrupd that then dies and loses its state file,
@@ -1463,7 +1482,7 @@ TEST(SocketSelectRestart, TheLeftoverSearchTakesNoOtherSocket) {
 // search then takes the sockets no record showed, and still detaches the leftover.
 TEST(SocketSelectRestart, ALeftoverInANamespaceNoTaskIsInIsStillDetached) {
   SYRUP_REQUIRE_ROOT();
-  UnnamedNamespaceGroup n;
+  NamespaceGroup n;
   ASSERT_EQ(n.failed, "");
   expect_leftover_detached(*n.group, *n.client);
 }
@@ -1484,7 +1503,16 @@ TEST_F(SocketSelect, DeployByPidTakesNoSocketOffThePort) {
 // Deploy by pid also finds a group in a network namespace no task is in (no socket
 // record shows it): it then looks at the sockets no record showed.
 TEST_F(SocketSelect, DeployByPidFindsAGroupInANamespaceNoTaskIsIn) {
-  UnnamedNamespaceGroup n;
+  NamespaceGroup n;
+  ASSERT_EQ(n.failed, "");
+  ASSERT_EQ(deploy_pid(n.group->port(), "drop_all.c"), "");
+  EXPECT_EQ(delivered(*n.group, *n.client), 0) << "the policy is not on the group";
+}
+
+// Deploy by pid looks first in the namespaces of the process's threads, then in every
+// namespace: here the group is in one a name holds, made by a thread that has left it.
+TEST_F(SocketSelect, DeployByPidFindsAGroupInANamespaceItsThreadsLeft) {
+  NamespaceGroup n("syrup-left-" + std::to_string(getpid()));
   ASSERT_EQ(n.failed, "");
   ASSERT_EQ(deploy_pid(n.group->port(), "drop_all.c"), "");
   EXPECT_EQ(delivered(*n.group, *n.client), 0) << "the policy is not on the group";

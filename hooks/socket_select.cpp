@@ -3,8 +3,10 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -37,6 +39,7 @@ struct SockInfo {
   int protocol = 0;
   uint16_t port = 0;
   std::string address;
+  uint64_t netns = 0;  // inode of its network namespace (0: the kernel would not say)
   bool reuseport = false;
   bool listening = false;
 };
@@ -69,7 +72,28 @@ int describe(int fd, SockInfo& si) {
   si.reuseport = v != 0;
   if (int r = sockopt_int(fd, SOL_SOCKET, SO_ACCEPTCONN, v)) return r;
   si.listening = v != 0;
+  UniqueFd ns(ioctl(fd, SIOCGSKNS));
+  if (ns && fstat(ns.get(), &st) == 0) si.netns = st.st_ino;
   return 0;
+}
+
+// The group `si` is in, without executors (assigned to an ExecutorIds, it clears them).
+ExecutorIds group_of(const SockInfo& si) {
+  ExecutorIds g;
+  g.protocol = si.protocol;
+  g.port = si.port;
+  g.address = si.address;
+  g.netns = si.netns;
+  return g;
+}
+
+// " in net:[N]" for a network namespace other than syrupd's, as /proc/PID/ns/net names it.
+std::string in_netns(uint64_t netns) {
+  static const uint64_t own = [] {
+    struct stat st;
+    return stat("/proc/self/ns/net", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+  }();
+  return netns && netns != own ? " in net:[" + std::to_string(netns) + "]" : "";
 }
 
 // The socket descriptors of process `pid`: (fd number, inode) in ascending fd order, and
@@ -173,7 +197,7 @@ std::string unusable(const SockInfo& si) {
 }  // namespace
 
 std::string ExecutorIds::group() const {
-  return std::string(proto_name(protocol)) + "/" + address + ":" + std::to_string(port);
+  return std::string(proto_name(protocol)) + "/" + address + ":" + std::to_string(port) + in_netns(netns);
 }
 
 int from_fds(std::vector<UniqueFd> fds, Executors& out, std::string& err) {
@@ -199,16 +223,13 @@ int from_fds(std::vector<UniqueFd> fds, Executors& out, std::string& err) {
     }
     struct stat st;
     if (fstat(fds[i].get(), &st) < 0) return -errno;
-    out.inodes.push_back(st.st_ino);
     if (i == 0) {
-      out.protocol = si.protocol;
-      out.port = si.port;
-      out.address = si.address;
-    } else if (si.protocol != out.protocol || si.port != out.port || si.address != out.address) {
-      err = "executor " + std::to_string(i) + " (" + proto_name(si.protocol) + "/" + si.address +
-            ":" + std::to_string(si.port) + ") is not in the group of executor 0 (" + out.group() + ")";
+      static_cast<ExecutorIds&>(out) = group_of(si);
+    } else if (std::string g = group_of(si).group(); g != out.group()) {
+      err = "executor " + std::to_string(i) + " (" + g + ") is not in the group of executor 0 (" + out.group() + ")";
       return -EINVAL;
     }
+    out.inodes.push_back(st.st_ino);
   }
   out.sockets = std::move(fds);
   return 0;
@@ -232,9 +253,10 @@ int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address,
       },
       pid);
 
-  // Per group (protocol, address), the sockets on `port` in ascending fd order, one per
-  // socket (a socket the process has under two fd numbers counts once, at its lowest).
-  std::map<std::pair<int, std::string>, Executors> found;
+  // Per group (its name: protocol, address, namespace), the sockets on `port` in
+  // ascending fd order, one per socket (a socket the process has under two fd numbers
+  // counts once, at its lowest).
+  std::map<std::string, Executors> found;
   std::string why_not;  // why the first of its sockets on the port cannot be an executor
   std::set<uint64_t> seen;
   for (Search::Pass pass : on_port.passes()) {
@@ -250,15 +272,12 @@ int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address,
       SockInfo si;
       if (describe(fd.get(), si) || si.port != port || (protocol && si.protocol != protocol)) continue;
       if (std::string why = unusable(si); !why.empty()) {
-        if (why_not.empty())
-          why_not = "fd " + std::to_string(n) + ", " + proto_name(si.protocol) + "/" + si.address + ":" +
-                    std::to_string(si.port) + ": " + why;
+        if (why_not.empty()) why_not = "fd " + std::to_string(n) + ", " + group_of(si).group() + ": " + why;
         continue;
       }
-      Executors& ex = found[{si.protocol, si.address}];
-      ex.protocol = si.protocol;
-      ex.port = si.port;
-      ex.address = si.address;
+      std::string g = group_of(si).group();
+      Executors& ex = found[g];
+      if (ex.inodes.empty()) static_cast<ExecutorIds&>(ex) = group_of(si);
       ex.inodes.push_back(ino);
       ex.sockets.push_back(std::move(fd));
       ex.source_fds.push_back(n);
@@ -269,32 +288,42 @@ int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address,
   }
   // UDP first when both protocols qualify; then the address, which must be named when the
   // process has several groups on the port (a guess would leave the others unscheduled).
+  // Groups of one address in several network namespaces cannot be told apart by address:
+  // the application passes the sockets of the one it means.
   for (int p : {IPPROTO_UDP, IPPROTO_TCP}) {
-    std::vector<Executors*> groups;
-    std::string addresses;
+    std::vector<Executors*> groups, named;
+    auto where = [](const std::vector<Executors*>& gs) {
+      std::string w;
+      for (Executors* ex : gs) w += (w.empty() ? "" : ", ") + ex->address + in_netns(ex->netns);
+      return w;
+    };
     for (auto& [key, ex] : found)
-      if (key.first == p) {
+      if (ex.protocol == p) {
         groups.push_back(&ex);
-        addresses += (addresses.empty() ? "" : ", ") + ex.address;
+        if (address.empty() || ex.address == address) named.push_back(&ex);
       }
     if (groups.empty()) continue;
-    Executors* chosen = groups.size() == 1 && address.empty() ? groups[0] : nullptr;
-    for (Executors* ex : groups)
-      if (!address.empty() && ex->address == address) chosen = ex;
-    if (!chosen && address.empty()) {
-      err = "process " + std::to_string(pid) + " has " + std::to_string(groups.size()) + " SO_REUSEPORT " +
-            proto_name(p) + " groups on port " + std::to_string(port) + " (bound to " + addresses +
-            "): say which with address (syrupctl --address)";
+    if (named.size() > 1) {
+      bool one_address = std::all_of(named.begin(), named.end(), [&](Executors* ex) { return ex->address == named[0]->address; });
+      err = "process " + std::to_string(pid) + " has " + std::to_string(named.size()) + " SO_REUSEPORT " +
+            proto_name(p) + " groups on port " + std::to_string(port) + " (bound to " + where(named) + "): " +
+            (one_address ? "they differ only in network namespace: deploy with the sockets (fds) of the one meant"
+                         : "say which with address (syrupctl --address)");
       return -EINVAL;
     }
-    if (!chosen) {
-      if (protocol || p == IPPROTO_TCP || !found.count({IPPROTO_TCP, address})) {
+    if (named.empty()) {
+      bool tcp_there = std::any_of(found.begin(), found.end(), [&](const auto& kv) {
+        return kv.second.protocol == IPPROTO_TCP && kv.second.address == address;
+      });
+      if (protocol || p == IPPROTO_TCP || !tcp_there) {
         err = "process " + std::to_string(pid) + " has no SO_REUSEPORT " + proto_name(p) + " socket bound to " +
-              address + " port " + std::to_string(port) + " (its groups on the port are bound to " + addresses + ")";
+              address + " port " + std::to_string(port) + " (its groups on the port are bound to " + where(groups) +
+              ")";
         return -ENOENT;
       }
       continue;  // a TCP group of that address
     }
+    Executors* chosen = named[0];
     if (chosen->sockets.size() > SYR_MAX_EXECUTORS) {
       err = "the group " + chosen->group() + " of process " + std::to_string(pid) + " has " +
             std::to_string(chosen->sockets.size()) + " sockets; a policy schedules at most " +
@@ -526,8 +555,8 @@ class GroupTarget : public Target {
   // The sockets themselves cannot be saved: their identity (inodes, in executor order)
   // and a process that holds them can, and a later syrupd takes them again from there.
   nlohmann::json save() const override {
-    return {{"protocol", ex_.protocol}, {"port", ex_.port}, {"address", ex_.address},
-            {"holder", ex_.holder}, {"inodes", ex_.inodes}};
+    return {{"protocol", ex_.protocol}, {"port", ex_.port},   {"address", ex_.address},
+            {"netns", ex_.netns},       {"holder", ex_.holder}, {"inodes", ex_.inodes}};
   }
 
  private:
@@ -585,6 +614,7 @@ int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::u
   ex.protocol = saved.value("protocol", 0);
   ex.port = saved.value("port", 0);
   ex.address = saved.value("address", std::string());
+  ex.netns = saved.value("netns", uint64_t{0});
   ex.holder = saved.value("holder", 0);
   ex.inodes = saved.value("inodes", std::vector<uint64_t>{});
   if (ex.inodes.empty()) {

@@ -18,7 +18,7 @@
 // the kernel (reuseport_attach_prog), which is what makes a live policy upgrade atomic:
 // every datagram is seen by either the old or the new program, and both have full
 // executor arrays. Invariants: all executors of one policy are in one group (same
-// protocol, address and port); the executor order is the order the application passed
+// protocol, address, port and network namespace); the executor order is the order the application passed
 // them in, or for --pid the ascending fd number inside the target process; an executor's
 // identity is its socket's inode.
 #pragma once
@@ -42,8 +42,11 @@ struct ExecutorIds {
   int protocol = 0;             // IPPROTO_UDP or IPPROTO_TCP
   uint16_t port = 0;
   std::string address;          // bound address, e.g. "127.0.0.1" or "::"
+  uint64_t netns = 0;           // the network namespace's inode (0: unknown, syrupd's)
   pid_t holder = 0;             // the process that holds the sockets, asked first (retake())
-  // Identity of the reuseport group: "udp/127.0.0.1:9000".
+  // Identity of the reuseport group: "udp/127.0.0.1:9000", and " in net:[4026532123]"
+  // (as /proc/PID/ns/net names it) outside syrupd's network namespace: a group is per
+  // namespace, and one server in two containers has two.
   std::string group() const;
   size_t size() const { return inodes.size(); }
 };

@@ -697,10 +697,10 @@ uint32_t class_id(int fd) {
 
 // A group of two sockets and a client of it, in a new network namespace with loopback up
 // made by a thread that has left it again: no task is in that namespace; only its sockets
-// and, if `name` is given, /run/netns/<name> (removed at the end) hold it. `failed` says
-// what went wrong, if anything.
+// and, if `name` is given, /run/netns/<name> (removed at the end) hold it. The group is
+// on 127.0.0.1:`port` (0: any). `failed` says what went wrong, if anything.
 struct NamespaceGroup {
-  explicit NamespaceGroup(const std::string& name = "") : name_(name) {
+  explicit NamespaceGroup(const std::string& name = "", uint16_t port = 0) : name_(name) {
     std::string out;
     if (!name.empty() && run_cmd("ip netns add " + name, out) != 0) {
       failed = "ip netns add " + name + ": " + out;
@@ -716,7 +716,7 @@ struct NamespaceGroup {
       std::snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
       ifr.ifr_flags = IFF_UP;
       if (ioctl(ctl.get(), SIOCSIFFLAGS, &ifr) != 0) return void(failed = std::string("lo up: ") + strerror(errno));
-      group = std::make_unique<UdpGroup>(2);
+      group = std::make_unique<UdpGroup>(2, port);
       client = std::make_unique<UdpClient>(group->port());
       if (!home || setns(home.get(), CLONE_NEWNET) != 0) failed = std::string("back home: ") + strerror(errno);
     }).join();
@@ -1516,6 +1516,78 @@ TEST_F(SocketSelect, DeployByPidFindsAGroupInANamespaceItsThreadsLeft) {
   ASSERT_EQ(n.failed, "");
   ASSERT_EQ(deploy_pid(n.group->port(), "drop_all.c"), "");
   EXPECT_EQ(delivered(*n.group, *n.client), 0) << "the policy is not on the group";
+}
+
+// Groups on one address and port in two network namespaces (one server in two
+// containers) are two targets: each tenant's policy schedules its own group, and one
+// application's deploy to the second adds a policy instead of replacing the first.
+TEST_F(SocketSelect, GroupsOfOnePortInTwoNamespacesAreTwoTargets) {
+  NamespaceGroup one;
+  ASSERT_EQ(one.failed, "");
+  NamespaceGroup two("", one.group->port());
+  ASSERT_EQ(two.failed, "");
+  ASSERT_EQ(two.group->port(), one.group->port());
+  int a = deploy("tests/policies/drop_all.c", *one.group, {}, "tenant-a");
+  ASSERT_GT(a, 0) << syr_last_error();
+  int b = deploy("tests/policies/drop_all.c", *two.group, {}, "tenant-b");
+  ASSERT_GT(b, 0) << syr_last_error();
+  EXPECT_EQ(delivered(*one.group, *one.client), 0);
+  EXPECT_EQ(delivered(*two.group, *two.client), 0);
+  auto j = list_policies();
+  ASSERT_EQ(j.size(), 2u) << j.dump();
+  EXPECT_NE(j[0]["target"], j[1]["target"]) << j.dump();
+  EXPECT_NE(j[0]["target"].get<std::string>().find("udp/127.0.0.1:" + std::to_string(one.group->port()) + " in net:["),
+            std::string::npos)
+      << j.dump();
+  ASSERT_EQ(syr_remove_policy(b), 0) << syr_last_error();
+  EXPECT_EQ(delivered(*two.group, *two.client), 10) << "the second group kept a policy";
+  EXPECT_EQ(delivered(*one.group, *one.client), 0) << "removing the second group's policy ended the first's";
+  int c = deploy("tests/policies/drop_all.c", *two.group, {}, "tenant-a");
+  ASSERT_GT(c, 0) << syr_last_error();
+  EXPECT_EQ(list_policies().size(), 2u) << "the deploy replaced the first group's policy";
+  EXPECT_EQ(delivered(*one.group, *one.client), 0);
+  EXPECT_EQ(delivered(*two.group, *two.client), 0);
+
+  // Sockets of both are not one group; and by pid (this process holds both), the address
+  // cannot say which is meant.
+  EXPECT_LT(deploy_fds("tests/policies/drop_all.c", {one.group->fds()[0], two.group->fds()[0]}, {}, "tenant-c"), 0);
+  EXPECT_NE(std::string(syr_last_error()).find("executor 1 (udp/127.0.0.1:" + std::to_string(one.group->port()) +
+                                                " in net:["),
+            std::string::npos)
+      << syr_last_error();
+  std::string out = deploy_pid(one.group->port(), "drop_all.c");
+  EXPECT_NE(out.find("has 2 SO_REUSEPORT udp groups on port " + std::to_string(one.group->port()) +
+                     " (bound to 127.0.0.1 in net:["),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("they differ only in network namespace: deploy with the sockets (fds) of the one meant"),
+            std::string::npos)
+      << out;
+}
+
+// The network namespace of a group is part of what syrupd records: a restarted syrupd
+// still tells the two groups of one port apart and adopts both policies.
+TEST(SocketSelectRestart, GroupsOfOnePortInTwoNamespacesStayTwoTargetsAcrossARestart) {
+  SYRUP_REQUIRE_ROOT();
+  Daemon d;
+  d.start();
+  NamespaceGroup one;
+  ASSERT_EQ(one.failed, "");
+  NamespaceGroup two("", one.group->port());
+  ASSERT_EQ(two.failed, "");
+  ASSERT_GT(deploy_on(*one.group, "tests/policies/drop_all.c", "tenant-a"), 0) << syr_last_error();
+  ASSERT_GT(deploy_on(*two.group, "tests/policies/drop_all.c", "tenant-b"), 0) << syr_last_error();
+  auto before = list_policies();
+  d.crash();
+  d.start(d.bpffs_root());
+  EXPECT_NE(d.log().find("adopted 2 policies"), std::string::npos) << d.log();
+  auto after = list_policies();
+  ASSERT_EQ(after.size(), 2u) << after.dump();
+  for (int i = 0; i < 2; i++) EXPECT_EQ(after[i]["target"], before[i]["target"]) << before.dump() << after.dump();
+  EXPECT_NE(after[0]["target"], after[1]["target"]) << after.dump();
+  EXPECT_EQ(delivered(*one.group, *one.client), 0);
+  EXPECT_EQ(delivered(*two.group, *two.client), 0);
+  EXPECT_EQ(d.stop(), 0);
 }
 
 // Deploy by pid takes the TCP listeners on the port and none of the connections they

@@ -555,8 +555,8 @@ class GroupTarget : public Target {
   // The sockets themselves cannot be saved: their identity (inodes, in executor order)
   // and a process that holds them can, and a later syrupd takes them again from there.
   nlohmann::json save() const override {
-    return {{"protocol", ex_.protocol}, {"port", ex_.port},   {"address", ex_.address},
-            {"netns", ex_.netns},       {"holder", ex_.holder}, {"inodes", ex_.inodes}};
+    return {{"protocol", ex_.protocol}, {"port", ex_.port},
+            {"address", ex_.address},   {"holder", ex_.holder}, {"inodes", ex_.inodes}};
   }
 
  private:
@@ -614,7 +614,6 @@ int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::u
   ex.protocol = saved.value("protocol", 0);
   ex.port = saved.value("port", 0);
   ex.address = saved.value("address", std::string());
-  ex.netns = saved.value("netns", uint64_t{0});
   ex.holder = saved.value("holder", 0);
   ex.inodes = saved.value("inodes", std::vector<uint64_t>{});
   if (ex.inodes.empty()) {
@@ -624,6 +623,14 @@ int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::u
   // Some process (the holder, else any) must still have a socket of the policy; one closed
   // meanwhile has left the group, and its slot in the executor map is empty.
   if (int r = retake(ex, err)) return r;
+  // The group's network namespace (part of its name) is read from a socket of it.
+  for (const auto& s : ex.sockets) {
+    SockInfo si;
+    if (s && describe(s.get(), si) == 0) {
+      ex.netns = si.netns;
+      break;
+    }
+  }
   ex.sockets.clear();
   auto t = std::make_unique<GroupTarget>(std::move(ex));
   t->watch(p);

@@ -1565,7 +1565,7 @@ TEST_F(SocketSelect, GroupsOfOnePortInTwoNamespacesAreTwoTargets) {
       << out;
 }
 
-// The network namespace of a group is part of what syrupd records: a restarted syrupd
+// A restarted syrupd reads a group's network namespace from the sockets it adopts: it
 // still tells the two groups of one port apart and adopts both policies.
 TEST(SocketSelectRestart, GroupsOfOnePortInTwoNamespacesStayTwoTargetsAcrossARestart) {
   SYRUP_REQUIRE_ROOT();

@@ -142,6 +142,12 @@ int all_sockets(std::vector<InetSock>& out, std::string& err) {
   return own;
 }
 
+int own_sockets(std::vector<InetSock>& out, std::string& err) {
+  int r = dump_namespace(out);
+  if (r) err = std::string("cannot read the sockets of syrupd's network namespace (sock_diag): ") + std::strerror(-r);
+  return r;
+}
+
 int process_sockets(pid_t pid, std::vector<InetSock>& out, std::string& err) {
   std::set<ino_t> seen;
   std::vector<UniqueFd> ns;

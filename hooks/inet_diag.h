@@ -35,6 +35,10 @@ struct InetSock {
 // even syrupd's own namespace could be read; a namespace it cannot join is left out.
 int all_sockets(std::vector<InetSock>& out, std::string& err);
 
+// Every UDP and TCP socket of syrupd's own network namespace (the calling thread's),
+// where the interfaces it attaches to are. 0 or -errno with `err`.
+int own_sockets(std::vector<InetSock>& out, std::string& err);
+
 // Every UDP and TCP socket of the network namespaces the tasks of process `pid` are in:
 // where its sockets almost always are, found without walking every task of the machine
 // (all_sockets() stats each task's namespace: about 40 ms with 5000 threads). 0, or

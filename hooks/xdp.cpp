@@ -18,10 +18,9 @@
 #include <cstdarg>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
+#include "inet_diag.h"
 #include "log.h"
 #include "pins.h"
 #include "unique_fd.h"
@@ -58,10 +57,13 @@ struct Claim {
   uint32_t key() const { return SYR_XDP_PORT_INDEX(protocol == IPPROTO_TCP, port); }
 };
 
-// Sockets of process `pid` bound to a port, as (protocol, port), from /proc (inodes of
-// its fds matched against the netns socket tables).
+// The ports sockets of process `pid` are bound to in syrupd's network namespace, where
+// the interfaces are, as (protocol, port): its descriptors' inodes matched against that
+// namespace's socket records. A socket bound in a namespace of its own (a container's)
+// holds that port there, not on the interfaces here: claiming it would steer the host's
+// traffic of the port.
 std::set<Claim> process_ports(pid_t pid) {
-  std::set<ino_t> inodes;
+  std::set<uint64_t> inodes;
   std::string dir = "/proc/" + std::to_string(pid) + "/fd";
   std::error_code ec;
   for (auto& e : fs::directory_iterator(dir, ec)) {
@@ -72,23 +74,12 @@ std::set<Claim> process_ports(pid_t pid) {
       inodes.insert(std::strtoull(link + 8, nullptr, 10));
     }
   }
+  std::vector<inet_diag::InetSock> here;
+  std::string err;
+  if (inet_diag::own_sockets(here, err)) log(LogLevel::kWarn, "xdp: %s", err.c_str());
   std::set<Claim> out;
-  for (auto [file, proto] : {std::pair{"udp", IPPROTO_UDP}, std::pair{"udp6", IPPROTO_UDP},
-                             std::pair{"tcp", IPPROTO_TCP}, std::pair{"tcp6", IPPROTO_TCP}}) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/net/" + file);
-    std::string line;
-    std::getline(in, line);  // header
-    while (std::getline(in, line)) {
-      std::istringstream ls(line);
-      std::string sl, local, rem, st, q, tr, retr, uid, timeout;
-      unsigned long long inode = 0;
-      ls >> sl >> local >> rem >> st >> q >> tr >> retr >> uid >> timeout >> inode;
-      auto colon = local.rfind(':');
-      if (colon == std::string::npos || !inodes.count(inode)) continue;
-      out.insert({static_cast<uint8_t>(proto),
-                  static_cast<uint16_t>(std::stoul(local.substr(colon + 1), nullptr, 16))});
-    }
-  }
+  for (const auto& s : here)
+    if (s.port && inodes.count(s.inode)) out.insert({static_cast<uint8_t>(s.protocol), s.port});
   return out;
 }
 

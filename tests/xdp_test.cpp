@@ -137,6 +137,52 @@ class Xdp : public ::testing::Test {
 };
 int Xdp::counter_ = 0;
 
+// A tenant (not an admin) claims on an interface only ports a socket of its process is
+// bound to in the interface's network namespace, syrupd's. A socket bound in a namespace
+// of the process's own (a container's) holds that port there: claiming it would steer
+// the host's traffic of the port. A child process of another uid does it, from a network
+// namespace of its own, with one socket made before it moved there and one after.
+TEST_F(Xdp, ATenantClaimsOnlyPortsItsSocketsHoldInTheInterfacesNamespace) {
+  const std::string ifname = net_->host_if;
+  std::string s = in_child([&] {
+    nlohmann::json out;
+    auto bound = [](UniqueFd& fd) -> uint16_t {
+      fd.reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      socklen_t l = sizeof a;
+      if (!fd || bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+          getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &l) != 0)
+        return 0;
+      return ntohs(a.sin_port);
+    };
+    UniqueFd here_fd, there_fd;
+    uint16_t here = bound(here_fd);
+    if (unshare(CLONE_NEWNET) != 0) return std::string("unshare failed");
+    uint16_t there = bound(there_fd);
+    if (!here || !there || here == there) return std::string("no two distinct ports");
+    if (setgid(61004) || setuid(61004)) return std::string("setuid failed");
+    auto claim = [&](uint16_t port) {
+      syr_deploy_opts o{.sz = sizeof o, .app = "xdp-tenant", .ifname = ifname.c_str(), .ports = &port, .n_ports = 1};
+      int id = syr_deploy_policy(source_path("tests/policies/xdp_count.c").c_str(), SYR_HOOK_XDP, &o);
+      nlohmann::json r = {{"r", id}, {"err", syr_last_error()}, {"port", port}};
+      if (id > 0) syr_remove_policy(id);
+      return r;
+    };
+    out["there"] = claim(there);
+    out["here"] = claim(here);
+    return out.dump();
+  });
+  auto j = nlohmann::json::parse(s, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << s;
+  EXPECT_EQ(j["there"]["r"], -EPERM) << j.dump();
+  EXPECT_NE(j["there"]["err"].get<std::string>().find("the caller has no socket bound to udp:" +
+                                                       std::to_string(j["there"]["port"].get<int>())),
+            std::string::npos)
+      << j.dump();
+  EXPECT_GT(j["here"]["r"].get<int>(), 0) << "a socket bound here was not counted: " << j.dump();
+}
+
 TEST_F(Xdp, EachApplicationsPolicySeesOnlyItsOwnPacketsAndUnclaimedPortsPass) {
   UniqueFd s1(udp_server(net_->host_ip, 9301)), s2(udp_server(net_->host_ip, 9302)),
       s3(udp_server(net_->host_ip, 9303));

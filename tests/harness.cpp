@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -42,9 +43,15 @@ void Daemon::start(const std::string& bpffs_root, const std::vector<std::string>
   bpffs_root_ = bpffs_root.empty() ? "/sys/fs/bpf/syrup-test-" + std::to_string(getpid()) : bpffs_root;
   std::string logf = dir_ + "/syrupd.log";
   if (access(logf.c_str(), F_OK) == 0) rename(logf.c_str(), (logf + ".previous").c_str());
+  pid_t parent = getpid();
   pid_ = fork();
   ASSERT_GE(pid_, 0);
   if (pid_ == 0) {
+    // A test process that dies without stop() (a ctest timeout, SIGPIPE from a closed
+    // pipe) takes its syrupd along: SIGTERM, on which --on_exit=remove detaches and unpins
+    // what it deployed. (The signal follows the thread that forked: a test's own.)
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);
     FILE* f = freopen(logf.c_str(), "w", stderr);
     (void)f;
     std::string bin = build_bin("syrupd");

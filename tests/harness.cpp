@@ -50,8 +50,11 @@ void Daemon::start(const std::string& bpffs_root, const std::vector<std::string>
     // A test process that dies without stop() (a ctest timeout, SIGPIPE from a closed
     // pipe) takes its syrupd along: SIGTERM, on which --on_exit=remove detaches and unpins
     // what it deployed. (The signal follows the thread that forked: a test's own.)
+    // If the test process died before that, syrupd has been reparented already (getppid()
+    // is 0 only when the parent is outside syrupd's pid namespace: a test that starts it
+    // in one of its own).
     prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) _exit(127);
+    if (pid_t pp = getppid(); pp != parent && pp != 0) _exit(127);
     FILE* f = freopen(logf.c_str(), "w", stderr);
     (void)f;
     std::string bin = build_bin("syrupd");

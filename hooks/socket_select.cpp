@@ -23,6 +23,7 @@
 
 #include "inet_diag.h"
 #include "names.h"
+#include "proc.h"
 #include "syrup/abi.h"
 
 namespace syrup::socket_select {
@@ -105,23 +106,10 @@ int socket_fds(pid_t pid, UniqueFd& pidfd, std::vector<std::pair<int, uint64_t>>
     err = "no process " + std::to_string(pid) + ": " + std::strerror(e);
     return -e;
   }
-  std::string dir = "/proc/" + std::to_string(pid) + "/fd";
-  DIR* d = opendir(dir.c_str());
-  if (!d) {
-    int e = errno;
-    err = "cannot list " + dir + ": " + std::strerror(e);
-    return -e;
+  if (int r = socket_descriptors(pid, out)) {
+    err = "cannot list /proc/" + std::to_string(pid) + "/fd: " + std::strerror(-r);
+    return r;
   }
-  while (dirent* de = readdir(d)) {
-    char link[64];
-    ssize_t l = de->d_name[0] == '.' ? -1 : readlinkat(dirfd(d), de->d_name, link, sizeof link - 1);
-    unsigned long long ino = 0;
-    if (l <= 0) continue;
-    link[l] = 0;
-    if (std::sscanf(link, "socket:[%llu]", &ino) == 1) out.emplace_back(std::atoi(de->d_name), ino);
-  }
-  closedir(d);
-  std::sort(out.begin(), out.end());
   return 0;
 }
 

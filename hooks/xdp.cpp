@@ -23,6 +23,7 @@
 #include "inet_diag.h"
 #include "log.h"
 #include "pins.h"
+#include "proc.h"
 #include "unique_fd.h"
 
 namespace syrup::xdp {
@@ -63,17 +64,10 @@ struct Claim {
 // holds that port there, not on the interfaces here: claiming it would steer the host's
 // traffic of the port.
 std::set<Claim> process_ports(pid_t pid) {
+  std::vector<std::pair<int, uint64_t>> fds;
+  socket_descriptors(pid, fds);
   std::set<uint64_t> inodes;
-  std::string dir = "/proc/" + std::to_string(pid) + "/fd";
-  std::error_code ec;
-  for (auto& e : fs::directory_iterator(dir, ec)) {
-    char link[64];
-    ssize_t l = readlink(e.path().c_str(), link, sizeof link - 1);
-    if (l > 8 && std::strncmp(link, "socket:[", 8) == 0) {
-      link[l] = 0;
-      inodes.insert(std::strtoull(link + 8, nullptr, 10));
-    }
-  }
+  for (auto [n, ino] : fds) inodes.insert(ino);
   std::vector<inet_diag::InetSock> here;
   std::string err;
   if (inet_diag::own_sockets(here, err)) log(LogLevel::kWarn, "xdp: %s", err.c_str());

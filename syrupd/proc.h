@@ -1,18 +1,25 @@
 // Process identity from /proc, shared by the daemon (a policy's owner) and the thread hook
 // (scheduled processes and their agents): a pid alone can be reused, pid + start time
-// names one process.
+// names one process. Also a process's socket descriptors, for the socket-select and XDP
+// hooks.
 #pragma once
 
 #include <dirent.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace syrup {
 
@@ -84,5 +91,23 @@ inline pid_t thread_by_own_number(pid_t pid, pid_t tid) {
 
 // The process that pid namespace `ns` calls `pid`, as syrupd numbers it; 0 if none.
 inline pid_t process_by_own_number(uint64_t ns, pid_t pid) { return entry_by_own_number("/proc", pid, ns); }
+
+// The socket descriptors of process `pid`, as (fd number, socket inode) in ascending fd
+// order. 0, or -errno when its descriptor directory cannot be read.
+inline int socket_descriptors(pid_t pid, std::vector<std::pair<int, uint64_t>>& out) {
+  DIR* d = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
+  if (!d) return -errno;
+  while (dirent* de = readdir(d)) {
+    char link[64];
+    ssize_t l = de->d_name[0] == '.' ? -1 : readlinkat(dirfd(d), de->d_name, link, sizeof link - 1);
+    unsigned long long ino = 0;
+    if (l <= 0) continue;
+    link[l] = 0;
+    if (std::sscanf(link, "socket:[%llu]", &ino) == 1) out.emplace_back(std::atoi(de->d_name), ino);
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return 0;
+}
 
 }  // namespace syrup

@@ -259,13 +259,14 @@ int from_pid(pid_t pid, uint16_t port, int protocol, const std::string& address,
       }
       SockInfo si;
       if (describe(fd.get(), si) || si.port != port || (protocol && si.protocol != protocol)) continue;
+      ExecutorIds group = group_of(si);
+      std::string name = group.group();
       if (std::string why = unusable(si); !why.empty()) {
-        if (why_not.empty()) why_not = "fd " + std::to_string(n) + ", " + group_of(si).group() + ": " + why;
+        if (why_not.empty()) why_not = "fd " + std::to_string(n) + ", " + name + ": " + why;
         continue;
       }
-      std::string g = group_of(si).group();
-      Executors& ex = found[g];
-      if (ex.inodes.empty()) static_cast<ExecutorIds&>(ex) = group_of(si);
+      Executors& ex = found[name];
+      if (ex.inodes.empty()) static_cast<ExecutorIds&>(ex) = group;
       ex.inodes.push_back(ino);
       ex.sockets.push_back(std::move(fd));
       ex.source_fds.push_back(n);

@@ -44,8 +44,8 @@ printf '#include <syrup/policy.h>\nSYR_POLICY(struct syr_input *in)\n{\n\treturn
 rm -f /tmp/syrup-demo-bad.c
 
 section "RocksDB over UDP: kv_server deploys each policy itself; open-loop kv_loadgen, 50 flows, 99.5% GET / 0.5% SCAN"
-# examples/rocksdb/kv_server (8 workers, one SO_REUSEPORT socket each, each worker paced
-# to 0.11 of CPU 1: the talk's core per worker, emulated) serves a
+# examples/rocksdb/kv_server (16 workers, one SO_REUSEPORT socket each, each worker paced
+# to 0.055 of CPU 1: the talk's core per worker, emulated) serves a
 # RocksDB it creates on first use; kv_loadgen (Poisson arrivals, 50 client flows, on
 # CPU 0) sweeps three loads per policy. The full study is bench/rocksdb/run.sh.
 echo "(about a minute: loads the database on first use, calibrates a SCAN to ~70 GETs, then 4 policies x 3 loads)"

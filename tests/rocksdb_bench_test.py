@@ -84,6 +84,21 @@ class PerDraw(unittest.TestCase):
         self.assertIn("ports 20000-20049", text)
         self.assertIn("hash imbalance 2.00) 1.78x", text)
 
+    def test_a_round_gives_the_ratio_against_the_hashs_last_crossing_too(self):
+        # The hash fails at 40% (a noisy point), passes again at 50%, fails for good at
+        # 80%; round robin holds to 80%. First crossing: between 20% and 40%; last: between
+        # 50% and 80%. The check of the table takes both; so does each round.
+        runs = []
+        for load, p99 in ((0.2, 100), (0.4, 10000), (0.5, 100), (0.8, 10000)):
+            runs.append(run("pass", load, 0, p99, [40, 20, 20, 20]))
+            runs.append(run("round_robin", load, 0, 100, [25, 25, 25, 25]))
+        d = rb.per_draw(mix(runs), target_us=1000, max_loss=1.0)[0]
+        self.assertAlmostEqual(d["pass_rps"], 300.0)
+        self.assertAlmostEqual(d["pass_last_crossing_rps"], 650.0)
+        self.assertAlmostEqual(d["ratio"], 800.0 / 300.0)
+        self.assertAlmostEqual(d["ratio_last_crossing"], 800.0 / 650.0)
+        self.assertIn("2.67x (1.23x against its last crossing)", rb.draw_text(d, {"flows": 50}))
+
     def test_points_that_lost_requests_do_not_count_toward_the_imbalance(self):
         # Overloaded, the busiest socket drops and looks no busier than the rest.
         runs = [run("pass", 0.4, 0, 100, [40, 20, 20, 20]),

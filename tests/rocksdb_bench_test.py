@@ -64,7 +64,7 @@ class PerDraw(unittest.TestCase):
         runs = []
         # Round 0: the hash gives one of 4 workers half the flows (imbalance 2.0) and
         # crosses the target halfway (in log latency) between 40% and 50% load; round robin
-        # holds to 80%. Round 1: an even draw, both hold to 80%.
+        # holds to 80%. Round 1: an even draw, both hold to 80%: no ratio to give.
         for load, p99 in ((0.4, 100), (0.5, 10000), (0.8, 100000)):
             runs.append(run("pass", load, 0, p99, [50, 20, 15, 15]))
         for load, p99 in ((0.4, 100), (0.5, 100), (0.8, 100)):
@@ -79,10 +79,10 @@ class PerDraw(unittest.TestCase):
         self.assertAlmostEqual(draws[0]["round_robin_rps"], 800.0)
         self.assertAlmostEqual(draws[0]["ratio"], 800.0 / 450.0)
         self.assertAlmostEqual(draws[1]["imbalance"], 1.0)
-        self.assertAlmostEqual(draws[1]["ratio"], 1.0)
+        self.assertIsNone(draws[1]["ratio"])  # neither crossed: no ratio, not 1.00x
         text = rb.draw_text(draws[0], {"flows": 50})
         self.assertIn("ports 20000-20049", text)
-        self.assertIn("hash imbalance 2.00) 1.78x", text)
+        self.assertIn("hash imbalance 2.00) >= 1.78x (round robin never crossed the target)", text)
 
     def test_a_round_gives_the_ratio_against_the_hashs_last_crossing_too(self):
         # The hash fails at 40% (a noisy point), passes again at 50%, fails for good at
@@ -97,7 +97,28 @@ class PerDraw(unittest.TestCase):
         self.assertAlmostEqual(d["pass_last_crossing_rps"], 650.0)
         self.assertAlmostEqual(d["ratio"], 800.0 / 300.0)
         self.assertAlmostEqual(d["ratio_last_crossing"], 800.0 / 650.0)
-        self.assertIn("2.67x (1.23x against its last crossing)", rb.draw_text(d, {"flows": 50}))
+        self.assertIn(">= 2.67x (>= 1.23x against the hash's last crossing)", rb.draw_text(d, {"flows": 50}))
+
+    def test_a_round_where_neither_crossed_gives_no_ratio_and_one_crossing_a_bound(self):
+        # Round 0: both stay under the target at every point (the round never loaded the
+        # cores enough): no ratio, not 1.00x. Round 1: only the hash crosses: round robin's
+        # throughput is a lower bound, and the ratio says so.
+        runs = []
+        for load in (0.4, 0.8):
+            runs.append(run("pass", load, 0, 100, [30, 25, 25, 20]))
+            runs.append(run("round_robin", load, 0, 100, [25, 25, 25, 25]))
+        runs.append(run("pass", 0.4, 1, 100, [30, 25, 25, 20]))
+        runs.append(run("pass", 0.8, 1, 10000, [30, 25, 25, 20]))
+        for load in (0.4, 0.8):
+            runs.append(run("round_robin", load, 1, 100, [25, 25, 25, 25]))
+        d0, d1 = rb.per_draw(mix(runs), target_us=1000, max_loss=1.0)
+        self.assertIsNone(d0["ratio"])
+        self.assertIsNone(d0["ratio_last_crossing"])
+        self.assertIn("- (neither crossed the target)", rb.draw_text(d0, {"flows": 50}))
+        self.assertTrue(d1["round_robin_not_crossed"])
+        self.assertFalse(d1["pass_not_crossed"])
+        self.assertAlmostEqual(d1["ratio"], 800.0 / 600.0)
+        self.assertIn(">= 1.33x (round robin never crossed the target)", rb.draw_text(d1, {"flows": 50}))
 
     def test_points_that_lost_requests_do_not_count_toward_the_imbalance(self):
         # Overloaded, the busiest socket drops and looks no busier than the rest.

@@ -819,16 +819,21 @@ def per_draw(mixres, target_us, max_loss, a="round_robin", b="pass"):
         med = median_points(one)
         if a not in med or b not in med:
             return []
-        ta, tb = (throughput_at_target(med[x], target_us, max_loss)[0] for x in (a, b))
+        (ta, a_end), (tb, b_end) = (throughput_at_target(med[x], target_us, max_loss) for x in (a, b))
         # b's more generous reading too, as the table's check takes it (see checks()).
         tb_last = throughput_at_target(med[b], target_us, max_loss, last_crossing=True)[0]
         ok = [r for r in med[b] if r["loss_pct"] <= max_loss] or med[b]
         base = next((r.get("src_port_base") for r in one["runs"]), None)
+        # A policy that never crossed the target gives only a lower bound on its
+        # throughput there; neither crossing (a round whose points never loaded the cores
+        # enough, e.g. the machine ran faster than at its probe) gives no ratio at all.
+        both = a_end and b_end
         out.append({"round": rnd, "src_port_base": base,
                     "imbalance": statistics.median(r["worker_imbalance"] for r in ok),
                     f"{a}_rps": ta, f"{b}_rps": tb, f"{b}_last_crossing_rps": tb_last,
-                    "ratio": ta / tb if tb else None,
-                    "ratio_last_crossing": ta / tb_last if tb_last else None})
+                    f"{a}_not_crossed": a_end, f"{b}_not_crossed": b_end,
+                    "ratio": ta / tb if tb and not both else None,
+                    "ratio_last_crossing": ta / tb_last if tb_last and not both else None})
     return out
 
 
@@ -932,11 +937,19 @@ def capacity_text(mix):
 def draw_text(d, mix):
     ports = (f"ports {d['src_port_base']}-{d['src_port_base'] + mix['flows'] - 1}, "
              if d.get("src_port_base") else "")
-    ratio = f"{d['ratio']:.2f}x" if d["ratio"] else "-"
+    head = f"round {d['round']} ({ports}hash imbalance {d['imbalance']:.2f}) "
+    if d.get("round_robin_not_crossed") and d.get("pass_not_crossed"):
+        return head + "- (neither crossed the target)"
+    if not d["ratio"]:
+        return head + "-"
+    bound = ">= " if d.get("round_robin_not_crossed") else ""
+    text = f"{bound}{d['ratio']:.2f}x"
     last = d.get("ratio_last_crossing")
-    if last and d["ratio"] and abs(last - d["ratio"]) > 0.005:
-        ratio += f" ({last:.2f}x against its last crossing)"
-    return f"round {d['round']} ({ports}hash imbalance {d['imbalance']:.2f}) {ratio}"
+    if last and abs(last - d["ratio"]) > 0.005:
+        text += f" ({bound}{last:.2f}x against the hash's last crossing)"
+    if bound:
+        text += " (round robin never crossed the target)"
+    return head + text
 
 
 def small_table(results):

@@ -6,9 +6,10 @@
 //  - The root is compiled (by syrupd's compiler, cached like any object), loaded and
 //    attached at the first thread deploy, and detached when the last thread policy goes.
 //  - A target is one process. It gets a slot; its policy is compiled with
-//    thread_scx.bpf.h into two programs (enqueue, dispatch) that share the root's maps
-//    and sit in the root's prog arrays at that slot; syr_scx_procs maps the process to
-//    the slot. Deploy, replace (same slot: two prog-array updates) and remove never
+//    thread_scx.bpf.h into three programs (select_cpu, enqueue, dispatch) that share the
+//    root's maps and sit in the root's prog arrays (syr_scx_sel, syr_scx_enq, syr_scx_disp)
+//    at that slot; syr_scx_procs maps the process to the slot. Deploy, replace (same slot:
+//    three prog-array updates) and remove never
 //    detach the scheduler, so the other applications keep being scheduled.
 //  - A monitor thread (every kSyncMs): switches the registered threads of each scheduled
 //    process to SCHED_EXT (and unregistered ones back to their baseline class), registers

@@ -19,7 +19,7 @@
  *    here is for `cpu`, it hands the round back to the root, which tries the next
  *    application.
  *
- * Program association: the two programs are referenced by two (never attached)
+ * Program association: the three programs are referenced by two (never attached)
  * struct_ops maps, so the kernel cannot associate them with one struct_ops instance and
  * their scx kfunc calls resolve to the root scheduler, the one that tail-calls them
  * (kernel/sched/ext: scx_prog_sched() falls back to scx_root for unassociated programs).

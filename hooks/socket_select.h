@@ -103,12 +103,13 @@ class SocketSelectHook : public Hook {
   const char* compile_define() const override { return "SYR_HOOK_SOCKET_SELECT"; }
   const char* wrapper() const override { return "socket_select.bpf.h"; }
   std::vector<std::string> system_maps() const override { return {SYR_EXECUTORS_MAP, SYR_STATS_MAP}; }
-  std::set<int> allowed_helpers() const override {
-    auto h = packet_policy_helpers();
-    h.insert({BPF_FUNC_skb_load_bytes, BPF_FUNC_sk_select_reuseport});
-    return h;
+  // The common helpers, the packet read and the wrapper's socket pick; no kernel
+  // functions.
+  Allowlist allowlist() const override {
+    Allowlist a{policy_helpers(), {}, policy_map_types()};
+    a.helpers.insert({BPF_FUNC_skb_load_bytes, BPF_FUNC_sk_select_reuseport});
+    return a;
   }
-  bool allows_kfuncs() const override { return false; }
   int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
                   pid_t& owner, std::string& err) override;
   void release_leftover(std::string_view app, const std::string& policy_dir) override;

@@ -437,6 +437,12 @@ ThreadHook::ThreadHook(Compiler& compiler, std::vector<int> agent_cpus)
 
 ThreadHook::~ThreadHook() = default;
 
+Allowlist agent_allowlist() { return {policy_helpers(), {}, policy_map_types()}; }
+
+Allowlist ThreadHook::allowlist() const {
+  return backend_ == Backend::kSchedExt ? scx_allowlist() : agent_allowlist();
+}
+
 std::vector<std::string> ThreadHook::system_maps() const {
   if (backend_ == Backend::kSchedExt) return scx_system_maps();
   return {SYR_EXECUTORS_MAP, SYR_STATS_MAP};

@@ -48,6 +48,13 @@ Backend detect_backend(std::string& why);
 
 class ScxBackend;
 
+// What a thread policy and the agent wrapper (thread_agent.bpf.h, a
+// BPF_PROG_TYPE_SYSCALL program run by the agent) may call and declare: the common
+// helpers only. No kernel functions, none of the syscall program type's own helpers
+// (bpf_sys_bpf, bpf_sys_close, bpf_kallsyms_lookup_name, bpf_btf_find_by_name_kind),
+// none of the tracing ones (bpf_probe_read_kernel and the like).
+Allowlist agent_allowlist();
+
 class ThreadHook : public Hook {
  public:
   // agent_cpus: where the agent backend's agents run (syrupd --agent_cpus; empty: where
@@ -61,6 +68,8 @@ class ThreadHook : public Hook {
   }
   // Agent: syr_executors holds the agent's batch of threads (the executors are the cores).
   std::vector<std::string> system_maps() const override;
+  // The running backend's (agent_allowlist(), scx_allowlist()).
+  Allowlist allowlist() const override;
   int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
                   pid_t& owner, std::string& err) override;
   void release_leftover(std::string_view app, const std::string& policy_dir) override;

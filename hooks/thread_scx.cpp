@@ -801,8 +801,9 @@ int ScxBackend::slot_in_backtrace_locked(const ExitRec& r) {
 }
 
 void ScxBackend::handle_exit_locked(const ExitRec& r) {
-  std::string reason(r.reason, strnlen(r.reason, sizeof r.reason));
-  std::string msg(r.msg, strnlen(r.msg, sizeof r.msg));
+  // The kernel's words go to the tenants (`list`, `stats`): without kernel addresses.
+  std::string reason = scrub_kernel_addresses(std::string(r.reason, strnlen(r.reason, sizeof r.reason)));
+  std::string msg = scrub_kernel_addresses(std::string(r.msg, strnlen(r.msg, sizeof r.msg)));
   std::string why = reason + (msg.empty() ? "" : ": " + msg);
   bool was_attached = static_cast<bool>(link_);
   if (link_) {
@@ -980,6 +981,19 @@ void scx_release_leftover(const std::shared_ptr<ScxBackend>&, std::string_view a
 std::vector<std::string> scx_system_maps() {
   return {SYR_STATS_MAP,   "syr_scx_pick",  "syr_scx_tasks", "syr_scx_cpus", "syr_scx_round",
           "syr_scx_procs", "syr_scx_disp",  "syr_app_ops",   "syr_app_ops2"};
+}
+
+Allowlist scx_allowlist() {
+  Allowlist a{policy_helpers(), {}, policy_map_types()};
+  a.helpers.insert({BPF_FUNC_get_current_pid_tgid, BPF_FUNC_tail_call});
+  a.kfuncs = {"scx_bpf_dsq_insert",      "scx_bpf_select_cpu_dfl",  "scx_bpf_dsq_insert_vtime",
+              "scx_bpf_dsq_move_to_local", "scx_bpf_dsq_nr_queued", "scx_bpf_create_dsq",
+              "scx_bpf_task_cpu",        "scx_bpf_nr_cpu_ids",      "scx_bpf_kick_cpu",
+              "scx_bpf_dsq_peek",        "scx_bpf_task_set_slice",  "scx_bpf_pick_idle_cpu",
+              "bpf_iter_scx_dsq_new",    "bpf_iter_scx_dsq_next",   "bpf_iter_scx_dsq_destroy",
+              "scx_bpf_dsq_move",        "scx_bpf_dsq_move_set_slice", "scx_bpf_test_and_clear_cpu_idle",
+              "bpf_cpumask_test_cpu"};
+  return a;
 }
 
 std::vector<std::string> scx_programs() { return {"syr_app_enqueue", "syr_app_dispatch", "syr_app_select"}; }

@@ -84,5 +84,10 @@ void scx_leave(const std::shared_ptr<ScxBackend>& b);
 // The wrapper's system maps and programs (LoadSpec::system_maps / ::programs).
 std::vector<std::string> scx_system_maps();
 std::vector<std::string> scx_programs();
+// What a thread policy and the sched_ext wrapper (thread_scx.bpf.h) may call and declare:
+// the common helpers, those the wrapper needs (the current task's ids, the tail call back
+// into the root), and the sched_ext kernel functions the wrapper declares
+// (thread_scx_common.h), by BTF name; nothing else of the kernel.
+Allowlist scx_allowlist();
 
 }  // namespace syrup::thread

@@ -44,12 +44,12 @@ class XdpHook : public Hook {
   std::vector<std::string> system_maps() const override {
     return {SYR_XDP_META_MAP, SYR_XDP_CPUS_MAP, SYR_XDP_XSKS_MAP, SYR_XDP_EXEC_CPU_MAP, SYR_STATS_MAP};
   }
-  std::set<int> allowed_helpers() const override {
-    auto h = packet_policy_helpers();
-    h.insert({BPF_FUNC_xdp_load_bytes, BPF_FUNC_redirect_map});
-    return h;
+  // The common helpers, the packet read and the wrapper's redirect; no kernel functions.
+  Allowlist allowlist() const override {
+    Allowlist a{policy_helpers(), {}, policy_map_types()};
+    a.helpers.insert({BPF_FUNC_xdp_load_bytes, BPF_FUNC_redirect_map});
+    return a;
   }
-  bool allows_kfuncs() const override { return false; }
   int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
                   pid_t& owner, std::string& err) override;
   void recover() override;

@@ -60,32 +60,42 @@ static __always_inline __u32 mark_long(__u32 idx)
 	return idx;
 }
 
-/* More than keep_free executors unmarked? Stops counting there, so the verifier sees
- * n x (keep_free + 1) states, not one per pattern of marks. */
+/* Scans are bpf_loop() callbacks: verified once, not per executor and speculative path.
+ * c[3]: the result. */
+static long count_free(__u32 k, void *arg)
+{
+	__u32 *c = arg;
+
+	return c[3] = !busy(k) && ++c[0] > keep_free;
+}
+
+/* More than keep_free executors unmarked? */
 static __always_inline int more_free_than_kept(__u32 n)
 {
-	__u32 free = 0;
+	__u32 c[4] = {};
 
-	for (__u32 k = 0; k < SYR_MAX_EXECUTORS && k < n; k++)
-		if (!busy(k) && ++free > keep_free)
-			return 1;
-	return 0;
+	bpf_loop(n < SYR_MAX_EXECUTORS ? n : SYR_MAX_EXECUTORS, count_free, c, 0);
+	return c[3];
+}
+
+static long fit_one(__u32 k, void *arg)
+{
+	__u32 *c = arg, i = c[0] ? (c[1] + k) % c[0] : 0;
+
+	if (busy(i) != c[2])
+		return 0;
+	c[3] = i;
+	return 1;
 }
 
 /* The first executor after the one picked last that is unmarked (want_marked = 0) or
- * marked (1): a round robin that skips the others, in one pass that stops at the first
- * fit, so the verifier sees a path per executor (counting the free ones first and then
- * picking the k-th made it explore ~n^3 states and reject the policy above ~24
- * executors). n if none fits. */
+ * marked (1): a round robin that skips the others. n if none fits. */
 static __always_inline __u32 next_fit(__u32 n, __u32 start, int want_marked)
 {
-	for (__u32 k = 0; k < SYR_MAX_EXECUTORS && k < n; k++) {
-		__u32 i = (start + k) % n;
+	__u32 c[4] = {n, start, want_marked, n};
 
-		if (busy(i) == want_marked)
-			return i;
-	}
-	return n;
+	bpf_loop(n < SYR_MAX_EXECUTORS ? n : SYR_MAX_EXECUTORS, fit_one, c, 0);
+	return c[3];
 }
 
 SYR_POLICY(struct syr_input *in)

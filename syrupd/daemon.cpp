@@ -819,8 +819,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   spec.num_executors = target->num_executors();
   spec.params = params;
   spec.system_maps = hi->system_maps();
-  spec.allowed_helpers = hi->allowed_helpers();
-  spec.allow_kfuncs = hi->allows_kfuncs();
+  spec.allowed = hi->allowlist();
   if (enforce_quotas) spec.check_quota = [&](const LoadFootprint& fp) { return check_quota(app, old, fp); };
   if (int r = target->prepare_load(spec, old ? old->target.get() : nullptr,
                                    old ? old->loaded.get() : nullptr)) {

@@ -63,9 +63,10 @@ inline int check_target_process(const Caller& caller, pid_t pid, std::string& er
   return 0;
 }
 
-// Helpers every packet policy may use: maps, time, random numbers, its CPU, bounded
-// loops, spin locks, ring buffers. No tracing, probing or packet-changing helpers.
-inline std::set<int> packet_policy_helpers() {
+// Helpers every policy may use, at any hook: maps, time, random numbers, its CPU, bounded
+// loops, spin locks, ring buffers. No tracing, probing, kernel-memory or packet-changing
+// helpers: a hook adds the few its wrapper and its input need.
+inline std::set<int> policy_helpers() {
   return {BPF_FUNC_map_lookup_elem, BPF_FUNC_map_update_elem, BPF_FUNC_map_delete_elem,
           BPF_FUNC_map_push_elem,   BPF_FUNC_map_pop_elem,    BPF_FUNC_map_peek_elem,
           BPF_FUNC_ktime_get_ns,    BPF_FUNC_ktime_get_boot_ns, BPF_FUNC_ktime_get_coarse_ns,
@@ -73,6 +74,15 @@ inline std::set<int> packet_policy_helpers() {
           BPF_FUNC_get_numa_node_id, BPF_FUNC_loop,           BPF_FUNC_spin_lock,
           BPF_FUNC_spin_unlock,     BPF_FUNC_ringbuf_output,  BPF_FUNC_ringbuf_reserve,
           BPF_FUNC_ringbuf_submit,  BPF_FUNC_ringbuf_discard};
+}
+
+// Map types a policy may declare for its application (docs/policy-abi.md): plain data.
+// No program arrays (tail calls), maps of maps, socket, device, CPU or XSK maps, arenas,
+// user ring buffers, storage or struct_ops maps.
+inline std::set<bpf_map_type> policy_map_types() {
+  return {BPF_MAP_TYPE_ARRAY,       BPF_MAP_TYPE_HASH,     BPF_MAP_TYPE_PERCPU_ARRAY,
+          BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH,
+          BPF_MAP_TYPE_QUEUE,       BPF_MAP_TYPE_STACK,    BPF_MAP_TYPE_RINGBUF};
 }
 
 class Target {
@@ -112,10 +122,11 @@ class Hook {
   virtual const char* wrapper() const = 0;         // e.g. socket_select.bpf.h
   // The maps the wrapper declares (all named "syr_..."); see LoadSpec::system_maps.
   virtual std::vector<std::string> system_maps() const = 0;
-  // The BPF helpers a policy at this hook may call (empty: not checked), and whether it
-  // may call kernel functions.
-  virtual std::set<int> allowed_helpers() const { return {}; }
-  virtual bool allows_kfuncs() const { return true; }
+  // What a policy at this hook may call and declare (the helpers, kernel functions and
+  // map types of the policy together with the hook's wrapper, which is compiled into the
+  // same object), checked by the loader before the verifier: an empty list allows none.
+  // Every hook states its own; a hook with backends states the running backend's.
+  virtual Allowlist allowlist() const = 0;
   // Builds the target of a deploy request, checking `caller` may use it; `owner` is set to
   // the process whose exit ends the policy. 0 or -errno with `err`. A target may be
   // destroyed without being installed, also after other requests ran (its deploy was

@@ -1,16 +1,23 @@
 #include "loader.h"
 
 #include <bpf/bpf.h>
+#include <bpf/btf.h>
 #include <fcntl.h>
 #include <gelf.h>
 #include <libelf.h>
+#include <strings.h>
+#include <linux/capability.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdarg>
 #include <cstring>
+#include <mutex>
 
 #include "bpf_rodata.h"
 #include "log.h"
@@ -25,8 +32,15 @@ std::string* g_capture = nullptr;  // syrupd serves one request at a time
 thread_local int g_quiet = 0;      // LibbpfQuiet scopes open on this thread
 
 int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list ap) {
-  char buf[8192];
-  vsnprintf(buf, sizeof buf, fmt, ap);
+  // The verifier log comes in one message: sized to fit, so its last line (the
+  // verifier's reason) is not cut off.
+  va_list ap2;
+  va_copy(ap2, ap);
+  int n = vsnprintf(nullptr, 0, fmt, ap2);
+  va_end(ap2);
+  std::string text(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  vsnprintf(text.data(), text.size() + 1, fmt, ap);
+  const char* buf = text.c_str();
   if (g_capture && level != LIBBPF_DEBUG) g_capture->append(buf);
   if (level == LIBBPF_DEBUG) return 0;
   // Without a capture (start-up, shutdown) libbpf's warnings still reach the log.
@@ -78,23 +92,94 @@ std::string verifier_reason(const std::string& vlog) {
   return reason;
 }
 
-// The instructions of every executable section of the ELF object at `path`.
-int object_insns(const std::string& path, std::vector<bpf_insn>& out) {
+// What the loader checks of a compiled object, read from its ELF before libbpf changes
+// anything: the instructions of every executable section (the programs and their
+// non-inlined subprograms), which relocation names which instruction, and the symbols
+// the object leaves to be resolved (externs: kernel functions and kernel variables).
+struct ObjectCode {
+  struct Section {
+    std::string name;
+    std::vector<bpf_insn> insns;
+    std::map<size_t, std::string> relocs;  // instruction index -> symbol
+    std::set<size_t> extern_relocs;        // those whose symbol is an extern
+  };
+  std::vector<Section> sections;
+  std::vector<std::string> externs;
+};
+
+int read_object_code(const std::string& path, ObjectCode& out) {
   if (elf_version(EV_CURRENT) == EV_NONE) return -ENOTSUP;
   UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return -errno;
   Elf* e = elf_begin(fd.get(), ELF_C_READ, nullptr);
   if (!e) return -EINVAL;
+  size_t shstrndx = 0;
+  if (elf_getshdrstrndx(e, &shstrndx)) {
+    elf_end(e);
+    return -EINVAL;
+  }
+  std::map<size_t, size_t> by_index;  // ELF section index -> out.sections index
+  Elf_Scn* symtab = nullptr;
+  GElf_Shdr symtab_sh{};
   for (Elf_Scn* scn = elf_nextscn(e, nullptr); scn; scn = elf_nextscn(e, scn)) {
     GElf_Shdr sh;
-    if (!gelf_getshdr(scn, &sh) || sh.sh_type != SHT_PROGBITS || !(sh.sh_flags & SHF_EXECINSTR)) continue;
+    if (!gelf_getshdr(scn, &sh)) continue;
+    if (sh.sh_type == SHT_SYMTAB) symtab = scn, symtab_sh = sh;
+    if (sh.sh_type != SHT_PROGBITS || !(sh.sh_flags & SHF_EXECINSTR)) continue;
+    ObjectCode::Section sec;
+    const char* n = elf_strptr(e, shstrndx, sh.sh_name);
+    sec.name = n ? n : "?";
     for (Elf_Data* d = elf_getdata(scn, nullptr); d; d = elf_getdata(scn, d)) {
       auto* p = static_cast<const bpf_insn*>(d->d_buf);
-      out.insert(out.end(), p, p + d->d_size / sizeof(bpf_insn));
+      sec.insns.insert(sec.insns.end(), p, p + d->d_size / sizeof(bpf_insn));
+    }
+    by_index[elf_ndxscn(scn)] = out.sections.size();
+    out.sections.push_back(std::move(sec));
+  }
+  Elf_Data* syms = symtab ? elf_getdata(symtab, nullptr) : nullptr;
+  auto sym_name = [&](size_t i, GElf_Sym& sym) -> std::string {
+    if (!syms || !gelf_getsym(syms, static_cast<int>(i), &sym)) return {};
+    const char* n = elf_strptr(e, symtab_sh.sh_link, sym.st_name);
+    return n ? n : "";
+  };
+  if (syms && symtab_sh.sh_entsize) {
+    for (size_t i = 1; i < symtab_sh.sh_size / symtab_sh.sh_entsize; i++) {
+      GElf_Sym sym;
+      std::string n = sym_name(i, sym);
+      if (sym.st_shndx == SHN_UNDEF && !n.empty()) out.externs.push_back(n);
+    }
+  }
+  for (Elf_Scn* scn = elf_nextscn(e, nullptr); scn; scn = elf_nextscn(e, scn)) {
+    GElf_Shdr sh;
+    if (!gelf_getshdr(scn, &sh) || (sh.sh_type != SHT_REL && sh.sh_type != SHT_RELA)) continue;
+    auto it = by_index.find(sh.sh_info);
+    if (it == by_index.end() || !sh.sh_entsize) continue;
+    auto& sec = out.sections[it->second];
+    Elf_Data* d = elf_getdata(scn, nullptr);
+    for (size_t i = 0; d && i < sh.sh_size / sh.sh_entsize; i++) {
+      GElf_Rel rel;
+      GElf_Rela rela;
+      uint64_t off, info;
+      if (sh.sh_type == SHT_REL) {
+        if (!gelf_getrel(d, static_cast<int>(i), &rel)) continue;
+        off = rel.r_offset, info = rel.r_info;
+      } else {
+        if (!gelf_getrela(d, static_cast<int>(i), &rela)) continue;
+        off = rela.r_offset, info = rela.r_info;
+      }
+      GElf_Sym sym{};
+      sec.relocs[off / sizeof(bpf_insn)] = sym_name(GELF_R_SYM(info), sym);
+      if (sym.st_shndx == SHN_UNDEF) sec.extern_relocs.insert(off / sizeof(bpf_insn));
     }
   }
   elf_end(e);
   return 0;
+}
+
+// A kernel symbol's name as libbpf resolves it: without a "___flavour" suffix.
+std::string essential_name(const std::string& name) {
+  size_t at = name.find("___");
+  return at == std::string::npos ? name : name.substr(0, at);
 }
 
 // A helper's name, from the UAPI header's list (for messages).
@@ -104,6 +189,199 @@ std::string helper_name(int id) {
 #undef SYR_HELPER_NAME
   auto it = names.find(id);
   return it == names.end() ? "BPF helper #" + std::to_string(id) : it->second;
+}
+
+// "" if every call and kernel symbol of the object is in `spec.allowed`, else why not,
+// naming the first that is not and the hook. Fails closed on every instruction form
+// that reaches outside the object: helper calls by id, kernel-function calls (which must
+// name an allowed kernel function through a relocation libbpf resolves by BTF name), and
+// 64-bit loads that already carry a kernel meaning (a map fd, a BTF id: compiled C never
+// emits them, libbpf sets them from relocations, and passed through they would name
+// syrupd's own descriptors). bpf-to-bpf calls stay inside the object, which is checked
+// whole.
+std::string check_calls(const LoadSpec& spec, const ObjectCode& code, bpf_object* obj) {
+  const std::string who = "policy " + spec.policy_name;
+  const std::string hook = "the " + spec.hook + " hook";
+  auto kfunc_allowed = [&](const std::string& name) {
+    return spec.allowed.kfuncs.count(essential_name(name)) > 0;
+  };
+  for (auto& sec : code.sections) {
+    for (size_t i = 0; i < sec.insns.size(); i++) {
+      const bpf_insn& in = sec.insns[i];
+      if (in.code == (BPF_LD | BPF_IMM | BPF_DW)) {
+        if (in.src_reg != 0)
+          return who + " has a 64-bit load of kind " + std::to_string(in.src_reg) + " in section " +
+                 sec.name + " that no compiler emits (map and kernel references come from relocations)";
+        i++;  // the second half of the load
+        continue;
+      }
+      if (in.code != (BPF_JMP | BPF_CALL)) continue;
+      switch (in.src_reg) {
+        case 0:
+          if (!spec.allowed.helpers.count(in.imm))
+            return who + " calls " + helper_name(in.imm) + ", which " + hook +
+                   " does not allow (no tracing, probe, kernel-memory or packet-changing helpers; "
+                   "see docs/policy-abi.md)";
+          break;
+        case BPF_PSEUDO_CALL:
+          // clang emits a call of an extern (a kernel function) as a bpf-to-bpf call
+          // relocated against the extern; libbpf turns it into a kernel-function call.
+          if (!sec.extern_relocs.count(i)) break;
+          [[fallthrough]];
+        case BPF_PSEUDO_KFUNC_CALL: {
+          auto it = sec.relocs.find(i);
+          if (it == sec.relocs.end() || it->second.empty() || !sec.extern_relocs.count(i))
+            return who + " calls a kernel function it does not name (section " + sec.name + ")";
+          if (!kfunc_allowed(it->second))
+            return who + " calls kernel function " + essential_name(it->second) + ", which " + hook +
+                   (spec.allowed.kfuncs.empty() ? " does not allow (it allows none)"
+                                                : " does not allow (see docs/policy-abi.md)");
+          break;
+        }
+        default:
+          return who + " has a call of kind " + std::to_string(in.src_reg) + " (section " + sec.name +
+                 ") that the loader does not know";
+      }
+    }
+  }
+  // Every extern must be a kernel function the hook allows: a kernel variable (__ksym)
+  // would hand the policy a kernel address, a __kconfig value the kernel's configuration.
+  const btf* b = bpf_object__btf(obj);
+  for (auto& name : code.externs) {
+    // (libbpf has already rewritten the linkage of extern functions at open: the kind
+    // is what tells a kernel function from a variable.)
+    bool func = b && btf__find_by_name_kind(b, name.c_str(), BTF_KIND_FUNC) > 0;
+    if (!func)
+      return who + " declares the kernel symbol " + essential_name(name) + "; policies may refer to no kernel " +
+             "variables or configuration";
+    if (!kfunc_allowed(name))
+      return who + " declares kernel function " + essential_name(name) + ", which " + hook +
+             (spec.allowed.kfuncs.empty() ? " does not allow (it allows none)" : " does not allow (see docs/policy-abi.md)");
+  }
+  return {};
+}
+
+// The capabilities a program type needs to load (the kernel's bpf_prog_load():
+// CAP_BPF for all; is_net_admin_prog_type(); is_perfmon_prog_type()) as a bit mask, or
+// 0 for a type no hook wrapper makes.
+uint64_t caps_for(bpf_prog_type type) {
+  auto bit = [](int cap) { return uint64_t{1} << cap; };
+  switch (type) {
+    case BPF_PROG_TYPE_SK_REUSEPORT:
+      return bit(CAP_BPF) | bit(CAP_NET_ADMIN);
+    case BPF_PROG_TYPE_XDP:
+      // Also CAP_PERFMON: without it the verifier refuses packet-pointer arithmetic
+      // with a variable offset (its Spectre v1 masking has no limit for packet
+      // pointers), and the XDP wrapper hands the policy its L4 header at the offset the
+      // root program parsed (xdp.bpf.h: data + meta->l4_off).
+      return bit(CAP_BPF) | bit(CAP_NET_ADMIN) | bit(CAP_PERFMON);
+    case BPF_PROG_TYPE_SYSCALL:
+      return bit(CAP_BPF);
+    case BPF_PROG_TYPE_STRUCT_OPS:
+      return bit(CAP_BPF) | bit(CAP_PERFMON);
+    default:
+      return 0;
+  }
+}
+
+int capget_thread(__user_cap_data_struct (&data)[2]) {
+  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};  // pid 0: this thread
+  return syscall(SYS_capget, &h, data) ? -errno : 0;
+}
+
+int capset_thread(const __user_cap_data_struct (&data)[2]) {
+  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+  return syscall(SYS_capset, &h, data) ? -errno : 0;
+}
+
+// While one lives, the calling thread's effective capabilities are those of `keep` it
+// had (capabilities are per thread: other threads of syrupd keep theirs); the
+// destructor restores them. The permitted set is untouched, so the restore cannot fail
+// for lack of rights.
+class LoweredCaps {
+ public:
+  explicit LoweredCaps(uint64_t keep) {
+    if ((err_ = capget_thread(saved_))) return;
+    __user_cap_data_struct low[2] = {saved_[0], saved_[1]};
+    low[0].effective &= static_cast<uint32_t>(keep);
+    low[1].effective &= static_cast<uint32_t>(keep >> 32);
+    if ((err_ = capset_thread(low))) return;
+    lowered_ = true;
+  }
+  ~LoweredCaps() {
+    if (!lowered_) return;
+    if (int r = capset_thread(saved_))
+      log(LogLevel::kError, "cannot restore this thread's capabilities after a policy load: %s", std::strerror(-r));
+  }
+  LoweredCaps(const LoweredCaps&) = delete;
+  LoweredCaps& operator=(const LoweredCaps&) = delete;
+  int error() const { return err_; }
+
+ private:
+  __user_cap_data_struct saved_[2]{};
+  bool lowered_ = false;
+  int err_ = 0;
+};
+
+// libbpf probes kernel features on first use and caches the answers process-wide. One
+// of the probes that every program load asks (expected attach types, probed with a
+// cgroup program that needs CAP_NET_ADMIN) would fail under a tenant's lowered
+// capabilities and be cached as missing, breaking syrupd's own programs afterwards. So
+// before the first lowered load, a minimal socket filter object (built here with libelf)
+// is loaded with full rights: that answers, and caches, every probe a program load asks.
+void prime_libbpf_probes() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    UniqueFd mfd(static_cast<int>(syscall(SYS_memfd_create, "syr_prime", MFD_CLOEXEC)));
+    if (!mfd || elf_version(EV_CURRENT) == EV_NONE) return;
+    Elf* e = elf_begin(mfd.get(), ELF_C_WRITE, nullptr);
+    if (!e) return;
+    Elf64_Ehdr* eh = elf64_newehdr(e);
+    eh->e_ident[EI_DATA] = ELFDATA2LSB;
+    eh->e_type = ET_REL;
+    eh->e_machine = EM_BPF;
+    eh->e_version = EV_CURRENT;
+    static const bpf_insn prog[] = {{BPF_ALU64 | BPF_MOV | BPF_K, 0, 0, 0, 0}, {BPF_JMP | BPF_EXIT, 0, 0, 0, 0}};
+    static const char license[] = "GPL";
+    static const char shstr[] = "\0socket\0license\0.symtab\0.strtab\0.shstrtab";
+    static const char str[] = "\0syr_prime";
+    Elf64_Sym syms[2] = {};
+    syms[1].st_name = 1;
+    syms[1].st_info = ELF64_ST_INFO(STB_GLOBAL, STT_FUNC);
+    syms[1].st_shndx = 1;
+    syms[1].st_size = sizeof prog;
+    auto add = [&](uint32_t name, uint32_t type, uint64_t flags, const void* buf, size_t size, Elf_Type t) {
+      Elf_Scn* scn = elf_newscn(e);
+      Elf_Data* d = elf_newdata(scn);
+      d->d_buf = const_cast<void*>(buf);
+      d->d_size = size;
+      d->d_type = t;
+      d->d_align = 8;
+      Elf64_Shdr* sh = elf64_getshdr(scn);
+      sh->sh_name = name;
+      sh->sh_type = type;
+      sh->sh_flags = flags;
+      return sh;
+    };
+    add(1, SHT_PROGBITS, SHF_ALLOC | SHF_EXECINSTR, prog, sizeof prog, ELF_T_BYTE);  // 1: socket
+    add(8, SHT_PROGBITS, SHF_ALLOC | SHF_WRITE, license, sizeof license, ELF_T_BYTE);  // 2: license
+    Elf64_Shdr* st = add(16, SHT_SYMTAB, 0, syms, sizeof syms, ELF_T_SYM);            // 3: .symtab
+    st->sh_link = 4;
+    st->sh_info = 1;
+    st->sh_entsize = sizeof(Elf64_Sym);
+    add(24, SHT_STRTAB, 0, str, sizeof str, ELF_T_BYTE);       // 4: .strtab
+    add(32, SHT_STRTAB, 0, shstr, sizeof shstr, ELF_T_BYTE);   // 5: .shstrtab
+    eh->e_shstrndx = 5;
+    bool written = elf_update(e, ELF_C_WRITE) > 0;
+    elf_end(e);
+    if (!written) return;
+    std::string path = "/proc/self/fd/" + std::to_string(mfd.get());
+    LibbpfQuiet quiet;
+    bpf_object* obj = bpf_object__open_file(path.c_str(), nullptr);
+    if (!obj) return;
+    if (bpf_object__load(obj)) log(LogLevel::kWarn, "could not prime libbpf's feature probes");
+    bpf_object__close(obj);
+  });
 }
 
 }  // namespace
@@ -119,6 +397,35 @@ std::string tail_lines(const std::string& text, size_t max_lines) {
     pos = nl;
   }
   return text;
+}
+
+std::string scrub_kernel_addresses(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  auto hex = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; };
+  size_t i = 0;
+  while (i < text.size()) {
+    // A run of hex digits standing alone (not inside a word), after an optional 0x.
+    size_t start = i, digits = i;
+    bool prefixed = text.compare(i, 2, "0x") == 0 || text.compare(i, 2, "0X") == 0;
+    if (prefixed) digits = i + 2;
+    bool alone = start == 0 || !std::isalnum(static_cast<unsigned char>(text[start - 1]));
+    size_t end = digits;
+    while (end < text.size() && hex(text[end])) end++;
+    bool word_end = end == text.size() || !std::isalnum(static_cast<unsigned char>(text[end]));
+    if (alone && word_end && end - digits == 16 && strncasecmp(text.c_str() + digits, "ffff", 4) == 0) {
+      out += "<kernel address>";
+      i = end;
+      continue;
+    }
+    // Not an address: copy up to the end of this word.
+    if (end == start) end = start + 1;
+    if (std::isalnum(static_cast<unsigned char>(text[start])))
+      while (end < text.size() && std::isalnum(static_cast<unsigned char>(text[end]))) end++;
+    out.append(text, start, end - start);
+    i = end;
+  }
+  return out;
 }
 
 void loader_init() { libbpf_set_print(libbpf_print); }
@@ -177,7 +484,22 @@ void LoadedPolicy::unpin() {
   rmdir(pins::policy_dir(app, policy_id).c_str());
 }
 
+namespace {
+int load_checked(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFailure& fail);
+}  // namespace
+
 int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFailure& fail) {
+  int r = load_checked(spec, out, fail);
+  if (r) {
+    fail.message = scrub_kernel_addresses(fail.message);
+    fail.log = scrub_kernel_addresses(fail.log);
+  }
+  return r;
+}
+
+namespace {
+
+int load_checked(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFailure& fail) {
   std::string captured;
   CaptureScope capture(&captured);
   auto p = std::make_unique<LoadedPolicy>();
@@ -269,18 +591,18 @@ int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFa
   }
 
   // What the policy may call and declare, checked before the verifier sees it.
-  static const std::set<bpf_map_type> kUserMapTypes = {
-      BPF_MAP_TYPE_ARRAY,       BPF_MAP_TYPE_HASH,     BPF_MAP_TYPE_PERCPU_ARRAY,
-      BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH,
-      BPF_MAP_TYPE_QUEUE,       BPF_MAP_TYPE_STACK,    BPF_MAP_TYPE_RINGBUF};
   LoadFootprint fp;
   bpf_object__for_each_map(m, p->obj) {
     if (bpf_map__is_internal(m)) continue;
     std::string name = bpf_map__name(m);
     if (std::find(p->user_maps.begin(), p->user_maps.end(), name) == p->user_maps.end()) continue;
-    if (!kUserMapTypes.count(bpf_map__type(m))) {
-      fail.message = "map '" + name + "' is a " + libbpf_bpf_map_type_str(bpf_map__type(m)) +
-                     " map; policies may declare array, hash, per-CPU, LRU, queue, stack and ring buffer maps";
+    if (!spec.allowed.map_types.count(bpf_map__type(m))) {
+      std::string allowed;
+      for (auto t : spec.allowed.map_types)
+        allowed += (allowed.empty() ? "" : ", ") + std::string(libbpf_bpf_map_type_str(t) ?: "?");
+      const char* type = libbpf_bpf_map_type_str(bpf_map__type(m));
+      fail.message = "map '" + name + "' is a " + (type ? type : "unknown type of") + " map, which the " +
+                     spec.hook + " hook does not allow (it allows: " + (allowed.empty() ? "none" : allowed) + ")";
       return -EPERM;
     }
     if (access(pins::app_map(spec.app, name).c_str(), F_OK) == 0) continue;  // shared, exists
@@ -289,27 +611,26 @@ int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFa
   }
   // Every executable section of the object, not only the programs libbpf exposes: a
   // policy's non-inlined functions (.text subprograms) are checked as well.
-  std::vector<bpf_insn> insns;
-  if (int r = object_insns(spec.object_path, insns)) {
+  ObjectCode code;
+  if (int r = read_object_code(spec.object_path, code)) {
     fail.message = "cannot read the compiled policy's instructions: " + std::string(std::strerror(-r));
     return r;
   }
-  fp.insns = insns.size();
-  {
-    size_t n = insns.size();
-    for (size_t i = 0; i < n; i++) {
-      if (insns[i].code != (BPF_JMP | BPF_CALL)) continue;
-      if (insns[i].src_reg == BPF_PSEUDO_KFUNC_CALL && !spec.allow_kfuncs) {
-        fail.message = "policy " + spec.policy_name + " calls a kernel function; this hook allows none";
-        return -EPERM;
-      }
-      if (insns[i].src_reg == 0 && !spec.allowed_helpers.empty() && !spec.allowed_helpers.count(insns[i].imm)) {
-        fail.message = "policy " + spec.policy_name + " calls " + helper_name(insns[i].imm) +
-                       ", which the " + spec.hook + " hook does not allow (no tracing, probe or "
-                       "packet-changing helpers; see docs/policy-abi.md)";
-        return -EPERM;
-      }
+  for (auto& sec : code.sections) fp.insns += sec.insns.size();
+  if (std::string why = check_calls(spec, code, p->obj); !why.empty()) {
+    fail.message = why;
+    return -EPERM;
+  }
+  // The capabilities the verifier sees: what the object's program types need.
+  uint64_t caps = 0;
+  bpf_object__for_each_program(prog, p->obj) {
+    uint64_t need = caps_for(bpf_program__type(prog));
+    if (!need) {
+      fail.message = "policy " + spec.policy_name + " has a program of type " +
+                     (libbpf_bpf_prog_type_str(bpf_program__type(prog)) ?: "?") + ", which no hook loads";
+      return -EPERM;
     }
+    caps |= need;
   }
   if (spec.check_quota) {
     std::string why = spec.check_quota(fp);
@@ -319,7 +640,20 @@ int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFa
     }
   }
 
-  int r = bpf_object__load(p->obj);
+  // libbpf opens the application's pinned maps and pins new ones inside the load, in
+  // the application's directory (not root's): CAP_DAC_OVERRIDE stays for that; it
+  // changes nothing the verifier decides.
+  prime_libbpf_probes();
+  int r;
+  {
+    LoweredCaps lowered(caps | uint64_t{1} << CAP_DAC_OVERRIDE);
+    if (lowered.error()) {
+      fail.message = "cannot lower this thread's capabilities for the load of policy " + spec.policy_name +
+                     ": " + std::strerror(-lowered.error());
+      return lowered.error();
+    }
+    r = bpf_object__load(p->obj);
+  }
   if (r) {
     std::string vlog = verifier_log(captured);
     if (!vlog.empty()) {
@@ -353,5 +687,7 @@ int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFa
   out = std::move(p);
   return 0;
 }
+
+}  // namespace
 
 }  // namespace syrup

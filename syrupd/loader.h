@@ -7,6 +7,13 @@
 // under the policy's directory. Invariants: user maps are exactly the non-internal maps
 // whose names do not start with "syr_"; a failed load leaves no pin behind; libbpf's
 // messages during a load are captured and returned to the caller, never lost.
+//
+// A tenant's object is checked before the kernel sees it (every call, kernel symbol and
+// map it names against its hook's Allowlist, failing closed) and verified with only the
+// capabilities its program type needs (CAP_BPF, + CAP_NET_ADMIN for XDP and
+// sk_reuseport, + CAP_PERFMON for struct_ops, which the kernel demands): without
+// CAP_PERFMON the verifier refuses pointer leaks and applies its Spectre mitigations.
+// Everything a load sends back (message, verifier log) has kernel addresses scrubbed.
 #pragma once
 
 #include <bpf/libbpf.h>
@@ -22,6 +29,13 @@
 #include "unique_fd.h"
 
 namespace syrup {
+
+// What a hook lets a policy call and declare; an empty list allows none.
+struct Allowlist {
+  std::set<int> helpers;             // BPF_FUNC_* ids
+  std::set<std::string> kfuncs;      // kernel functions, by BTF name
+  std::set<bpf_map_type> map_types;  // of the application's maps
+};
 
 struct LoadSpec {
   std::string object_path;
@@ -40,9 +54,8 @@ struct LoadSpec {
   // The hook wrapper's programs when it makes more than one (the thread hook's sched_ext
   // wrapper: enqueue and dispatch); the first is pinned as "prog". Empty: exactly one.
   std::vector<std::string> programs;
-  // BPF helpers (BPF_FUNC_* ids) the hook lets a policy call; empty: not checked.
-  std::set<int> allowed_helpers;
-  bool allow_kfuncs = true;
+  // The hook's (Hook::allowlist()); empty lists allow nothing.
+  Allowlist allowed;
   // Called after open, before the verifier, with what the load would add; a non-empty
   // answer refuses the load with EDQUOT and that message (quotas).
   std::function<std::string(const struct LoadFootprint&)> check_quota;
@@ -100,6 +113,10 @@ int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFa
 int adopt_policy(const std::string& app, int id, const std::vector<std::string>& user_maps,
                  const std::vector<std::string>& system_maps, std::unique_ptr<LoadedPolicy>& out,
                  std::string& err);
+
+// `text` with every kernel address in it (16 hex digits starting ffff, with or without
+// 0x) replaced by "<kernel address>": for text from the kernel that goes to a tenant.
+std::string scrub_kernel_addresses(const std::string& text);
 
 // Byte-exact tail of the last `max_lines` lines of `text`.
 std::string tail_lines(const std::string& text, size_t max_lines);

@@ -171,6 +171,19 @@ TEST(Loader, TailLines) {
   EXPECT_EQ(tail_lines("", 3), "");
 }
 
+// Kernel addresses in text a tenant gets back (verifier logs): every form the kernel
+// prints, and nothing else touched.
+TEST(Loader, ScrubsKernelAddresses) {
+  EXPECT_EQ(scrub_kernel_addresses("0: (18) r1 = 0xffff8881234abcde\n"), "0: (18) r1 = <kernel address>\n");
+  EXPECT_EQ(scrub_kernel_addresses("R1=ffffffffc0a1b2c3 fp-8=0XFFFF888100000000"),
+            "R1=<kernel address> fp-8=<kernel address>");
+  EXPECT_EQ(scrub_kernel_addresses("at ffffffff81000000:"), "at <kernel address>:");
+  // Not addresses: shorter or longer runs, runs inside words, other prefixes.
+  for (const char* keep : {"r1 = 0xffff", "imm=0xffffffff", "0xffff88812345678901", "xffff888123456789",
+                           "ffff888123456789z", "0x7fff888123456789", "R0 invalid mem access 'map_value_or_null'"})
+    EXPECT_EQ(scrub_kernel_addresses(keep), keep);
+}
+
 TEST(Compiler, Sha256KnownVector) {
   EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 }

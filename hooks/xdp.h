@@ -42,12 +42,14 @@ class XdpHook : public Hook {
   const char* compile_define() const override { return "SYR_HOOK_XDP"; }
   const char* wrapper() const override { return "xdp.bpf.h"; }
   std::vector<std::string> system_maps() const override {
-    return {SYR_XDP_META_MAP, SYR_XDP_CPUS_MAP, SYR_XDP_XSKS_MAP, SYR_XDP_EXEC_CPU_MAP, SYR_STATS_MAP};
+    return {SYR_XDP_META_MAP, SYR_XDP_CPUS_MAP, SYR_XDP_XSKS_MAP, SYR_XDP_EXEC_CPU_MAP, SYR_STATS_MAP,
+            "syr_xdp_scratch"};
   }
-  // The common helpers, the packet read and the wrapper's redirect; no kernel functions.
+  // The common helpers, the packet read and length and the wrapper's redirect; no kernel
+  // functions.
   Allowlist allowlist() const override {
     Allowlist a{policy_helpers(), {}, policy_map_types()};
-    a.helpers.insert({BPF_FUNC_xdp_load_bytes, BPF_FUNC_redirect_map});
+    a.helpers.insert({BPF_FUNC_xdp_load_bytes, BPF_FUNC_xdp_get_buff_len, BPF_FUNC_redirect_map});
     return a;
   }
   int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,

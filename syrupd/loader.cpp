@@ -270,11 +270,10 @@ uint64_t caps_for(bpf_prog_type type) {
     case BPF_PROG_TYPE_SK_REUSEPORT:
       return bit(CAP_BPF) | bit(CAP_NET_ADMIN);
     case BPF_PROG_TYPE_XDP:
-      // Also CAP_PERFMON: without it the verifier refuses packet-pointer arithmetic
-      // with a variable offset (its Spectre v1 masking has no limit for packet
-      // pointers), and the XDP wrapper hands the policy its L4 header at the offset the
-      // root program parsed (xdp.bpf.h: data + meta->l4_off).
-      return bit(CAP_BPF) | bit(CAP_NET_ADMIN) | bit(CAP_PERFMON);
+      // Without CAP_PERFMON the verifier refuses packet-pointer arithmetic with a
+      // variable offset, so the XDP wrapper reads inputs through bpf_xdp_load_bytes()
+      // and syr_ptr() copies (kernel/hooks/xdp.bpf.h, <syrup/policy.h>).
+      return bit(CAP_BPF) | bit(CAP_NET_ADMIN);
     case BPF_PROG_TYPE_SYSCALL:
       return bit(CAP_BPF);
     case BPF_PROG_TYPE_STRUCT_OPS:

@@ -200,6 +200,10 @@ TEST_F(Xdp, EachApplicationsPolicySeesOnlyItsOwnPacketsAndUnclaimedPortsPass) {
   EXPECT_EQ(map_u64("app-a", "seen", 0), 30u);
   EXPECT_EQ(map_u64("app-b", "seen", 0), 20u);
   EXPECT_EQ(map_u64("app-a", "seen", 1), 30u * 24) << "the policy sees the UDP header onwards";
+  // Keys 0..29 at L4 offset 12, read through syr_ptr() (a copy: the policy is verified
+  // as unprivileged code) and through syr_read_u32().
+  EXPECT_EQ(map_u64("app-a", "seen", 2), 435u) << "syr_ptr() at the XDP hook";
+  EXPECT_EQ(map_u64("app-a", "seen", 3), 435u) << "syr_read_u32() at the XDP hook";
   json pa = policy_entry(a);
   EXPECT_EQ(pa["ifname"], net_->host_if);
   EXPECT_TRUE(pa["mode"] == "native" || pa["mode"] == "generic") << pa.dump();

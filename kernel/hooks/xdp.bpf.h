@@ -7,6 +7,8 @@
  * Invariants:
  *  - the policy sees only frames the root program matched to this application, with
  *    the L4 header bounds-checked (offset 0 of the input is the UDP/TCP header);
+ *  - it is verified with CAP_BPF and CAP_NET_ADMIN only (syrupd/loader.cpp), so it adds
+ *    no variable offset to a packet pointer: inputs are read through the helper;
  *  - SYR_PASS hands the frame to the stack untouched, SYR_DROP drops it, an index past
  *    the executors (or an executor that is gone) falls back to the stack;
  *  - executor i is the core syr_exec_cpu[i] (redirect through the CPUMAP syr_cpus) or
@@ -61,22 +63,21 @@ int syr_xdp(struct xdp_md *ctx)
 {
 	__u32 zero = 0;
 	struct syr_xdp_meta *meta = bpf_map_lookup_elem(&syr_xdp_meta, &zero);
-	void *data = (void *)(long)ctx->data;
-	void *end = (void *)(long)ctx->data_end;
 
 	if (!meta)
 		return syr_counted(SYR_STAT_FALLBACK, XDP_PASS);
 	__u32 off = meta->l4_off;
-	if (off > 512)
-		return syr_counted(SYR_STAT_FALLBACK, XDP_PASS);
-	void *l4 = data + off;
-	if (l4 > end)
+	/* The frame's length from the helper, not data_end - data: this program is verified
+	 * as unprivileged code, which may neither subtract packet pointers nor add a
+	 * variable offset to one; the policy reads through bpf_xdp_load_bytes (syr_read). */
+	__u64 frame = bpf_xdp_get_buff_len(ctx);
+	if (off > 512 || off > frame)
 		return syr_counted(SYR_STAT_FALLBACK, XDP_PASS);
 
 	struct syr_input in = {
-		.data = l4,
-		.data_end = end,
-		.len = (__u32)(end - l4),
+		.data = (void *)0,
+		.data_end = (void *)0,
+		.len = (__u32)(frame - off),
 		.hash = meta->hash,
 		.ip_protocol = meta->ip_protocol,
 		.ctx = ctx,

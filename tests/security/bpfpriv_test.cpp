@@ -319,8 +319,15 @@ TEST_F(BpfPrivXdp, ProbeReadKernelAndKernelFunctionsAreRefused) {
   expect_refused(mallory_xdp(kPacketKfunc, "bp-xdp-kf"), {"bpf_rcu_read_lock", "xdp hook"});
 }
 
-// XDP policies are still verified with CAP_PERFMON (below), so the verifier prints map
-// references as kernel addresses: what reaches the tenant has them scrubbed.
+// XDP policies are verified with CAP_BPF and CAP_NET_ADMIN only, like socket-select's:
+// storing a map value's address or the context pointer is refused by the verifier.
+TEST_F(BpfPrivXdp, PolicyStoringAMapValuePointerOrItsContextIsRefusedByTheVerifier) {
+  expect_refused(mallory_xdp(kPacketLeakValue, "bp-xdp-leakv"), {"verifier rejected", "leaks addr"}, -EACCES);
+  expect_refused(mallory_xdp(kPacketLeakCtx, "bp-xdp-leakc"), {"verifier rejected", "leaks addr"}, -EACCES);
+}
+
+// What the verifier says of a rejected XDP policy reaches the tenant without kernel
+// addresses.
 TEST_F(BpfPrivXdp, VerifierLogOfARejectedPolicyHasNoKernelAddress) {
   json j = mallory_xdp(kPacketNoNullCheck, "bp-xdp-log");
   ASSERT_LT(j["r"].get<int>(), 0) << j.dump();
@@ -329,8 +336,6 @@ TEST_F(BpfPrivXdp, VerifierLogOfARejectedPolicyHasNoKernelAddress) {
   EXPECT_FALSE(has_kernel_address(e)) << e;
 }
 
-// Pointer leaks at XDP are not refused: the XDP wrapper's variable-offset packet access
-// needs CAP_PERFMON (docs/security/bpfpriv.md, out of scope).
 
 }  // namespace
 }  // namespace syrup::test::security

@@ -43,8 +43,8 @@
  * (the UDP or TCP header), as in the Syrup design: for a UDP datagram, the payload
  * starts at offset 8. */
 struct syr_input {
-	void *data;     /* first byte of the L4 header */
-	void *data_end; /* end of the directly readable (linear) bytes */
+	void *data;     /* first byte of the L4 header (NULL at the XDP hook: use syr_read/syr_ptr) */
+	void *data_end; /* end of the directly readable (linear) bytes (NULL at the XDP hook) */
 	__u32 len;      /* bytes from data to the end of the packet, linear or not */
 	__u32 hash;     /* the kernel's flow hash of the 5-tuple */
 	__u32 ip_protocol; /* IPPROTO_UDP or IPPROTO_TCP */
@@ -246,6 +246,39 @@ SYR_DEFINE_READ(32)
 SYR_DEFINE_READ(64)
 #undef SYR_DEFINE_READ
 
+#if defined(SYR_HOOK_XDP)
+/* At the XDP hook the L4 header lies at an offset the root program parsed, and tenant
+ * policies are verified as unprivileged code, which may add only constants to a packet
+ * pointer (the verifier's Spectre v1 masking has no bound for packet pointers). So
+ * syr_ptr() copies the bytes into a per-CPU scratch area, at the same offset, and points
+ * there: reads see the packet, writes change only the copy. */
+#define SYR_XDP_SCRATCH_BYTES 512
+struct syr_xdp_scratch {
+	__u8 bytes[SYR_XDP_SCRATCH_BYTES];
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct syr_xdp_scratch);
+} syr_xdp_scratch SEC(".maps");
+
+static __always_inline void *syr_xdp_ptr(const struct syr_input *in, __u32 off, __u32 len)
+{
+	__u32 zero = 0;
+	struct syr_xdp_scratch *s = bpf_map_lookup_elem(&syr_xdp_scratch, &zero);
+
+	if (!s || len > SYR_XDP_SCRATCH_BYTES || off > SYR_XDP_SCRATCH_BYTES - len)
+		return (void *)0;
+	if (syr_read(in, off, s->bytes + off, len))
+		return (void *)0;
+	return s->bytes + off;
+}
+
+/* A pointer to `len` readable bytes at `off` (a copy, see above), or NULL. `len` must be
+ * a constant; off + len at most SYR_XDP_SCRATCH_BYTES. */
+#define syr_ptr(in, off, len) syr_xdp_ptr(in, off, len)
+#else
 /* A pointer to `len` directly readable bytes at `off`, or NULL. Cheaper than syr_read()
  * but only covers the linear part of the packet. `len` must be a constant. */
 #define syr_ptr(in, off, len)                                                         \
@@ -253,6 +286,7 @@ SYR_DEFINE_READ(64)
 		void *__p = (in)->data + (off);                                        \
 		(__p + (len) > (in)->data_end) ? (void *)0 : __p;                      \
 	})
+#endif
 
 static __always_inline __u32 syr_random(void) { return bpf_get_prandom_u32(); }
 static __always_inline __u32 syr_cpu(void) { return bpf_get_smp_processor_id(); }

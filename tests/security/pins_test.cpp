@@ -116,6 +116,23 @@ int64_t first_value(const std::string& pin) {
   return r ? -1 : static_cast<int64_t>(v);
 }
 
+// Claimed ports in an XDP root's syr_xdp_ports (an array: (protocol, port) -> slot + 1,
+// 0 unclaimed), read as root (-1: unreadable).
+int claims(const std::string& pin) {
+  int fd = bpf_obj_get(pin.c_str());
+  if (fd < 0) return -1;
+  bpf_map_info info{};
+  uint32_t len = sizeof info;
+  int n = 0;
+  if (bpf_map_get_info_by_fd(fd, &info, &len) == 0)
+    for (uint32_t k = 0; k < info.max_entries; k++) {
+      uint32_t v = 0;
+      if (bpf_map_lookup_elem(fd, &k, &v) == 0 && v) n++;
+    }
+  close(fd);
+  return n;
+}
+
 class Pins : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -173,9 +190,9 @@ TEST_F(Pins, ARestartRepairsAnOldTreeWithoutFollowingItsLinks) {
   ASSERT_GT(alice.id(), 0) << alice.err();
   ASSERT_GT(mallory.id(), 0) << mallory.err();
 
-  // Targets: Alice's map (a value written into it), a root-only claims map of the same
-  // shape as an XDP root's syr_xdp_ports (pinned outside the tree, so the restart's XDP
-  // recovery leaves it), and a root-owned directory of mode 0755.
+  // Targets: Alice's map (a value written into it), the port claims of an XDP root
+  // (syr_xdp_ports of an admin's XDP policy, which the restart adopts), and a root-owned
+  // directory of mode 0755.
   std::string alice_map = app_path("alice-app", "maps/scan_map");
   {
     int fd = bpf_obj_get(alice_map.c_str());
@@ -185,19 +202,18 @@ TEST_F(Pins, ARestartRepairsAnOldTreeWithoutFollowingItsLinks) {
     ASSERT_EQ(bpf_map_update_elem(fd, &k, &v, BPF_ANY), 0);
     close(fd);
   }
-  std::string ports = "/sys/fs/bpf/syrup-pins-test-" + std::to_string(getpid()) + "-syr_xdp_ports";
-  unlink(ports.c_str());
-  int pfd = bpf_map_create(BPF_MAP_TYPE_ARRAY, "syr_xdp_ports", 4, 8, 1, nullptr);
-  ASSERT_GE(pfd, 0) << strerror(errno);
-  uint32_t k = 0;
-  uint64_t claim = 7;
-  ASSERT_EQ(bpf_map_update_elem(pfd, &k, &claim, BPF_ANY), 0);
-  ASSERT_EQ(bpf_obj_pin(pfd, ports.c_str()), 0) << strerror(errno);
-  close(pfd);
-  struct Unpin {
-    std::string p;
-    ~Unpin() { unlink(p.c_str()); }
-  } unpin{ports};
+  TestNet net(240 + getpid() % 10);
+  ASSERT_TRUE(net.ok());
+  uint16_t port = 9391;
+  syr_deploy_opts xo{.sz = sizeof xo, .app = "root-xdp", .ifname = net.host_if.c_str(), .ports = &port, .n_ports = 1};
+  int xdp_id = syr_deploy_policy(source_path("tests/policies/xdp_count.c").c_str(), SYR_HOOK_XDP, &xo);
+  ASSERT_GT(xdp_id, 0) << syr_last_error();
+  struct Remove {
+    int id;
+    ~Remove() { syr_remove_policy(id); }
+  } remove_xdp{xdp_id};
+  std::string ports = d_.bpffs_root() + "/xdp/" + net.host_if + "/syr_xdp_ports";
+  ASSERT_EQ(claims(ports), 1) << "the admin's claim of port 9391";
   TempDir rootdir;
   ASSERT_EQ(chmod(rootdir.path().c_str(), 0755), 0);
 
@@ -237,7 +253,7 @@ TEST_F(Pins, ARestartRepairsAnOldTreeWithoutFollowingItsLinks) {
   EXPECT_EQ(st.st_mode & 0777, 0755u) << "syrupd changed the mode of a directory a link pointed to";
   EXPECT_EQ(st.st_uid, 0u);
   EXPECT_EQ(first_value(alice_map), 4242) << "Alice's map was touched";
-  EXPECT_EQ(first_value(ports), 7) << "the claims map was touched";
+  EXPECT_EQ(claims(ports), 1) << "the XDP root's port claims were touched";
   std::string log = d_.log();
   EXPECT_NE(log.find("removed " + app_path("mallory-app", "maps/x") + ": link"), std::string::npos) << log;
   EXPECT_NE(log.find("made " + app_path("mallory-app") + " root's (was uid " + std::to_string(kMallory)),
@@ -255,7 +271,7 @@ TEST_F(Pins, ARestartRepairsAnOldTreeWithoutFollowingItsLinks) {
   EXPECT_EQ(j["x"]["r"], -ENOENT) << j.dump();
   json all = list_policies();
   ASSERT_TRUE(all.is_array()) << all.dump();
-  EXPECT_EQ(all.size(), 2u) << all.dump();
+  EXPECT_EQ(all.size(), 3u) << "Alice's, Mallory's and the XDP policy: " << all.dump();
 }
 
 // A link or a second name (hard link) left in a tenant's maps directory is no map:

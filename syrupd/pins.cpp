@@ -39,7 +39,12 @@ bool relative(const std::string& path, std::string& rel) {
 UniqueFd open_root() { return UniqueFd(open(g_root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC)); }
 }  // namespace
 
-void set_root(std::string root) { g_root = std::move(root); }
+void set_root(std::string root) {
+  // "/sys/fs/bpf/syrup/" names the same root: every path is made from it and checked
+  // against it (relative()), so it is kept without a trailing '/'.
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  g_root = std::move(root);
+}
 const std::string& root() { return g_root; }
 
 std::string app_dir(std::string_view app) { return g_root + "/apps/" + std::string(app); }

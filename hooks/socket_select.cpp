@@ -1,4 +1,5 @@
 #include "socket_select.h"
+#include "pins.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -629,7 +630,7 @@ int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::u
 }
 
 void SocketSelectHook::release_leftover(std::string_view, const std::string& policy_dir) {
-  UniqueFd m(bpf_obj_get((policy_dir + "/" SYR_EXECUTORS_MAP).c_str()));
+  UniqueFd m(pins::obj_get(policy_dir + "/" SYR_EXECUTORS_MAP));
   // A replacement the previous syrupd had pinned but not recorded shares its executor map
   // with the adopted policy it was replacing: that group is the adopted policy's.
   if (!m || adopted_maps_.count(map_id(m.get()))) return;

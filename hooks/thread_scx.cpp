@@ -964,7 +964,7 @@ void scx_release_leftover(const std::shared_ptr<ScxBackend>&, std::string_view a
   // A sched_ext policy that was not adopted: its process's registered threads may still
   // be SCHED_EXT (running in the fair class once its slot is emptied by recover(), or the
   // root detached): back to SCHED_OTHER.
-  UniqueFd m(bpf_obj_get(pins::app_map(app, "syrup_threads").c_str()));
+  UniqueFd m(pins::obj_get(pins::app_map(app, "syrup_threads")));
   if (!m) return;
   uint32_t key, next;
   bool first = true;

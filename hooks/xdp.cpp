@@ -82,7 +82,7 @@ std::set<Claim> process_ports(pid_t pid) {
 // not pinned or not attached. The kernel attaches by index, so the interface may have been
 // renamed away from the pin's name while no syrupd ran: it is looked for by id.
 int pinned_root(const std::string& ifname, UniqueFd& prog, uint32_t& prog_id, bpf_xdp_query_opts& q) {
-  prog.reset(bpf_obj_get(pins::xdp_root_obj(ifname, kRootProg).c_str()));
+  prog.reset(pins::obj_get(pins::xdp_root_obj(ifname, kRootProg)));
   bpf_prog_info info{};
   uint32_t len = sizeof info;
   if (!prog || bpf_prog_get_info_by_fd(prog.get(), &info, &len)) return 0;
@@ -151,7 +151,7 @@ class Root {
       return -ENOENT;
     }
     for (const char* m : kRootMaps) {
-      UniqueFd fd(bpf_obj_get(pins::xdp_root_obj(ifname, m).c_str()));
+      UniqueFd fd(pins::obj_get(pins::xdp_root_obj(ifname, m)));
       if (!fd) {
         err = std::string("map ") + m + " of the XDP root of " + ifname + " is not pinned";
         return -ENOENT;

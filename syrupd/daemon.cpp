@@ -99,7 +99,7 @@ struct MapUsage {
 MapUsage pinned_map_usage(const std::string& app) {
   MapUsage u;
   for (const auto& name : pins::app_map_names(app)) {
-    UniqueFd m(bpf_obj_get(pins::app_map(app, name).c_str()));
+    UniqueFd m(pins::obj_get(pins::app_map(app, name)));
     bpf_map_info info{};
     uint32_t len = sizeof info;
     if (!m || bpf_map_get_info_by_fd(m.get(), &info, &len)) continue;
@@ -168,7 +168,13 @@ int Daemon::init(const DaemonConfig& cfg) {
   // One daemon per control socket: the lock is held for the daemon's lifetime.
   fs::path sock(cfg_.socket_path);
   std::error_code ec;
-  fs::create_directories(sock.parent_path(), ec);
+  {
+    // The socket's directory must be searchable by every user (syrupd's umask is 077);
+    // only directories made here get 0755, no thread runs yet.
+    mode_t old = umask(022);
+    fs::create_directories(sock.parent_path(), ec);
+    umask(old);
+  }
   std::string lock_path = cfg_.socket_path + ".lock";
   lock_fd_.reset(open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!lock_fd_ || flock(lock_fd_.get(), LOCK_EX | LOCK_NB) < 0) {
@@ -176,6 +182,13 @@ int Daemon::init(const DaemonConfig& cfg) {
         cfg_.socket_path.c_str(), lock_path.c_str());
     return -EBUSY;
   }
+
+  // A tree an older syrupd handed to tenants (their application directories chowned to
+  // them, links of theirs in it) is made root's before anything in it is opened.
+  std::vector<std::string> repaired;
+  if ((r = pins::repair(repaired)))
+    log(LogLevel::kWarn, "cannot check the pin tree %s: %s", pins::root().c_str(), std::strerror(-r));
+  for (auto& line : repaired) log(LogLevel::kWarn, "pin tree: %s", line.c_str());
 
   // What a previous syrupd left: adopt what its state file describes and its pins still
   // hold; release and remove the rest.
@@ -651,7 +664,8 @@ Daemon::Response Daemon::thread_tid(const Caller& caller, const json& req) {
 std::string Daemon::may_use_app(const Caller& caller, const std::string& app) const {
   auto it = app_owner_.find(app);
   if (it == app_owner_.end() || caller.admin() || it->second == caller.uid) return {};
-  return "application '" + app + "' belongs to uid " + std::to_string(it->second);
+  // Whose it is stays unsaid: another user learns only that the name is taken.
+  return "application name '" + app + "' is taken by another user; choose another name";
 }
 
 Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool enforce_quotas) {
@@ -754,8 +768,10 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   for (auto& [id, p] : policies_) {
     if (p->target->key() != target->key()) continue;
     if (p->app != app)
-      return {proto::error_response(EBUSY, target->key() + " is scheduled by application '" + p->app +
-                                               "' (policy " + std::to_string(id) + ")")};
+      return {proto::error_response(EBUSY, target->key() + " is scheduled by " +
+                                               (visible(caller, *p) ? "application '" + p->app + "' (policy " +
+                                                                          std::to_string(id) + ")"
+                                                                    : std::string("another user's application")))};
     old = p.get();
   }
 
@@ -853,7 +869,6 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
       name.c_str(), app.c_str(), pol->target->key().c_str(), pol->target->num_executors(),
       cr.cached ? " (cached object)" : "");
   int id = pol->id;
-  secure_app_dir(app, app_owner_[app], caller.gid);
   record(*pol);
   policies_.emplace(id, std::move(pol));
   if (old) {
@@ -864,17 +879,6 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   totals_.deploys++;
   changed();
   return {ok(resp)};
-}
-
-void Daemon::secure_app_dir(const std::string& app, uid_t uid, gid_t gid) {
-  // The application's uid may open its own pins; nobody else gets past the directory.
-  std::string dir = pins::app_dir(app);
-  std::error_code ec;
-  if (chown(dir.c_str(), uid, gid) == 0) chmod(dir.c_str(), 0700);
-  for (auto& e : fs::recursive_directory_iterator(dir, ec)) {
-    if (lchown(e.path().c_str(), uid, gid) < 0) break;
-    if (e.is_directory()) chmod(e.path().c_str(), 0700);
-  }
 }
 
 uint64_t Daemon::rate_for(uid_t uid) const {
@@ -1028,12 +1032,8 @@ Daemon::Response Daemon::remove(const Caller& caller, const json& req) {
     return {proto::error_response(EINVAL, "remove needs a policy id")};
   int id = req["id"].get<int>();
   auto it = policies_.find(id);
-  if (it == policies_.end())
+  if (it == policies_.end() || !visible(caller, *it->second))
     return {proto::error_response(ENOENT, no_policy(caller, id))};
-  if (!caller.admin() && it->second->uid != caller.uid &&
-      !may_use_app(caller, it->second->app).empty())
-    return {proto::error_response(EPERM, "policy " + std::to_string(id) + " belongs to uid " +
-                                             std::to_string(it->second->uid))};
   remove_policy(id, true, ("removed by pid " + std::to_string(caller.pid)).c_str());
   return {ok({{"id", id}})};
 }
@@ -1076,6 +1076,11 @@ void Daemon::publish_metrics() {
   s.compiles.cache_evictions = compiler_.cache_evictions();
   s.connections = {.max_others = cfg_.max_clients, .max_per_user = cfg_.max_clients_per_uid};
   for (auto& [fd, c] : clients_) s.connections.by_uid[c.uid]++;
+  s.per_tenant = cfg_.metrics_per_tenant;
+  if (!s.per_tenant) {
+    metrics_.publish(std::move(s));
+    return;
+  }
   std::map<std::string, metrics::TenantSample> tenants;
   for (auto& [id, p] : policies_) {
     s.policies.push_back(metrics::policy_sample(policy_stats(*p), p->hook, p->target->key()));
@@ -1265,13 +1270,22 @@ void Daemon::save_state() {
     text += g.state_json;
   }
   text += "]}\n";
+  // It lists every tenant's policies and parameters: created 0600 (a leftover temporary,
+  // maybe of an older syrupd's mode, is replaced, not reused).
   std::string tmp = cfg_.state_file + ".tmp";
+  unlink(tmp.c_str());
   {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) {
-      log(LogLevel::kWarn, "cannot write the state file %s", tmp.c_str());
+    UniqueFd out(open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    size_t done = 0;
+    while (out && done < text.size()) {
+      ssize_t n = write(out.get(), text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    if (!out || done < text.size()) {
+      log(LogLevel::kWarn, "cannot write the state file %s: %s", tmp.c_str(), std::strerror(errno));
+      unlink(tmp.c_str());
       return;
     }
   }
@@ -1472,29 +1486,45 @@ Daemon::Response Daemon::stats(const Caller& caller, const json& req) {
 }
 
 // The map `req` names ("app", "map"), opened for `caller`: its fd and info, or the error
-// to answer (bad names, no such application or map, an application of someone else).
+// to answer (bad names, no such application or map). Another user's application is
+// answered as one that does not exist. The pin is opened following no link (pins::obj_get)
+// and must be the very map (by id) a deployed policy of the application holds.
 std::optional<Daemon::Response> Daemon::open_app_map(const Caller& caller, const json& req, AppMap& out) {
   out.app = req.value("app", std::string());
   out.map = req.value("map", std::string());
   for (auto [kind, v] : {std::pair{"application", &out.app}, std::pair{"map", &out.map}})
     if (std::string why = names::check(kind, *v); !why.empty())
       return Response{proto::error_response(EINVAL, why)};
-  if (!app_owner_.count(out.app))
+  if (!app_owner_.count(out.app) || !may_use_app(caller, out.app).empty())
     return Response{proto::error_response(ENOENT, "no application '" + out.app + "' (it has no deployed policy)")};
-  if (std::string why = may_use_app(caller, out.app); !why.empty())
-    return Response{proto::error_response(EPERM, why)};
-  out.fd.reset(bpf_obj_get(pins::app_map(out.app, out.map).c_str()));
+  uint32_t expected = 0;
+  for (auto& [id, p] : policies_) {
+    if (p->app != out.app || !p->loaded) continue;
+    auto& um = p->loaded->user_maps;
+    if (std::find(um.begin(), um.end(), out.map) == um.end()) continue;
+    bpf_map_info held{};
+    uint32_t hl = sizeof held;
+    // A map libbpf took over from its pin carries the kernel's name, its first 15 characters.
+    int fd = p->loaded->map_fd(out.map.c_str());
+    if (fd < 0) fd = p->loaded->map_fd(out.map.substr(0, BPF_OBJ_NAME_LEN - 1).c_str());
+    if (fd >= 0 && bpf_map_get_info_by_fd(fd, &held, &hl) == 0) expected = held.id;
+    break;
+  }
+  if (expected) {
+    out.fd.reset(pins::obj_get(pins::app_map(out.app, out.map)));
+    uint32_t len = sizeof out.info;
+    if (out.fd && (bpf_map_get_info_by_fd(out.fd.get(), &out.info, &len) != 0 || out.info.id != expected)) {
+      log(LogLevel::kWarn, "pin %s is map id %u, not the application's map id %u: not handed out",
+          pins::app_map(out.app, out.map).c_str(), out.info.id, expected);
+      out.fd.reset();
+    }
+  }
   if (!out.fd) {
     // Name the maps it has: a user guessing a map's name needs them.
     std::vector<std::string> names = pins::app_map_names(out.app);
     std::string has = names.empty() ? "it has none" : "it has " + join(names);
     return Response{proto::error_response(ENOENT, "application '" + out.app + "' has no map '" + out.map + "' (" +
                                                       has + "; maps exist while a deployed policy declares them)")};
-  }
-  uint32_t len = sizeof out.info;
-  if (bpf_map_get_info_by_fd(out.fd.get(), &out.info, &len) != 0) {
-    int e = errno;
-    return Response{proto::error_response(e, "cannot read map '" + out.map + "': " + std::strerror(e))};
   }
   return std::nullopt;
 }

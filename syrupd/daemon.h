@@ -78,6 +78,7 @@ struct DaemonConfig {
   std::string state_file;       // what is deployed, for the next syrupd to adopt
   std::string config_path;      // --config: tenants and their policies (docs/operations.md)
   uint16_t metrics_port = 0;    // --metrics_port: Prometheus text on localhost (0: off)
+  bool metrics_per_tenant = false;  // --metrics_per_tenant: series labelled by app, policy, uid
   bool remove_on_exit = false;  // SIGTERM: remove every policy (else leave them running)
   // Open control connections of callers other than root (--max_clients): each holds a
   // descriptor and an epoll entry, so a local user could otherwise exhaust syrupd's.
@@ -218,8 +219,6 @@ class Daemon {
   // "" if deploying `fp` for `app` stays within the application's quotas, else which one
   // not (naming the limit and where it is set).
   std::string check_quota(const std::string& app, const Policy* replaced, const LoadFootprint& fp) const;
-  // Makes apps/<app> owned by the application's uid, mode 0700 (docs/pin-layout.md).
-  void secure_app_dir(const std::string& app, uid_t uid, gid_t gid);
   uint64_t rate_for(uid_t uid) const;  // requests per second allowed to `uid`
   // Token bucket per uid; false: over the rate.
   bool admit_request(const Caller& caller);

@@ -453,18 +453,26 @@ int adopt_policy(const std::string& app, int id, const std::vector<std::string>&
   p->policy_id = id;
   p->user_maps = user_maps;
   p->system_maps = system_maps;
-  p->adopted_prog.reset(bpf_obj_get(pins::policy_prog(app, id).c_str()));
+  p->adopted_prog.reset(pins::obj_get(pins::policy_prog(app, id)));
   if (!p->adopted_prog) {
-    int e = errno;
+    int e = -p->adopted_prog.get();
     err = "its program is not pinned at " + pins::policy_prog(app, id) + ": " + std::strerror(e);
     return -e;
   }
+  // An older syrupd's tree was writable by the application's owner, who could have moved
+  // its pins around: each map must carry its own name (the kernel keeps 15 characters).
   auto open_pin = [&](const std::string& name, const std::string& path) {
-    UniqueFd fd(bpf_obj_get(path.c_str()));
+    UniqueFd fd(pins::obj_get(path));
     if (!fd) {
-      int e = errno;
+      int e = -fd.get();
       err = "map " + name + " is not pinned at " + path + ": " + std::strerror(e);
       return -e;
+    }
+    bpf_map_info info{};
+    uint32_t len = sizeof info;
+    if (bpf_map_get_info_by_fd(fd.get(), &info, &len) != 0 || name.compare(0, BPF_OBJ_NAME_LEN - 1, info.name) != 0) {
+      err = "the pin " + path + " is not the program's map " + name;
+      return -EINVAL;
     }
     p->adopted_maps[name] = std::move(fd);
     return 0;

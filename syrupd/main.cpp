@@ -2,6 +2,7 @@
 // applications deploy through libsyrup or syrupctl (see README.md and docs/).
 #include <gflags/gflags.h>
 #include <grp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,6 +50,9 @@ DEFINE_uint32(client_idle_timeout_s, 60,
 DEFINE_string(config, "", "YAML file of tenants and their policies, applied at start and on SIGHUP "
               "(docs/operations.md; check one with syrupctl validate)");
 DEFINE_uint32(metrics_port, 0, "serve Prometheus metrics on 127.0.0.1/[::1]:PORT/metrics (0: off)");
+DEFINE_bool(metrics_per_tenant, false,
+            "also serve the series labelled by application, policy and uid (any local user can "
+            "scrape the endpoint, so they are off by default)");
 DEFINE_string(admin_group, "", "members of this group may act for any process, as root does");
 DEFINE_string(agent_cpus, "",
               "CPUs the thread hook's user-space agents run on, as a CPU list (0 or 0-1,4); keep them "
@@ -90,6 +94,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "syrupd: unexpected argument '%s' (see --help)\n", argv[1]);
     return 2;
   }
+  // Every file syrupd writes (state file, compile cache, pins' directories) is its own:
+  // created without group or other bits, whatever umask it was started with.
+  umask(077);
   syrup::LogLevel level;
   if (!syrup::parse_log_level(FLAGS_log_level, level)) {
     std::fprintf(stderr, "syrupd: --log_level must be debug, info, warn or error\n");
@@ -154,6 +161,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   cfg.metrics_port = static_cast<uint16_t>(FLAGS_metrics_port);
+  cfg.metrics_per_tenant = FLAGS_metrics_per_tenant;
   cfg.state_file = FLAGS_state_file.empty()
                        ? (std::filesystem::path(FLAGS_socket).parent_path() / "syrupd.state.json").string()
                        : FLAGS_state_file;

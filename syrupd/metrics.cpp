@@ -139,14 +139,8 @@ PolicySample policy_sample(const nlohmann::json& s, const std::string& hook, con
   return p;
 }
 
-std::string render(const Snapshot& s) {
-  Writer w;
-  w.family("syrupd_start_time_seconds", "gauge", "Unix time syrupd started.");
-  w.sample("syrupd_start_time_seconds", {}, s.start_time_unix);
-  w.family("syrup_metrics_snapshot_timestamp_seconds", "gauge",
-           "Unix time syrupd took the snapshot these metrics come from.");
-  w.sample("syrup_metrics_snapshot_timestamp_seconds", {}, s.time_unix);
-
+// The series whose labels name tenants' applications, policies and targets.
+static void render_tenants(Writer& w, const Snapshot& s) {
   w.family("syrup_policy_info", "gauge", "A deployed policy (always 1), with its target.");
   for (auto& p : s.policies) {
     Labels l = policy_labels(p);
@@ -200,6 +194,17 @@ std::string render(const Snapshot& s) {
   for (auto& t : s.tenants)
     for (auto& [res, v] : t.quotas) w.sample("syrup_tenant_quota", {{"tenant", t.tenant}, {"resource", res}}, v);
 
+}
+
+std::string render(const Snapshot& s) {
+  Writer w;
+  w.family("syrupd_start_time_seconds", "gauge", "Unix time syrupd started.");
+  w.sample("syrupd_start_time_seconds", {}, s.start_time_unix);
+  w.family("syrup_metrics_snapshot_timestamp_seconds", "gauge",
+           "Unix time syrupd took the snapshot these metrics come from.");
+  w.sample("syrup_metrics_snapshot_timestamp_seconds", {}, s.time_unix);
+
+  if (s.per_tenant) render_tenants(w, s);
   w.family("syrup_deploys_total", "counter", "Policies deployed since syrupd started (replacements included).");
   w.sample("syrup_deploys_total", {}, s.totals.deploys);
   w.family("syrup_removals_total", "counter", "Policies removed since syrupd started (replacements included).");
@@ -222,10 +227,12 @@ std::string render(const Snapshot& s) {
   w.sample("syrup_compiles_queued", {}, sum(c.queued_by_uid));
   w.family("syrup_compiles_running", "gauge", "Policy compiles running on the compile workers.");
   w.sample("syrup_compiles_running", {}, sum(c.running_by_uid));
-  w.family("syrup_user_compiles", "gauge",
-           "Policy compiles of one user (the caller's uid) queued for or running on the compile workers.");
-  for (auto& [uid, n] : c.queued_by_uid) w.sample("syrup_user_compiles", {{"uid", std::to_string(uid)}, {"state", "queued"}}, n);
-  for (auto& [uid, n] : c.running_by_uid) w.sample("syrup_user_compiles", {{"uid", std::to_string(uid)}, {"state", "running"}}, n);
+  if (s.per_tenant) {
+    w.family("syrup_user_compiles", "gauge",
+             "Policy compiles of one user (the caller's uid) queued for or running on the compile workers.");
+    for (auto& [uid, n] : c.queued_by_uid) w.sample("syrup_user_compiles", {{"uid", std::to_string(uid)}, {"state", "queued"}}, n);
+    for (auto& [uid, n] : c.running_by_uid) w.sample("syrup_user_compiles", {{"uid", std::to_string(uid)}, {"state", "running"}}, n);
+  }
   w.family("syrup_compiles_total", "counter", "Compiles the compile workers finished, by result.");
   w.sample("syrup_compiles_total", {{"result", "ok"}}, c.ok);
   w.sample("syrup_compiles_total", {{"result", "error"}}, c.failed);
@@ -257,8 +264,10 @@ std::string render(const Snapshot& s) {
   w.family("syrup_control_connections_busiest_user", "gauge",
            "The most open control connections one user other than root holds.");
   w.sample("syrup_control_connections_busiest_user", {}, busiest);
-  w.family("syrup_user_control_connections", "gauge", "Open control connections of one user (by uid).");
-  for (auto& [uid, n] : k.by_uid) w.sample("syrup_user_control_connections", {{"uid", std::to_string(uid)}}, n);
+  if (s.per_tenant) {
+    w.family("syrup_user_control_connections", "gauge", "Open control connections of one user (by uid).");
+    for (auto& [uid, n] : k.by_uid) w.sample("syrup_user_control_connections", {{"uid", std::to_string(uid)}}, n);
+  }
   w.family("syrup_control_connections_limit", "gauge",
            "Caps on the control connections of users other than root: all of them (--max_clients) and "
            "one user's (--max_clients_per_uid).");

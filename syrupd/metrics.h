@@ -88,6 +88,10 @@ struct ConnectionSample {
 };
 
 struct Snapshot {
+  // Series whose labels name a tenant's things (application, policy name and id, target,
+  // uid): any local user can scrape the endpoint, so only with --metrics_per_tenant.
+  // Without it `policies`, `tenants` and the by-uid counts are left out of the text.
+  bool per_tenant = false;
   double time_unix = 0;        // when it was taken (publish() fills it in if 0)
   double start_time_unix = 0;  // when syrupd started
   std::vector<PolicySample> policies;

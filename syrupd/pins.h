@@ -17,6 +17,14 @@
 // Invariants: every path syrupd pins or unpins comes from these functions; application
 // and map names are checked (names::check, runtime/src/names.h) before they reach them,
 // so no path leaves <root>.
+//
+// Ownership: the whole tree is root's, directories mode 0700, pins 0600. No tenant owns or
+// can write any directory in it, so no tenant can put a link, a hard link or a renamed pin
+// where syrupd looks: tenants reach their maps through syrupd (map_open hands over an fd),
+// which they must anyway, since they cannot call bpf() (kernel.unprivileged_bpf_disabled).
+// Still, every pin syrupd opens for a request goes through obj_get(), which follows no
+// link under <root>, and repair() makes a tree an older syrupd handed to tenants (their
+// directories chowned to them) root's again at start, following nothing.
 #pragma once
 
 #include <string>
@@ -45,9 +53,25 @@ std::string xdp_root_obj(std::string_view ifname, std::string_view obj);
 std::string thread_scx_dir();
 std::string thread_scx_obj(std::string_view obj);
 
-// mkdir -p inside bpffs. 0 or -errno.
+// The object pinned at `path` (a path of the functions above, under <root>), opened
+// without following any link below <root> (openat2 RESOLVE_NO_SYMLINKS; the pin itself is
+// then reached through its O_PATH descriptor, so nothing can be swapped in between). Only
+// a root-owned pin with one name counts: a link, a hard link or anything else is -ENOENT,
+// as a missing pin is. A new descriptor or -errno.
+int obj_get(const std::string& path);
+
+// mkdir -p of a path under <root>: <root> itself as given (the operator's), every
+// directory below it created root's, mode 0700, no link followed. 0 or -errno.
 int make_dirs(const std::string& path);
 // Removes a directory tree of pins (unpinning every object in it). 0 or -errno.
 int remove_tree(const std::string& path);
+
+// Makes the tree under <root> the one described above, following nothing: directories
+// become root's with mode 0700 (fchown/fchmod on an O_NOFOLLOW descriptor, before their
+// entries are read, so no one can add an entry behind the scan), pins root's, and what
+// syrupd never makes goes: links, pins with more than one name (hard links), names that
+// are not in the layout, other kinds of files. Each thing done is appended to `done`, one
+// line each, for the log. Run at start, before anything under <root> is opened.
+int repair(std::vector<std::string>& done);
 
 }  // namespace syrup::pins

@@ -102,7 +102,7 @@ TEST(Config, AppliedAtStartReloadedOnSighupOnlyWhatChangedAndExported) {
   write_yaml(false);
   uint16_t mport = static_cast<uint16_t>(20000 + getpid() % 20000);
   Daemon d;
-  d.start("", {"--config=" + yaml, "--metrics_port=" + std::to_string(mport)});
+  d.start("", {"--config=" + yaml, "--metrics_port=" + std::to_string(mport), "--metrics_per_tenant"});
 
   json l = list_policies();
   ASSERT_EQ(l.size(), 1u) << l.dump() << d.log();

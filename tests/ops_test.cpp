@@ -694,6 +694,7 @@ TEST(Resolve, Groups) {
 // Metrics.
 metrics::Snapshot sample_snapshot() {
   metrics::Snapshot s;
+  s.per_tenant = true;  // syrupd --metrics_per_tenant
   s.time_unix = 1700000000.5;
   s.start_time_unix = 1699999000;
   metrics::PolicySample p;
@@ -856,8 +857,20 @@ syrup_control_connections_limit{scope="per_user"} 32
 
 TEST(Metrics, RendersThePrometheusTextFormat) { EXPECT_EQ(metrics::render(sample_snapshot()), kRendered); }
 
+// Any local user can scrape the endpoint: without --metrics_per_tenant no series names an
+// application, policy, target or uid.
+TEST(Metrics, PerTenantSeriesOnlyWithTheFlag) {
+  metrics::Snapshot s = sample_snapshot();
+  s.per_tenant = false;
+  std::string out = metrics::render(s);
+  for (const char* secret : {"tenant=", "uid=", "policy=", "target=", "\"kv\"", "rr.c"})
+    EXPECT_EQ(out.find(secret), std::string::npos) << secret << " in:\n" << out;
+  EXPECT_NE(out.find("syrup_deploys_total"), std::string::npos) << out;
+}
+
 TEST(Metrics, EscapesLabelValues) {
   metrics::Snapshot s;
+  s.per_tenant = true;
   metrics::PolicySample p;
   p.tenant = "a\"b\\c\nd";
   p.executors = {1};

@@ -38,6 +38,7 @@ std::string g_cache;
 void cleanup() {
   std::error_code ec;
   if (!g_cache.empty()) std::filesystem::remove_all(g_cache, ec);
+  std::filesystem::remove_all(kDir, ec);
 }
 
 }  // namespace

@@ -118,9 +118,11 @@ std::vector<std::string> shared_libraries(const std::string& interp, const std::
   std::vector<std::string> libs;
   std::istringstream in(capture({interp, "--list", binary}));
   for (std::string line; std::getline(in, line);) {
+    // "\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)", "\t/lib64/ld-linux-x86-64.so.2 (0x...)"
     size_t at = line.find("=> /");
-    std::string path = at != std::string::npos ? line.substr(at + 3) : line.substr(line.find_first_not_of(" \t") == std::string::npos ? 0 : line.find_first_not_of(" \t"));
-    if (!path.starts_with("/")) continue;
+    at = at != std::string::npos ? at + 3 : line.find_first_not_of(" \t");
+    if (at == std::string::npos || line[at] != '/') continue;
+    std::string path = line.substr(at);
     path = path.substr(0, path.find(" ("));
     libs.push_back(path);
   }
@@ -238,7 +240,7 @@ int Sandbox::init(const SandboxConfig& cfg, std::string& error) {
   description_.clear();
   ruleset_fd_.reset();
   dir_fds_.clear();
-  switch_uid_ = geteuid() == 0;
+  switch_uid_ = geteuid() == 0 && cfg_.uid != 0;
   clang_fd_.reset(open(cfg_.clang.c_str(), O_PATH | O_CLOEXEC));
   if (!clang_fd_) {
     int e = errno;

@@ -36,7 +36,8 @@ struct SandboxConfig {
   std::string clang;                      // the compiler binary (--clang)
   std::vector<std::string> fd_dirs;       // header trees passed as /proc/self/fd/N
   std::vector<std::string> read_dirs;     // other header trees, read by path
-  uid_t uid = 65534;                      // the compiler's uid and gid (when syrupd is root)
+  uid_t uid = 65534;                      // the compiler's uid and gid when syrupd is root
+                                          // (0: syrupd's own, for tests; syrupd refuses it)
   uint64_t memory_bytes = 1ull << 30;     // RLIMIT_AS
   unsigned cpu_seconds = 30;              // RLIMIT_CPU
   bool allow_unconfined = false;          // start without Landlock rather than refuse

@@ -212,6 +212,17 @@ TEST_F(Compiler, ACompileBombIsStoppedByItsLimitWhileAnotherUserDeploys) {
   (void)alice_s;
 }
 
+// A huge initialiser (256 MiB of .data) is stopped by the object's bound or the memory
+// limit, with an error naming it.
+TEST_F(Compiler, AHugeInitializerIsStoppedByALimit) {
+  json j = deploy_as(kMallory, "volatile char big[1 << 28] = {1};\n" + pass_policy());
+  std::string err = j.value("err", "");
+  EXPECT_LT(j.value("r", 0), 0) << j.dump();
+  EXPECT_TRUE(err.find("wrote an object over the limit of 32 MiB") != std::string::npos ||
+              err.find("memory limit of 1024 MiB") != std::string::npos)
+      << err.substr(0, 2000);
+}
+
 // One user cannot occupy every compile worker: with two workers, a user's second compile
 // waits for its first (naming the limit in syrupd's log) and another user's compile runs
 // beside the first, finishing before the second. (A compiler that takes 3 s per compile,

@@ -102,7 +102,7 @@ class Compiler : public ::testing::Test {
 Daemon* Compiler::daemon_ = nullptr;
 
 // syrupd says at start how its compiler is confined (and refuses to start otherwise:
-// CompilerStart below).
+// CompilerStart.AnUnconfinableCompilerIsRefusedUnlessAccepted).
 TEST_F(Compiler, SyrupdConfinesItsCompiler) {
   EXPECT_NE(daemon_->log().find("sandbox: Landlock ABI"), std::string::npos) << daemon_->log();
 }
@@ -268,6 +268,28 @@ TEST(CompilerQuota, OneUserCannotOccupyEveryCompileWorker) {
       << "the other user's compile waited for both of the first user's: " << alice.dump() << " " << mallory.dump();
   EXPECT_NE(d.log().find("uid 62001 has 1 compiles running, its limit (--quota_compiles_per_uid)"), std::string::npos)
       << d.log();
+}
+
+// Fail closed: a compiler the sandbox cannot confine (here a script, which runs an
+// interpreter) stops syrupd at start with the reason, unless the operator accepts it
+// with --allow_unconfined_compiler; and the compiler never runs as root.
+TEST(CompilerStart, AnUnconfinableCompilerIsRefusedUnlessAccepted) {
+  SYRUP_REQUIRE_ROOT();
+  TempDir dir;
+  std::string clang = slow_clang(dir.path(), 0);
+  std::string bpffs = "/sys/fs/bpf/syrup-test-start-" + std::to_string(getpid());
+  std::string base = build_bin("syrupd") + " --socket=" + dir.path() + "/s.sock --bpffs_root=" + bpffs +
+                     " --cache_dir=" + dir.path() + "/cache --state_file=" + dir.path() + "/state.json";
+  std::string out;
+  EXPECT_EQ(run_cmd(base + " --clang=" + clang + " 2>&1", out), 1) << out;
+  EXPECT_NE(out.find("the policy compiler cannot be confined: '" + clang + "' is not a 64-bit ELF executable"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("--allow_unconfined_compiler"), std::string::npos) << out;
+  EXPECT_EQ(run_cmd(base + " --compiler_uid=0 2>&1", out), 2) << out;
+  EXPECT_NE(out.find("--compiler_uid must not be 0"), std::string::npos) << out;
+  std::error_code ec;
+  fs::remove_all(bpffs, ec);
 }
 
 // A syrupd killed mid-compile leaves no compiler running: the compiler is syrupd's child

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -221,6 +222,92 @@ TEST_F(Compiler, AHugeInitializerIsStoppedByALimit) {
   EXPECT_TRUE(err.find("wrote an object over the limit of 32 MiB") != std::string::npos ||
               err.find("memory limit of 1024 MiB") != std::string::npos)
       << err.substr(0, 2000);
+}
+
+// What a compile can do, seen from inside: a "compiler" of the test's own (a static C
+// program, so the sandbox confines it as it does clang) that tries the network, files and
+// its privileges and prints what it got as its diagnostics, which the deploying user reads.
+const char* kProbeSource = R"(#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+extern char **environ;
+static const char *e(int r) { return r >= 0 ? "ok" : strerrorname_np(errno); }
+int main(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--version")) { puts("probe version 1"); return 0; }
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  fprintf(stderr, "probe: socket_inet=%s\n", e(s));
+  if (s >= 0) {
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(PORT), .sin_addr.s_addr = htonl(0x7f000001)};
+    fprintf(stderr, "probe: connect=%s\n", e(connect(s, (struct sockaddr *)&a, sizeof a)));
+  }
+  fprintf(stderr, "probe: socket_unix=%s\n", e(socket(AF_UNIX, SOCK_STREAM, 0)));
+  fprintf(stderr, "probe: open_passwd=%s\n", e(open("/etc/passwd", O_RDONLY)));
+  fprintf(stderr, "probe: open_secret=%s\n", e(open(SECRET, O_RDONLY)));
+  fprintf(stderr, "probe: create_tmp=%s\n", e(open("/tmp/syrup-probe-was-here", O_WRONLY | O_CREAT, 0644)));
+  fprintf(stderr, "probe: uid=%d gid=%d groups=%d\n", (int)getuid(), (int)getgid(), getgroups(0, 0));
+  int sig = -1;
+  prctl(PR_GET_PDEATHSIG, &sig);
+  fprintf(stderr, "probe: no_new_privs=%d pdeathsig=%d\n", prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0), sig);
+  struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct d[2] = {0};
+  syscall(SYS_capget, &h, d);
+  fprintf(stderr, "probe: cap_eff=%x%x cap_prm=%x%x\n", d[1].effective, d[0].effective, d[1].permitted, d[0].permitted);
+  int n = 0;
+  for (char **v = environ; *v; v++) n++;
+  fprintf(stderr, "probe: env=%d\n", n);
+  struct rlimit as, cpu;
+  getrlimit(RLIMIT_AS, &as);
+  getrlimit(RLIMIT_CPU, &cpu);
+  fprintf(stderr, "probe: as_mb=%llu cpu_s=%llu\n", (unsigned long long)as.rlim_cur >> 20, (unsigned long long)cpu.rlim_cur);
+  return 1;
+}
+)";
+
+TEST(CompilerInside, ACompileHasNoNetworkNoFilesAndNoPrivilege) {
+  SYRUP_REQUIRE_ROOT();
+  TempDir dir;
+  Secrets s;
+  UniqueFd listener(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(bind(listener.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(listener.get(), 4), 0);
+  ASSERT_EQ(getsockname(listener.get(), reinterpret_cast<sockaddr*>(&a), &len), 0);
+  fs::create_directories(dir.path() + "/bin");
+  std::ofstream(dir.path() + "/probe.c") << kProbeSource;
+  std::string probe = dir.path() + "/bin/probe", out;
+  ASSERT_EQ(run_cmd("/usr/bin/clang-19 -static -O1 -DPORT=" + std::to_string(ntohs(a.sin_port)) + " -DSECRET='\"" +
+                        s.path("public.h") + "\"' -o " + probe + " " + dir.path() + "/probe.c 2>&1",
+                    out),
+            0)
+      << out;
+  Daemon d;
+  d.start("", {"--clang=" + probe});
+  ASSERT_EQ(d.answers(), "");
+  ASSERT_NE(d.log().find("sandbox: Landlock"), std::string::npos) << d.log();
+  std::string err = deploy_as(kMallory, pass_policy()).value("err", "");
+  for (const char* want :
+       {"probe: socket_inet=EACCES", "probe: socket_unix=EACCES", "probe: open_passwd=EACCES",
+        "probe: open_secret=EACCES", "probe: create_tmp=EACCES", "probe: uid=65534 gid=65534 groups=0",
+        "probe: no_new_privs=1 pdeathsig=9", "probe: cap_eff=00 cap_prm=00", "probe: env=2",
+        "probe: as_mb=1024 cpu_s=30"})
+    EXPECT_NE(err.find(want), std::string::npos) << "expected '" << want << "' from inside the compile:\n" << err;
+  EXPECT_EQ(err.find("connect="), std::string::npos) << err;
+  EXPECT_LT(accept(listener.get(), nullptr, nullptr), 0) << "the compile reached a TCP listener";
+  EXPECT_NE(access("/tmp/syrup-probe-was-here", F_OK), 0);
+  unlink("/tmp/syrup-probe-was-here");
 }
 
 // One user cannot occupy every compile worker: with two workers, a user's second compile

@@ -91,7 +91,6 @@ class Compiler : public ::testing::Test {
   // what the policy reached for.
   static void expect_refused_quietly(const json& j, const std::string& secret, const std::string& why = "") {
     std::string err = j.value("err", "");
-    if (getenv("SYRUP_TEST_SHOW")) std::fprintf(stderr, "---\n%s\n", err.c_str());
     EXPECT_LT(j.value("r", 0), 0) << j.dump();
     EXPECT_NE(err.find("policy evil.c does not compile"), std::string::npos) << err;
     EXPECT_EQ(err.find(secret), std::string::npos) << "the error quotes the file:\n" << err;

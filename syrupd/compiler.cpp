@@ -214,9 +214,13 @@ std::string Compiler::identity() const {
 }
 
 std::string Compiler::object_path(const CompileJob& job, const std::string& id, std::string* tu_out) const {
-  // The display name is used verbatim in a #line directive: keep it a plain string.
+  // The display name is used verbatim in a #line directive: keep it a plain string on one
+  // line (clang ends a line at \r too, and what followed would be a directive of its own).
   std::string shown;
-  for (char c : job.display_name) shown += (c == '"' || c == '\\' || c == '\n') ? '_' : c;
+  for (char c : job.display_name) {
+    auto u = static_cast<unsigned char>(c);
+    shown += (c == '"' || c == '\\' || u < 0x20 || u == 0x7f) ? '_' : c;
+  }
   if (shown.empty()) shown = "policy.c";
   std::string tu = job.wrapper.empty()
                        ? "#line 1 \"" + shown + "\"\n" + job.source

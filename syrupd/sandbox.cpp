@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
@@ -339,14 +340,15 @@ std::string Sandbox::fd_dir_arg(size_t i) const { return "/proc/self/fd/" + std:
 
 std::string Sandbox::readable(std::string text) const {
   for (size_t i = 0; i < cfg_.fd_dirs.size(); i++) {
-    std::string from = fd_dir_arg(i);
-    for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + cfg_.fd_dirs[i].size())) {
+    const std::string from = fd_dir_arg(i), to = cfg_.fd_dirs[i];
+    for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
       // /proc/self/fd/3 is not /proc/self/fd/31.
       if (at + from.size() < text.size() && std::isdigit(static_cast<unsigned char>(text[at + from.size()]))) {
-        at += from.size() - cfg_.fd_dirs[i].size();
+        at += from.size();
         continue;
       }
-      text.replace(at, from.size(), cfg_.fd_dirs[i]);
+      text.replace(at, from.size(), to);
+      at += to.size();
     }
   }
   return text;

@@ -294,10 +294,11 @@ int Sandbox::init(const SandboxConfig& cfg, std::string& error) {
   if (ruleset_fd_) {
     constexpr uint64_t kTree = kFsReadFile | kFsReadDir;
     // The compiler's own tree (/usr/lib/llvm-19 for .../bin/clang: its libraries and its
-    // resource directory of builtin headers); a compiler straight in /usr/bin gets
-    // /usr/lib/clang, where such a tree keeps its resource directories.
+    // resource directory of builtin headers); a compiler straight in /usr/bin (or
+    // /usr/local/bin) gets only <prefix>/lib/clang, where such an install keeps its
+    // resource directories, not the whole prefix.
     fs::path bin = fs::path(real).parent_path(), tree = bin.parent_path();
-    if (bin.filename() != "bin" || tree == "/" || tree == "/usr") tree = tree / "lib/clang";
+    if (bin.filename() != "bin" || tree == "/" || tree == "/usr" || tree == "/usr/local") tree = tree / "lib/clang";
     std::vector<std::pair<std::string, uint64_t>> files = {{real, kFsExecute | kFsReadFile},
                                                            {"/etc/ld.so.cache", kFsReadFile}};
     if (!interp.empty()) {
@@ -316,7 +317,7 @@ int Sandbox::init(const SandboxConfig& cfg, std::string& error) {
     if (!ok) ruleset_fd_.reset();
   }
 
-  std::string who = switch_uid_ ? "uid " + std::to_string(cfg_.uid) : "syrupd's own (unprivileged) uid";
+  std::string who = switch_uid_ ? "uid " + std::to_string(cfg_.uid) : "syrupd's own uid";
   std::string limits = std::to_string(cfg_.cpu_seconds) + " s CPU, " + std::to_string(cfg_.memory_bytes >> 20) +
                        " MiB address space";
   if (!why.empty()) {

@@ -4,7 +4,8 @@
 #   fuzz/run.sh [-t SECONDS] [-b BUILD_DIR] [-f] [TARGET...]
 #
 # TARGET: protocol (the control-protocol frame parser), config (the --config YAML
-# loader and planner), http (the metrics endpoint's request parser); default all, one
+# loader and planner), http (the metrics endpoint's request parser), source (the policy
+# source path: syrupd's compiler in its sandbox, with the real clang); default all, one
 # after the other.
 #   -t SECONDS   how long each target runs (default 600)
 #   -b DIR       build directory (default build/fuzz)
@@ -30,9 +31,9 @@ while getopts "t:b:fh" o; do
 done
 shift $((OPTIND - 1))
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(protocol config http)
+[ ${#targets[@]} -gt 0 ] || targets=(protocol config http source)
 for t in "${targets[@]}"; do
-  case $t in protocol|config|http) ;; *) echo "fuzz/run.sh: unknown target '$t' (protocol, config, http)" >&2; exit 2 ;; esac
+  case $t in protocol|config|http|source) ;; *) echo "fuzz/run.sh: unknown target '$t' (protocol, config, http, source)" >&2; exit 2 ;; esac
 done
 case $seconds in ''|*[!0-9]*) echo "fuzz/run.sh: -t takes whole seconds" >&2; exit 2 ;; esac
 

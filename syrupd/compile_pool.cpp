@@ -4,12 +4,16 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <string>
 #include <utility>
+
+#include "log.h"
 
 namespace syrup {
 
-int CompilePool::start(Compiler& compiler, unsigned workers) {
+int CompilePool::start(Compiler& compiler, unsigned workers, unsigned per_uid) {
   compiler_ = &compiler;
+  per_uid_ = per_uid;
   event_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!event_fd_) return -errno;
   stopping_ = false;
@@ -18,11 +22,17 @@ int CompilePool::start(Compiler& compiler, unsigned workers) {
 }
 
 void CompilePool::submit(uint64_t ticket, uid_t uid, CompileJob job) {
+  bool held;
+  std::string name = job.display_name;
   {
     std::lock_guard lk(mu_);
+    held = !may_run_locked(uid);
     queued_[uid].push_back({ticket, uid, std::move(job), std::chrono::steady_clock::now()});
   }
-  cv_.notify_one();
+  if (held)
+    log(LogLevel::kInfo, "uid %u has %u compiles running, its limit (--quota_compiles_per_uid): %s waits for one of them",
+        uid, per_uid_, name.c_str());
+  cv_.notify_all();
 }
 
 std::vector<CompilePool::Done> CompilePool::take_done() {
@@ -40,15 +50,26 @@ metrics::CompileSample CompilePool::stats() {
   return s;
 }
 
-CompilePool::Job CompilePool::next_locked() {
-  auto it = served_any_ ? queued_.upper_bound(last_uid_) : queued_.begin();
-  if (it == queued_.end()) it = queued_.begin();
-  Job out = std::move(it->second.front());
+bool CompilePool::may_run_locked(uid_t uid) const {
+  if (per_uid_ == 0 || uid == 0) return true;
+  auto r = stats_.running_by_uid.find(uid);
+  return r == stats_.running_by_uid.end() || r->second < per_uid_;
+}
+
+bool CompilePool::next_locked(Job& out) {
+  auto start = served_any_ ? queued_.upper_bound(last_uid_) : queued_.begin();
+  if (start == queued_.end()) start = queued_.begin();
+  auto it = start;
+  while (!may_run_locked(it->first)) {
+    if (++it == queued_.end()) it = queued_.begin();
+    if (it == start) return false;
+  }
+  out = std::move(it->second.front());
   it->second.pop_front();
   last_uid_ = it->first;
   served_any_ = true;
   if (it->second.empty()) queued_.erase(it);
-  return out;
+  return true;
 }
 
 void CompilePool::work() {
@@ -56,9 +77,8 @@ void CompilePool::work() {
     Job j;
     {
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stopping_ || !queued_.empty(); });
+      cv_.wait(lk, [&] { return stopping_ || (!queued_.empty() && next_locked(j)); });
       if (stopping_) return;
-      j = next_locked();
       stats_.running_by_uid[j.uid]++;
     }
     auto started = std::chrono::steady_clock::now();
@@ -72,6 +92,7 @@ void CompilePool::work() {
       stats_.compile_seconds += std::chrono::duration<double>(ended - started).count();
       done_.push_back({j.ticket, std::move(r)});
     }
+    cv_.notify_all();  // a job its uid's limit held back may run now
     uint64_t one = 1;
     (void)!write(event_fd_.get(), &one, sizeof one);
   }

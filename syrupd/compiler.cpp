@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -26,74 +25,18 @@
 #include "pins.h"
 #include "unique_fd.h"
 
-extern char** environ;
-
 namespace syrup {
 namespace fs = std::filesystem;
 namespace {
 
-std::vector<std::string> clang_flags(const CompilerConfig& c, const std::string& hook_define) {
+// `include` and `hooks` name <kernel_dir>/include and <kernel_dir>/hooks: by path in the
+// compiler's identity, as the sandbox passes them to the compiler (Sandbox::fd_dir_arg).
+std::vector<std::string> clang_flags(const CompilerConfig& c, const std::string& hook_define,
+                                     const std::string& include, const std::string& hooks) {
   return {"-g", "-O2", "-target", "bpf", "-mcpu=v3", "-D__TARGET_ARCH_x86",
-          hook_define.empty() ? "-D__SYRUP_BPF__" : "-D" + hook_define, "-I" + c.kernel_dir + "/include", "-I" + c.kernel_dir + "/hooks",
+          hook_define.empty() ? "-D__SYRUP_BPF__" : "-D" + hook_define, "-I" + include, "-I" + hooks,
           "-I" + c.multiarch_include, "-Wall", "-Wno-unused-function",
-          "-fno-color-diagnostics"};
-}
-
-// Runs argv, returns exit status (or -errno), with stdout+stderr collected in `output`.
-// A set `*cancel` kills it (-ECANCELED).
-int run(const std::vector<std::string>& argv, std::string& output, int timeout_ms,
-        const std::atomic<bool>* cancel = nullptr) {
-  int pipefd[2];
-  if (pipe2(pipefd, O_CLOEXEC) < 0) return -errno;
-  UniqueFd rd(pipefd[0]), wr(pipefd[1]);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, wr.get(), 1);
-  posix_spawn_file_actions_adddup2(&fa, wr.get(), 2);
-  std::vector<char*> args;
-  for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid;
-  int r = posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (r != 0) return -r;
-  wr.reset();
-
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  char buf[4096];
-  bool timed_out = false, canceled = false;
-  for (;;) {
-    int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    deadline - std::chrono::steady_clock::now())
-                                    .count());
-    canceled = cancel && cancel->load();
-    if (left <= 0 || canceled) {
-      timed_out = !canceled;
-      kill(pid, SIGKILL);
-      break;
-    }
-    pollfd p{rd.get(), POLLIN, 0};
-    int pr = poll(&p, 1, cancel ? std::min(left, 100) : left);
-    if (pr < 0 && errno == EINTR) continue;
-    if (pr <= 0) continue;
-    ssize_t n = read(rd.get(), buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    if (output.size() < (1u << 20)) output.append(buf, static_cast<size_t>(n));
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (timed_out) {
-    output += "\nsyrupd: the policy compiler did not finish in time and was stopped\n";
-    return -ETIMEDOUT;
-  }
-  if (canceled) {
-    output += "\nsyrupd: the policy compiler was stopped: syrupd is shutting down\n";
-    return -ECANCELED;
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          "-fno-color-diagnostics", "-fno-crash-diagnostics"};
 }
 
 // The whole file; "" (and *ok false) when it cannot be opened.
@@ -147,7 +90,10 @@ int Compiler::compiler_version(std::string& version) {
   }
   // As long as a compile may take: on a loaded machine (or an emulated one) starting
   // clang alone can take seconds.
-  int r = run({cfg_.clang, "--version"}, version, cfg_.timeout_ms);
+  SandboxRun sr;
+  int r = sandbox_.run({"--version"}, "", cfg_.timeout_ms, nullptr, sr);
+  version = sr.out + sr.err;
+  if (r == 0 && sr.status != 0) r = sr.status;
   if (r != 0 || stamp.empty() || version.empty()) return r;
   // Written to a name of this process's and renamed: another syrupd sharing the cache
   // reads either the old record or the new one. Not keeping it only costs the next start.
@@ -169,7 +115,11 @@ int Compiler::init(const CompilerConfig& cfg, std::string& error) {
     error = "policy header not found under '" + cfg_.kernel_dir + "/include' (set --kernel_dir)";
     return -ENOENT;
   }
-  for (auto* sub : {"/obj", "/src"}) {
+  std::string inc = cfg_.kernel_dir + "/include", hooks = cfg_.kernel_dir + "/hooks";
+  SandboxConfig sc{cfg_.clang, {inc, hooks}, {"/usr/include", cfg_.multiarch_include}, cfg_.uid,
+                   cfg_.memory_bytes, cfg_.cpu_seconds, cfg_.allow_unconfined};
+  if (int r = sandbox_.init(sc, error)) return r;
+  for (auto* sub : {"/obj"}) {
     std::error_code ec;
     fs::create_directories(cfg_.cache_dir + sub, ec);
     if (ec) {
@@ -185,13 +135,14 @@ int Compiler::init(const CompilerConfig& cfg, std::string& error) {
   }
   // Identity: compiler version, flags and every header a policy can pull in from us.
   toolchain_ = version;
-  for (auto& f : clang_flags(cfg_, "")) toolchain_ += f + '\n';
+  for (auto& f : clang_flags(cfg_, "", inc, hooks)) toolchain_ += f + '\n';
   watch_fd_.reset(inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
   identity();
   trim_cache(cfg_.cache_max_bytes ? cfg_.cache_max_bytes : UINT64_MAX);
-  log(LogLevel::kInfo, "policy compiler: %s (%s%s), headers from %s", cfg_.clang.c_str(),
-      version.substr(0, version.find('\n')).c_str(),
-      version_from_cache_ ? "; version from the cache, the binary is unchanged" : "", cfg_.kernel_dir.c_str());
+  log(sandbox_.confined() ? LogLevel::kInfo : LogLevel::kWarn, "policy compiler: %s (%s%s), headers from %s; sandbox: %s",
+      cfg_.clang.c_str(), version.substr(0, version.find('\n')).c_str(),
+      version_from_cache_ ? "; version from the cache, the binary is unchanged" : "", cfg_.kernel_dir.c_str(),
+      sandbox_.description().c_str());
   return 0;
 }
 
@@ -263,9 +214,13 @@ std::string Compiler::identity() const {
 }
 
 std::string Compiler::object_path(const CompileJob& job, const std::string& id, std::string* tu_out) const {
-  // The display name is used verbatim in a #line directive: keep it a plain string.
+  // The display name is used verbatim in a #line directive: keep it a plain string on one
+  // line (clang ends a line at \r too, and what followed would be a directive of its own).
   std::string shown;
-  for (char c : job.display_name) shown += (c == '"' || c == '\\' || c == '\n') ? '_' : c;
+  for (char c : job.display_name) {
+    auto u = static_cast<unsigned char>(c);
+    shown += (c == '"' || c == '\\' || u < 0x20 || u == 0x7f) ? '_' : c;
+  }
   if (shown.empty()) shown = "policy.c";
   std::string tu = job.wrapper.empty()
                        ? "#line 1 \"" + shown + "\"\n" + job.source
@@ -388,27 +343,62 @@ void Compiler::trim_cache(uint64_t target) {
 
 int Compiler::run_clang(const CompileJob& job, const std::string& tu, const std::string& obj, std::string& tmp,
                         std::string& diagnostics) {
-  // Names of this compile's own: another thread may be compiling the same source.
-  std::string unique = "." + std::to_string(getpid()) + "." + std::to_string(seq_++);
-  std::string src = cfg_.cache_dir + "/src/" + fs::path(obj).stem().string() + unique + ".c";
-  {
-    std::ofstream out(src, std::ios::binary | std::ios::trunc);
-    out << tu;
-    if (!out) {
-      diagnostics = "syrupd: cannot write " + src;
-      return -EIO;
-    }
+  auto args = clang_flags(cfg_, job.hook_define, sandbox_.fd_dir_arg(0), sandbox_.fd_dir_arg(1));
+  args.insert(args.end(), {"-c", "-x", "c", "-", "-o", "-"});
+  SandboxRun sr;
+  if (int r = sandbox_.run(args, tu, cfg_.timeout_ms, &cancel_, sr)) {
+    diagnostics = "syrupd: error: cannot run the policy compiler " + cfg_.clang + ": " + std::strerror(-r);
+    return r;
   }
-  tmp = obj + ".tmp" + unique;
-  auto argv = clang_flags(cfg_, job.hook_define);
-  argv.insert(argv.begin(), cfg_.clang);
-  argv.insert(argv.end(), {"-c", src, "-o", tmp});
-  int r = run(argv, diagnostics, cfg_.timeout_ms, &cancel_);
-  unlink(src.c_str());
-  if (r == 0) return 0;
-  unlink(tmp.c_str());
-  if (r < 0 && diagnostics.empty()) diagnostics = "syrupd: cannot run " + cfg_.clang + ": " + std::strerror(-r);
-  return r < 0 ? r : -EINVAL;
+  diagnostics = sandbox_.readable(std::move(sr.err));
+  if (sr.err_over)
+    diagnostics += "\nsyrupd: the compiler's messages are cut at " + std::to_string(Sandbox::kMaxDiagnostics >> 10) +
+                   " KiB\n";
+  // Each limit is named: the error says which one stopped the compile and how to lift it.
+  auto stopped = [&](int err, const std::string& why) {
+    diagnostics += "\nsyrupd: error: the policy compiler " + why + "\n";
+    return err;
+  };
+  if (sr.canceled) return stopped(-ECANCELED, "was stopped: syrupd is shutting down");
+  if (sr.timed_out)
+    return stopped(-ETIMEDOUT, "did not finish in " + std::to_string(cfg_.timeout_ms / 1000) + " s and was stopped");
+  if (sr.cpu_limit)
+    return stopped(-ETIMEDOUT, "used its CPU time limit of " + std::to_string(cfg_.cpu_seconds) +
+                                   " s and was stopped (syrupd --compile_cpu_seconds)");
+  if (sr.out_over)
+    return stopped(-EFBIG, "wrote an object over the limit of " + std::to_string(Sandbox::kMaxOutput >> 20) +
+                               " MiB and was stopped");
+  bool oom = diagnostics.find("out of memory") != std::string::npos ||
+             diagnostics.find("Allocation failed") != std::string::npos ||
+             diagnostics.find("bad_alloc") != std::string::npos;
+  if (sr.status != 0 && oom)
+    return stopped(-ENOMEM, "ran out of its memory limit of " + std::to_string(cfg_.memory_bytes >> 20) +
+                                " MiB and was stopped (syrupd --compile_memory_mb)");
+  if (sr.status > 128)
+    return stopped(-EINVAL, std::string("was killed by signal ") + strsignal(sr.status - 128) +
+                                " (memory limit " + std::to_string(cfg_.memory_bytes >> 20) + " MiB)");
+  if (sr.status != 0) {
+    if (diagnostics.empty()) diagnostics = "syrupd: error: the policy compiler failed with status " + std::to_string(sr.status);
+    return -EINVAL;
+  }
+  if (sr.out.empty()) return stopped(-EINVAL, "wrote no object");
+  // A name of this compile's own: another thread may be compiling the same source.
+  tmp = obj + ".tmp." + std::to_string(getpid()) + "." + std::to_string(seq_++);
+  UniqueFd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  bool ok = static_cast<bool>(fd);
+  for (size_t off = 0; ok && off < sr.out.size();) {
+    ssize_t n = write(fd.get(), sr.out.data() + off, sr.out.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    off += ok ? static_cast<size_t>(n) : 0;
+  }
+  if (!ok || close(fd.release()) != 0) {
+    int e = errno ? errno : EIO;
+    unlink(tmp.c_str());
+    diagnostics = "syrupd: cannot write " + tmp + ": " + std::strerror(e);
+    return -EIO;
+  }
+  return 0;
 }
 
 }  // namespace syrup

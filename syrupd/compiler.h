@@ -6,7 +6,9 @@
 //     #line 1 "<the user's file name>"
 //     <the policy source>
 //     #include "<hook wrapper>.bpf.h"
-// so diagnostics name the user's file and line. Objects are cached under
+// so diagnostics name the user's file and line. clang runs in the compiler sandbox
+// (sandbox.h): as an unprivileged uid that can open nothing but the headers, with the
+// translation unit on its stdin and the object on its stdout. Objects are cached under
 // <cache_dir>/obj/<sha256>.o where the key covers the compiler's identity, its flags,
 // the contents of every header a policy can include, the hook and the source: a warm
 // deploy of the same source skips clang entirely. The headers are hashed at start and
@@ -29,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "sandbox.h"
 #include "unique_fd.h"
 
 namespace syrup {
@@ -40,6 +43,11 @@ struct CompilerConfig {
   std::string multiarch_include = "/usr/include/x86_64-linux-gnu";
   int timeout_ms = 60000;
   uint64_t cache_max_bytes = 256ull << 20;  // of objects under <cache_dir>/obj; 0: no bound
+  // The compiler sandbox (sandbox.h, docs/security/compiler.md).
+  uid_t uid = 65534;                   // --compiler_uid: the compiler's uid and gid
+  uint64_t memory_bytes = 1ull << 30;  // --compile_memory_mb
+  unsigned cpu_seconds = 30;           // --compile_cpu_seconds
+  bool allow_unconfined = false;       // --allow_unconfined_compiler
 };
 
 struct CompileJob {
@@ -87,8 +95,8 @@ class Compiler {
   // The translation unit of `job` and its object's path in the cache, under the headers'
   // identity `id` (identity()).
   std::string object_path(const CompileJob& job, const std::string& id, std::string* tu) const;
-  // Runs clang on `tu` into a temporary object `tmp` beside `obj`: 0, or -errno with
-  // clang's (or syrupd's) message in `diagnostics`.
+  // Runs clang in the sandbox on `tu` and writes its object to a temporary `tmp` beside
+  // `obj`: 0, or -errno with clang's (or syrupd's) message in `diagnostics`.
   int run_clang(const CompileJob& job, const std::string& tu, const std::string& obj, std::string& tmp,
                 std::string& diagnostics);
   // `clang --version`'s output, from the cache while the binary is unchanged.
@@ -106,6 +114,7 @@ class Compiler {
   std::string identity() const;
 
   CompilerConfig cfg_;
+  Sandbox sandbox_;
   std::string toolchain_;  // compiler version and flags
   mutable std::mutex identity_mu_;
   mutable std::string header_stamps_, identity_;  // under identity_mu_

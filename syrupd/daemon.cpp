@@ -268,7 +268,7 @@ int Daemon::init(const DaemonConfig& cfg) {
   epoll_fd_.reset(epoll_create1(EPOLL_CLOEXEC));
   // The workers start with the signals blocked, as they now are: SIGTERM must reach the
   // signalfd, not end the process on a worker thread.
-  if ((r = compile_pool_.start(compiler_, cfg_.compile_workers))) {
+  if ((r = compile_pool_.start(compiler_, cfg_.compile_workers, cfg_.compiles_per_uid))) {
     log(LogLevel::kError, "cannot start the compile workers: %s", std::strerror(-r));
     return r;
   }

@@ -94,6 +94,9 @@ struct DaemonConfig {
   // --compile_workers: threads compiling parked deploys (docs/protocol.md, "Connection
   // model").
   unsigned compile_workers = 2;
+  // --quota_compiles_per_uid: compiles one uid other than root may have running at once
+  // (more wait), so that one user cannot occupy every worker (0: no limit).
+  unsigned compiles_per_uid = 1;
 };
 
 class Daemon {

@@ -30,6 +30,20 @@ DEFINE_uint64(cache_max_bytes, 256ull << 20,
 DEFINE_uint32(compile_workers, 2,
               "threads compiling policies; a deploy waiting for clang holds up no other request "
               "(1 to 64)");
+DEFINE_uint32(quota_compiles_per_uid, 1,
+              "most compiles one user other than root may have running at once; more wait their turn, "
+              "so one user cannot occupy every compile worker (0: no limit)");
+DEFINE_uint32(compiler_uid, 65534,
+              "uid (and gid) the policy compiler runs as, with no capabilities, in its sandbox "
+              "(docs/security/compiler.md); not 0");
+DEFINE_uint64(compile_memory_mb, 1024, "address space of one policy compile, in MiB (clang needs about 300)");
+DEFINE_uint32(compile_cpu_seconds, 30,
+              "CPU time of one policy compile, in seconds; a compile over it is stopped (the wall-clock "
+              "bound is 60 s)");
+DEFINE_bool(allow_unconfined_compiler, false,
+            "start even when the policy compiler cannot be confined to the headers by Landlock (no "
+            "Landlock, or --clang is a script): tenants' compiles can then read every file the "
+            "--compiler_uid can. Off: syrupd refuses to start then");
 DEFINE_string(log_level, "info", "debug, info, warn or error");
 DEFINE_uint64(max_source_bytes, 1 << 20, "largest policy source accepted, in bytes");
 DEFINE_string(state_file, "",
@@ -156,6 +170,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   cfg.compile_workers = FLAGS_compile_workers;
+  cfg.compiles_per_uid = FLAGS_quota_compiles_per_uid;
+  if (FLAGS_compiler_uid == 0) {
+    std::fprintf(stderr, "syrupd: --compiler_uid must not be 0: the compiler runs without root's rights\n");
+    return 2;
+  }
+  if (FLAGS_compile_memory_mb < 64 || FLAGS_compile_memory_mb > (1u << 20)) {
+    std::fprintf(stderr, "syrupd: --compile_memory_mb must be 64 to 1048576\n");
+    return 2;
+  }
+  if (FLAGS_compile_cpu_seconds < 1 || FLAGS_compile_cpu_seconds > 3600) {
+    std::fprintf(stderr, "syrupd: --compile_cpu_seconds must be 1 to 3600\n");
+    return 2;
+  }
   if (FLAGS_metrics_port > 65535) {
     std::fprintf(stderr, "syrupd: --metrics_port must be at most 65535\n");
     return 2;
@@ -170,6 +197,10 @@ int main(int argc, char** argv) {
   cfg.compiler.cache_dir = FLAGS_cache_dir;
   cfg.compiler.cache_max_bytes = FLAGS_cache_max_bytes;
   cfg.compiler.multiarch_include = SYRUP_MULTIARCH_INCLUDE;
+  cfg.compiler.uid = FLAGS_compiler_uid;
+  cfg.compiler.memory_bytes = FLAGS_compile_memory_mb << 20;
+  cfg.compiler.cpu_seconds = FLAGS_compile_cpu_seconds;
+  cfg.compiler.allow_unconfined = FLAGS_allow_unconfined_compiler;
 
   syrup::Daemon d;
   if (int r = d.init(cfg); r) return 1;

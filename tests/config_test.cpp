@@ -216,6 +216,10 @@ TEST(Config, AReloadCompilesABrokenPolicyOnceAndReportsItsDiagnostics) {
   std::ofstream(clang) << "#!/bin/sh\ncase \" $* \" in *\" -c \"*) echo run >> " << runs
                        << ";; esac\nexec /usr/bin/clang-19 \"$@\"\n";
   chmod(clang.c_str(), 0755);
+  // The compiler runs as syrupd's --compiler_uid (nobody), which must reach the count.
+  chmod(dir.path().c_str(), 0755);
+  std::ofstream(runs).flush();
+  chmod(runs.c_str(), 0666);
   std::ofstream(policy) << "#include <syrup/policy.h>\n// " << getpid() << " "
                         << std::chrono::steady_clock::now().time_since_epoch().count()
                         << "\nuint32_t schedule(void *pkt_start, void *pkt_end) { return nope; }\n";

@@ -43,6 +43,13 @@ void Daemon::start(const std::string& bpffs_root, const std::vector<std::string>
   bpffs_root_ = bpffs_root.empty() ? "/sys/fs/bpf/syrup-test-" + std::to_string(getpid()) : bpffs_root;
   std::string logf = dir_ + "/syrupd.log";
   if (access(logf.c_str(), F_OK) == 0) rename(logf.c_str(), (logf + ".previous").c_str());
+  // A --clang that is a script (slow_clang) cannot be confined by the compiler sandbox's
+  // Landlock rules (it runs an interpreter): syrupd starts with it only when told to accept
+  // an unconfined compiler. The uid, limits and death signal still apply to it.
+  std::vector<std::string> extra = extra_args;
+  for (auto& a : extra_args)
+    if (a.starts_with("--clang=") && read_text(a.substr(8)).starts_with("#!"))
+      extra.push_back("--allow_unconfined_compiler");
   pid_t parent = getpid();
   pid_ = fork();
   ASSERT_GE(pid_, 0);
@@ -62,7 +69,7 @@ void Daemon::start(const std::string& bpffs_root, const std::vector<std::string>
                 a3 = "--cache_dir=" + dir_ + "/cache", a4 = "--log_level=debug",
                 a5 = "--on_exit=remove";
     std::vector<std::string> args = {bin, a1, a2, a3, a4, a5};
-    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

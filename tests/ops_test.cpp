@@ -219,6 +219,34 @@ TEST(Config, HashFollowsContentNotOrder) {
 }
 
 // Every kind of error, with its exact text: file, line, key, message.
+// A tenant of --config may have its own per-uid quotas, written like the others and named
+// by key and line when they refuse.
+TEST(Config, TenantsSetTheirOwnPerUidQuotas) {
+  Config c;
+  std::vector<Diagnostic> errs;
+  std::string text =
+      "version: 1\n"
+      "defaults:\n"
+      "  quotas: {uid_policies: 10}\n"
+      "tenants:\n"
+      "- name: web\n"
+      "  uid: 62001\n"
+      "  quotas: {uid_map_bytes: 128MiB, uid_maps: unlimited}\n";
+  ASSERT_EQ(config::load_string(text, "syrup.yaml", "/tmp", c, errs), 0) << (errs.empty() ? "" : errs[0].str());
+  const config::Tenant* t = c.tenant("web");
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->effective.uid_policies, 10u);
+  EXPECT_EQ(t->effective.uid_map_bytes, 128ull << 20);
+  EXPECT_EQ(t->effective.uid_maps, config::kUnlimited);
+  EXPECT_EQ(t->quota_sources.at("uid_map_bytes").key, "tenants[0].quotas.uid_map_bytes");
+  EXPECT_EQ(t->quota_sources.at("uid_map_bytes").line, 7);
+  EXPECT_EQ(t->quota_sources.at("uid_policies").key, "defaults.quotas.uid_policies");
+  errs.clear();
+  EXPECT_NE(config::load_string("version: 1\ntenants:\n- {name: w, uid: 1, quotas: {uid_maps: -1}}\n", "s.yaml",
+                                "/tmp", c, errs),
+            0);
+}
+
 TEST(ConfigErrors, Syntax) {
   EXPECT_EQ(only_error("tenants: [1, 2\n"), "syrup.yaml:2: syntax error: end of sequence flow not found");
   EXPECT_EQ(only_error("a: 1\n---\nb: 2\n"), "syrup.yaml:2: a config file holds one YAML document; another one starts here");

@@ -745,7 +745,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   // A `pid` names a process as the caller numbers it. A caller in a pid namespace of its
   // own (a container) numbers processes otherwise than syrupd and the hooks do: its 1 is
   // not the machine's init. (A resumed run has the body this run translated.)
-  if (!resumed && b.contains("pid") && b["pid"].get<int64_t>() > 0) {
+  if (!resumed && b.contains("pid") && b["pid"].is_number_integer() && b["pid"].get<int64_t>() > 0) {
     uint64_t ns = pid_namespace(caller.pid);
     if (ns != pid_namespace(0)) {
       pid_t theirs = b["pid"].get<pid_t>(), mine = ns ? process_by_own_number(ns, theirs) : 0;

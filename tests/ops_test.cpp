@@ -269,7 +269,8 @@ TEST(ConfigErrors, UnknownAndDuplicateKeys) {
             "syrup.yaml:4: tenants[0].name: duplicate key (first at line 2)");
   EXPECT_EQ(only_error("defaults:\n  quotas: {policy: 3}\n"),
             "syrup.yaml:2: defaults.quotas.policy: unknown key (allowed: policies, maps, map_bytes, insns, "
-            "source_bytes, requests_per_second); did you mean 'policies'?");
+            "source_bytes, requests_per_second, uid_policies, uid_maps, uid_map_bytes, uid_insns); did you mean "
+            "'policies'?");
   EXPECT_EQ(only_error("tenants:\n- name: kv\n  uid: 1\n  policies:\n  - hook: thread\n    policy: a.c\n    pid: 3\n    port: 9\n"),
             "syrup.yaml:8: tenants[0].policies[0].port: not used by the thread hook (its keys: name, hook, policy, "
             "params, persist, process, pid, pidfile)");
@@ -318,7 +319,7 @@ TEST(ConfigErrors, QuotasAndSizes) {
             "syrup.yaml:3: defaults.quotas.insns: expected a non-negative integer or 'unlimited'");
   EXPECT_EQ(only_error("tenants:\n- name: kv\n  uid: 1\n  quotas: [1]\n"),
             "syrup.yaml:4: tenants[0].quotas: expected a mapping of quotas (policies, maps, map_bytes, insns, "
-            "source_bytes, requests_per_second)");
+            "source_bytes, requests_per_second, uid_policies, uid_maps, uid_map_bytes, uid_insns)");
   // Declared policies beyond the quota; policy files beyond the source quota.
   EXPECT_EQ(only_error("defaults: {quotas: {policies: 1}}\ntenants:\n- name: kv\n  uid: 1\n  policies:\n"
                        "  - {hook: thread, policy: a.c, pid: 1}\n  - {hook: thread, policy: b.c, pid: 2}\n"),

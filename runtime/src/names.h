@@ -76,7 +76,7 @@ inline std::string check(std::string_view what, std::string_view name, Kind k = 
   for (size_t i = 0; i < name.size(); i++)
     if (control_at(name, i))
       return w + " name '" + printable(name) + "' has a control character (byte " + std::to_string(i) + ")";
-  if (name.size() > max) return w + " name is longer than " + std::to_string(max) + " bytes";
+  if (name.size() > max) return w + " name is longer than " + std::to_string(max) + " characters";
   switch (k) {
     case Kind::kDisplay:
       return {};

@@ -670,7 +670,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   if (!hi) {
     bool known = std::find(std::begin(kHookNames), std::end(kHookNames), hook) != std::end(kHookNames);
     return {known ? proto::error_response(EOPNOTSUPP, "the " + hook + " hook is not available in this syrupd yet")
-                  : proto::error_response(EINVAL, "unknown hook '" + hook +
+                  : proto::error_response(EINVAL, "unknown hook '" + names::printable(hook) +
                                                       "' (known: socket-select, xdp, thread)")};
   }
   if (std::string why = names::check("application", app); !why.empty())

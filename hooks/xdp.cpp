@@ -88,7 +88,8 @@ std::string claim_refusal(pid_t pid, uid_t uid, uint32_t ifindex, const std::set
     bool mine = false, v4 = false, v6 = false;
     std::string have;  // what the caller's sockets on the port receive, for the refusal
     for (const auto& s : here) {
-      if (s.protocol != c.protocol || s.port != c.port) continue;
+      // No inode: a TCP time-wait or request socket, nobody's traffic but the kernel's.
+      if (s.protocol != c.protocol || s.port != c.port || !s.inode) continue;
       if (!inodes.count(s.inode)) {
         if (s.uid != uid)
           return c.str() + " is also bound by a socket of another user: a claim would take its frames "

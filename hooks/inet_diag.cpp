@@ -62,11 +62,17 @@ int dump(int nl, int family, int protocol, std::vector<InetSock>& out) {
       s.protocol = protocol;
       s.state = m->idiag_state;
       s.port = ntohs(m->id.idiag_sport);
+      s.family = m->idiag_family;
+      std::memcpy(s.addr, m->id.idiag_src, sizeof s.addr);
+      s.uid = m->idiag_uid;
+      s.ifindex = m->id.idiag_if;
       int alen = static_cast<int>(h->nlmsg_len - NLMSG_LENGTH(sizeof *m));
       for (auto* a = reinterpret_cast<rtattr*>(reinterpret_cast<char*>(m) + NLMSG_ALIGN(sizeof *m));
            RTA_OK(a, alen); a = RTA_NEXT(a, alen))
         if (a->rta_type == INET_DIAG_CLASS_ID && RTA_PAYLOAD(a) >= sizeof(uint32_t))
           std::memcpy(&s.class_id, RTA_DATA(a), sizeof s.class_id);
+        else if (a->rta_type == INET_DIAG_SKV6ONLY && RTA_PAYLOAD(a) >= 1)  // sent for every AF_INET6 socket
+          s.v6only = *static_cast<const uint8_t*>(RTA_DATA(a)) != 0;
       out.push_back(s);
     }
   }

@@ -1,6 +1,6 @@
 // The inet sockets of every network namespace, as the kernel's sock_diag reports them:
-// cookie, inode, protocol, state, local port and cgroup-v1 class id, read without
-// touching a socket.
+// cookie, inode, protocol, state, family, local address and port, IPV6_V6ONLY, owner uid,
+// bound interface and cgroup-v1 class id, read without touching a socket.
 //
 // Design: syrupd must find sockets by cookie (a leftover policy's executor map holds
 // cookies) or by port (deploy by pid) in processes it does not own. Taking each socket
@@ -29,6 +29,11 @@ struct InetSock {
   int state = 0;          // TCP_LISTEN, TCP_ESTABLISHED, ... (UDP: TCP_CLOSE or TCP_ESTABLISHED)
   uint16_t port = 0;      // local port, host order
   uint32_t class_id = 0;  // net_cls class id, or the socket's priority when that is 0
+  int family = 0;         // AF_INET or AF_INET6
+  uint8_t addr[16] = {};  // local address, network order (AF_INET: the first 4 bytes)
+  bool v6only = false;    // AF_INET6 with IPV6_V6ONLY (INET_DIAG_SKV6ONLY)
+  uint32_t uid = 0;       // the socket's owner, as syrupd's user namespace numbers it
+  uint32_t ifindex = 0;   // SO_BINDTODEVICE's interface; 0 when bound to none
 };
 
 // Every UDP and TCP socket of every network namespace. 0, or -errno with `err` when not

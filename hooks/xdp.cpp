@@ -9,6 +9,8 @@
 #include <linux/if_xdp.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,6 +24,7 @@
 
 #include "inet_diag.h"
 #include "log.h"
+#include "names.h"
 #include "pins.h"
 #include "proc.h"
 #include "unique_fd.h"
@@ -58,12 +61,21 @@ struct Claim {
   uint32_t key() const { return SYR_XDP_PORT_INDEX(protocol == IPPROTO_TCP, port); }
 };
 
-// The ports sockets of process `pid` are bound to in syrupd's network namespace, where
-// the interfaces are, as (protocol, port): its descriptors' inodes matched against that
-// namespace's socket records. A socket bound in a namespace of its own (a container's)
-// holds that port there, not on the interfaces here: claiming it would steer the host's
-// traffic of the port.
-std::set<Claim> process_ports(pid_t pid) {
+// Why a caller of uid `uid` whose process `pid` holds the sockets it holds may not claim
+// `claims` on the interface of index `ifindex`, or empty.
+//
+// The root program matches a frame by (protocol, destination port) alone, IPv4 and IPv6
+// alike and whatever the destination address (kernel/hooks/xdp_root.bpf.c), so a claim
+// takes every frame of that port on the interface. A caller may have that only when its
+// own sockets would receive all of those frames anyway: sockets of `pid` in syrupd's
+// network namespace, where the interfaces are (one bound in a container's namespace holds
+// the port there, not here), bound to no other interface, on the wildcard address of both
+// families (an AF_INET6 socket on [::] without IPV6_V6ONLY, or 0.0.0.0 and [::]), and for
+// TCP listening; and while no socket of another user has that port (SO_REUSEADDR lets two
+// users bind one UDP port; a TCP connection may have it as its local port). A socket
+// holding [::]:P with IPV6_V6ONLY alone would otherwise take another user's IPv4 traffic to
+// 0.0.0.0:P.
+std::string claim_refusal(pid_t pid, uid_t uid, uint32_t ifindex, const std::set<Claim>& claims) {
   std::vector<std::pair<int, uint64_t>> fds;
   socket_descriptors(pid, fds);
   std::set<uint64_t> inodes;
@@ -71,10 +83,50 @@ std::set<Claim> process_ports(pid_t pid) {
   std::vector<inet_diag::InetSock> here;
   std::string err;
   if (inet_diag::own_sockets(here, err)) log(LogLevel::kWarn, "xdp: %s", err.c_str());
-  std::set<Claim> out;
-  for (const auto& s : here)
-    if (s.port && inodes.count(s.inode)) out.insert({static_cast<uint8_t>(s.protocol), s.port});
-  return out;
+  static const uint8_t any[16] = {}, mapped_any[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0};
+  for (const auto& c : claims) {
+    bool mine = false, v4 = false, v6 = false;
+    std::string have;  // what the caller's sockets on the port receive, for the refusal
+    for (const auto& s : here) {
+      // No inode: a TCP time-wait or request socket, nobody's traffic but the kernel's.
+      if (s.protocol != c.protocol || s.port != c.port || !s.inode) continue;
+      if (!inodes.count(s.inode)) {
+        if (s.uid != uid)
+          return c.str() + " is also bound by a socket of another user: a claim would take its frames "
+                           "(only admins may claim it)";
+        continue;
+      }
+      mine = true;
+      char a[INET6_ADDRSTRLEN] = "?";
+      inet_ntop(s.family, s.addr, a, sizeof a);
+      std::string shown = s.family == AF_INET6 ? "[" + std::string(a) + "]" : std::string(a);
+      if (s.ifindex && s.ifindex != ifindex) {
+        have += (have.empty() ? "" : ", ") + shown + " bound to another interface";
+        continue;
+      }
+      if (c.protocol == IPPROTO_TCP && s.state != TCP_LISTEN) {
+        have += (have.empty() ? "" : ", ") + shown + " not listening";
+        continue;
+      }
+      bool wild4 = s.family == AF_INET && std::memcmp(s.addr, any, 4) == 0;
+      bool wild6 = s.family == AF_INET6 && std::memcmp(s.addr, any, 16) == 0;
+      bool mapped4 = s.family == AF_INET6 && std::memcmp(s.addr, mapped_any, 16) == 0;
+      v4 |= wild4 || mapped4 || (wild6 && !s.v6only);
+      v6 |= wild6;
+      have += (have.empty() ? "" : ", ") + shown +
+              (wild6 ? (s.v6only ? " with IPV6_V6ONLY (IPv6 only)" : " (IPv4 and IPv6)")
+               : wild4 || mapped4 ? " (IPv4 only)"
+                                  : " (that address only)");
+    }
+    if (!mine) return "the caller has no socket bound to " + c.str() + " (only admins may claim other ports)";
+    if (!v4 || !v6)
+      return "the caller's sockets on " + c.str() + " do not receive all of its frames: " + have +
+             "; the XDP root steers a claimed port's IPv4 and IPv6 frames to any address alike, so a claim "
+             "needs sockets bound to the wildcard address of both families ([::] without IPV6_V6ONLY, or "
+             "0.0.0.0 and [::])" +
+             (c.protocol == IPPROTO_TCP ? ", listening" : "") + " (only admins may claim it otherwise)";
+  }
+  return {};
 }
 
 // The root program a previous syrupd pinned for `ifname` (`prog`, kernel id `prog_id`) and
@@ -606,35 +658,24 @@ int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_
   }
   uint8_t proto = proto_s == "tcp" ? IPPROTO_TCP : IPPROTO_UDP;
   std::set<Claim> ports;
+  if (b.contains("ports") && !b["ports"].is_array()) {
+    err = "ports must be an array of ports";
+    return -EINVAL;
+  }
   json pj = b.contains("ports") ? b["ports"] : json::array();
   if (b.contains("port")) pj.push_back(b["port"]);
   for (auto& p : pj) {
-    if (!p.is_number_integer() || p.get<int>() <= 0 || p.get<int>() > 65535) {
-      err = "ports must be in 1..65535";
+    int64_t v;
+    if (std::string why = names::integer("port", p, 1, names::kMaxPort, v); !why.empty()) {
+      err = why;
       return -EINVAL;
     }
-    ports.insert({proto, static_cast<uint16_t>(p.get<int>())});
+    ports.insert({proto, static_cast<uint16_t>(v)});
   }
   if (ports.empty()) {
     err = "the xdp hook needs the port(s) whose packets the policy schedules";
     return -EINVAL;
   }
-  // Only what the caller owns: root may claim any port; others, ports a socket of the
-  // deploying process is bound to.
-  owner = caller.pid;
-  if (b.contains("pid")) {
-    owner = b["pid"].get<pid_t>();
-    if (int r = check_target_process(caller, owner, err)) return r;
-  }
-  if (!caller.admin()) {
-    auto held = process_ports(owner);  // the caller's own process, or its --pid
-    for (auto& c : ports)
-      if (!held.count(c)) {
-        err = "the caller has no socket bound to " + c.str() + " (only admins may claim other ports)";
-        return -EPERM;
-      }
-  }
-
   std::vector<uint32_t> cpus;
   std::vector<UniqueFd> xsks = std::move(req.fds);
   if (b.contains("cpus")) {
@@ -644,12 +685,17 @@ int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_
     }
     // The CPUMAP is keyed by core number and has SYR_MAX_EXECUTORS entries.
     int ncpu = std::min(libbpf_num_possible_cpus(), SYR_MAX_EXECUTORS);
+    if (!b["cpus"].is_array()) {
+      err = "cpus must be an array of cores";
+      return -EINVAL;
+    }
     for (auto& c : b["cpus"]) {
-      if (!c.is_number_integer() || c.get<int>() < 0 || c.get<int>() >= ncpu) {
-        err = "cpus must be cores 0.." + std::to_string(ncpu - 1);
+      int64_t v;
+      if (std::string why = names::integer("cpus", c, 0, ncpu - 1, v); !why.empty()) {
+        err = "cpus must be cores 0.." + std::to_string(ncpu - 1) + ": " + why;
         return -EINVAL;
       }
-      cpus.push_back(c.get<uint32_t>());
+      cpus.push_back(static_cast<uint32_t>(v));
     }
     if (cpus.empty()) {
       err = "cpus is empty: name at least one core (or leave it out for every core)";
@@ -663,6 +709,21 @@ int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_
     err = "at most " + std::to_string(SYR_MAX_EXECUTORS) + " executors per policy";
     return -E2BIG;
   }
+  // Only what the caller owns: root may claim any port; others, ports a socket of the
+  // deploying process is bound to.
+  owner = caller.pid;
+  if (b.contains("pid")) {
+    owner = b["pid"].get<pid_t>();
+    if (int r = check_target_process(caller, owner, err)) return r;
+  }
+  if (!caller.admin()) {
+    // The caller's own process, or its --pid.
+    if (std::string why = claim_refusal(owner, caller.uid, if_nametoindex(ifname.c_str()), ports); !why.empty()) {
+      err = why;
+      return -EPERM;
+    }
+  }
+
   std::shared_ptr<Root> root;
   if (int r = get_root(ifname, root, err)) return r;
   // AF_XDP sockets do not report where they are bound (no getsockname); one bound to

@@ -36,8 +36,9 @@ constexpr int kVersion = 1;
 const std::vector<std::string> kTopKeys = {"version", "admin_group", "defaults", "tenants"};
 const std::vector<std::string> kDefaultsKeys = {"quotas"};
 const std::vector<std::string> kTenantKeys = {"name", "uid", "quotas", "policies"};
-const std::vector<std::string> kQuotaKeys = {"policies", "maps", "map_bytes", "insns",
-                                             "source_bytes", "requests_per_second"};
+const std::vector<std::string> kQuotaKeys = {"policies",     "maps",     "map_bytes",     "insns",
+                                             "source_bytes", "requests_per_second",
+                                             "uid_policies", "uid_maps", "uid_map_bytes", "uid_insns"};
 const std::vector<std::string> kCommonPolicyKeys = {"name", "hook", "policy", "params", "persist"};
 const std::vector<std::string> kSelectorKeys = {"process", "pid", "pidfile"};
 const std::map<std::string, std::vector<std::string>> kHookKeys = {
@@ -277,10 +278,14 @@ void Parser::quotas(const Field& f, const std::string& path, Quotas& out,
                                     : name == "insns"        ? &out.insns
                                     : name == "source_bytes" ? &out.source_bytes
                                     : name == "requests_per_second" ? &out.requests_per_second
+                                    : name == "uid_policies"  ? &out.uid_policies
+                                    : name == "uid_maps"      ? &out.uid_maps
+                                    : name == "uid_map_bytes" ? &out.uid_map_bytes
+                                    : name == "uid_insns"     ? &out.uid_insns
                                                              : nullptr;
     if (!slot) continue;  // reported as unknown
     where[name] = {value_line(fld), sub(path, name)};
-    bool size = name == "map_bytes" || name == "source_bytes";
+    bool size = name == "map_bytes" || name == "source_bytes" || name == "uid_map_bytes";
     uint64_t v;
     if (fld.value.IsScalar() && fld.value.Scalar() == "unlimited") {
       *slot = kUnlimited;
@@ -767,7 +772,9 @@ Quotas Quotas::over(const Quotas& d) const {
   Quotas q = *this;
   for (auto [mine, def] : {std::pair{&q.policies, &d.policies}, {&q.maps, &d.maps}, {&q.map_bytes, &d.map_bytes},
                            {&q.insns, &d.insns}, {&q.source_bytes, &d.source_bytes},
-                           {&q.requests_per_second, &d.requests_per_second}})
+                           {&q.requests_per_second, &d.requests_per_second}, {&q.uid_policies, &d.uid_policies},
+                           {&q.uid_maps, &d.uid_maps}, {&q.uid_map_bytes, &d.uid_map_bytes},
+                           {&q.uid_insns, &d.uid_insns}})
     if (!*mine) *mine = *def;
   return q;
 }
@@ -776,7 +783,8 @@ json Quotas::to_json() const {
   json j = json::object();
   for (auto [k, v] : {std::pair{"policies", &policies}, {"maps", &maps}, {"map_bytes", &map_bytes},
                       {"insns", &insns}, {"source_bytes", &source_bytes},
-                      {"requests_per_second", &requests_per_second}})
+                      {"requests_per_second", &requests_per_second}, {"uid_policies", &uid_policies},
+                      {"uid_maps", &uid_maps}, {"uid_map_bytes", &uid_map_bytes}, {"uid_insns", &uid_insns}})
     if (*v) j[k] = **v == kUnlimited ? json("unlimited") : json(**v);
   return j;
 }
@@ -785,7 +793,8 @@ std::map<std::string, uint64_t> Quotas::limits() const {
   std::map<std::string, uint64_t> m;
   for (auto [k, v] : {std::pair{"policies", &policies}, {"maps", &maps}, {"map_bytes", &map_bytes},
                       {"insns", &insns}, {"source_bytes", &source_bytes},
-                      {"requests_per_second", &requests_per_second}})
+                      {"requests_per_second", &requests_per_second}, {"uid_policies", &uid_policies},
+                      {"uid_maps", &uid_maps}, {"uid_map_bytes", &uid_map_bytes}, {"uid_insns", &uid_insns}})
     if (*v && **v != kUnlimited) m[k] = **v;
   return m;
 }

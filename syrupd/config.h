@@ -49,6 +49,12 @@ struct Quotas {
   std::optional<uint64_t> insns;                // BPF instructions per policy (after compile)
   std::optional<uint64_t> source_bytes;         // policy source size
   std::optional<uint64_t> requests_per_second;  // control-protocol requests of the tenant's uid
+  // Over every application the tenant's uid owns (its other tenants' and its own deploys'
+  // alike); unset: syrupd's --quota_uid_* flags.
+  std::optional<uint64_t> uid_policies;
+  std::optional<uint64_t> uid_maps;
+  std::optional<uint64_t> uid_map_bytes;
+  std::optional<uint64_t> uid_insns;
   // Each unset field taken from `defaults`.
   Quotas over(const Quotas& defaults) const;
   // The value for the daemon: the limit, or kUnlimited when unset/unlimited.

@@ -28,6 +28,7 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 
 #include "config.h"
 #include "log.h"
@@ -683,16 +684,19 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   if (!hi) {
     bool known = std::find(std::begin(kHookNames), std::end(kHookNames), hook) != std::end(kHookNames);
     return {known ? proto::error_response(EOPNOTSUPP, "the " + hook + " hook is not available in this syrupd yet")
-                  : proto::error_response(EINVAL, "unknown hook '" + hook +
+                  : proto::error_response(EINVAL, "unknown hook '" + names::printable(hook) +
                                                       "' (known: socket-select, xdp, thread)")};
   }
   if (std::string why = names::check("application", app); !why.empty())
     return {proto::error_response(EINVAL, why)};
+  // The names a policy is shown and logged by: text, but never a control character.
+  for (auto [what, v] : {std::pair{"policy", &name}, std::pair{"source", &source_name}})
+    if (std::string why = names::check(what, *v, names::Kind::kDisplay); !why.empty())
+      return {proto::error_response(EINVAL, why)};
   if (source.empty()) return {proto::error_response(EINVAL, "the policy source is empty")};
-  if (source.size() > cfg_.max_source_bytes)
-    return {proto::error_response(EFBIG, "policy source is " + std::to_string(source.size()) +
-                                             " bytes; the limit is " +
-                                             std::to_string(cfg_.max_source_bytes))};
+  if (std::string why = names::source_size(source.size(), cfg_.max_source_bytes, "syrupd --max_source_bytes");
+      !why.empty())
+    return {proto::error_response(EFBIG, why)};
   if (source.find('\0') != std::string::npos)
     return {proto::error_response(EINVAL, "policy source contains NUL bytes: not C source text")};
   if (std::string why = may_use_app(caller, app); !why.empty())
@@ -702,11 +706,16 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   if (b.contains("params")) {
     if (!b["params"].is_object()) return {proto::error_response(EINVAL, "params must be an object")};
     for (auto& [k, v] : b["params"].items()) {
+      if (std::string why = names::check("parameter", k, names::Kind::kParam); !why.empty())
+        return {proto::error_response(EINVAL, why)};
       if (k.starts_with(SYR_SYSTEM_PREFIX))
         return {proto::error_response(EINVAL, "parameter '" + k +
                                                   "' is reserved (names starting with syr_ belong to Syrup)")};
+      // Whether the value fits the variable's declared type is the loader's check (ERANGE).
       if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
-        return {proto::error_response(EINVAL, "parameter '" + k + "' must be a non-negative integer")};
+        return {proto::error_response(EINVAL, "parameter '" + k + "' must be an integer in 0.." +
+                                                  std::to_string(UINT64_MAX) + ", got " +
+                                                  v.dump(-1, ' ', true, json::error_handler_t::replace).substr(0, 40))};
       params[k] = v.get<uint64_t>();
     }
   }
@@ -716,6 +725,24 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
                                               " hook: the policy ends with the process it schedules; " + why +
                                               ". Deploy it again from the new process, or list it in syrupd's "
                                               "--config, which follows the process")};
+
+  // The integer fields every hook reads, checked once for type and range: a hook then
+  // takes them as they are (4294976396 is refused, not read as port 9100). A hook's own
+  // rule (socket-select's pid > 0, a port required) comes on top.
+  {
+    int64_t v;
+    for (auto [k, lo, hi] : {std::tuple{"pid", int64_t{0}, names::kMaxPid}, {"port", int64_t{0}, names::kMaxPort}})
+      if (b.contains(k) && !b[k].is_null())
+        if (std::string why = names::integer(k, b[k], lo, hi, v); !why.empty())
+          return {proto::error_response(EINVAL, why)};
+  }
+  for (const char* k : {"ifname", "protocol", "address"})
+    if (b.contains(k) && !b[k].is_string())
+      return {proto::error_response(EINVAL, std::string(k) + " must be a string")};
+  if (b.contains("ifname"))
+    if (std::string why = names::check("interface", b["ifname"].get<std::string>(), names::Kind::kInterface);
+        !why.empty())
+      return {proto::error_response(EINVAL, why)};
 
   // Whether this run parks for its compile is known before the target takes the
   // request's descriptors: only then are they copied, for the resumed run.
@@ -732,8 +759,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   // A `pid` names a process as the caller numbers it. A caller in a pid namespace of its
   // own (a container) numbers processes otherwise than syrupd and the hooks do: its 1 is
   // not the machine's init. (A resumed run has the body this run translated.)
-  if (!resumed && b.contains("pid") && b["pid"].is_number_integer() && b["pid"].get<int64_t>() > 0 &&
-      b["pid"].get<int64_t>() <= INT32_MAX) {
+  if (!resumed && b.contains("pid") && b["pid"].is_number_integer() && b["pid"].get<int64_t>() > 0) {
     uint64_t ns = pid_namespace(caller.pid);
     if (ns != pid_namespace(0)) {
       pid_t theirs = b["pid"].get<pid_t>(), mine = ns ? process_by_own_number(ns, theirs) : 0;
@@ -933,6 +959,61 @@ std::string Daemon::check_quota(const std::string& app, const Policy* replaced, 
   if (maps > q.maps) return over("maps", maps, q.maps);
   if (bytes > q.map_bytes) return over("bytes of maps", bytes, q.map_bytes);
   if (insns > q.insns) return over("insns", insns, q.insns);
+
+  // The same over every application of the uid that owns this one (the caller, or a
+  // --config tenant's uid): per-application quotas alone let one user make 20
+  // applications of 32 MiB of maps each. Root's applications are not bound.
+  auto owner = app_owner_.find(app);
+  if (owner == app_owner_.end() || owner->second == 0) return {};
+  uid_t uid = owner->second;
+  struct Limit {
+    const char* key;   // the flag's suffix and the config key
+    const char* what;  // in the message
+    uint64_t limit;
+    std::string where;
+  };
+  Limit lim[] = {{"uid_policies", "policies", cfg_.quotas.uid_policies, {}},
+                 {"uid_maps", "maps", cfg_.quotas.uid_maps, {}},
+                 {"uid_map_bytes", "bytes of maps", cfg_.quotas.uid_map_bytes, {}},
+                 {"uid_insns", "insns", cfg_.quotas.uid_insns, {}}};
+  for (auto& l : lim) l.where = std::string(" (syrupd --quota_") + l.key + ")";
+  // A tenant of the file with this uid sets its own (the last one in the file that sets
+  // it, as for requests_per_second).
+  for (auto& t : config_.tenants) {
+    if (t.uid != uid) continue;
+    for (auto& l : lim) {
+      auto v = std::string(l.key) == "uid_policies" ? t.effective.uid_policies
+               : std::string(l.key) == "uid_maps"   ? t.effective.uid_maps
+               : std::string(l.key) == "uid_map_bytes" ? t.effective.uid_map_bytes
+                                                       : t.effective.uid_insns;
+      if (!v) continue;
+      l.limit = *v;
+      auto src = t.quota_sources.find(l.key);
+      l.where = src == t.quota_sources.end()
+                    ? " (tenant quota " + std::string(l.key) + " in " + config_.path + ")"
+                    : " (" + src->second.key + " at " + config_.path + ":" + std::to_string(src->second.line) + ")";
+    }
+  }
+  uint64_t have[4] = {1, fp.new_maps.size(), fp.new_map_bytes, fp.insns};
+  std::set<std::string> apps;
+  for (auto& [a, u] : app_owner_)
+    if (u == uid) apps.insert(a);
+  for (auto& [id, p] : policies_) {
+    if (!apps.count(p->app) || p.get() == replaced) continue;
+    have[0]++;
+    bpf_prog_info info{};
+    uint32_t len = sizeof info;
+    if (bpf_prog_get_info_by_fd(p->loaded->prog_fd(), &info, &len) == 0) have[3] += info.xlated_prog_len / 8;
+  }
+  for (auto& a : apps) {
+    MapUsage u = a == app ? pinned : pinned_map_usage(a);
+    have[1] += u.maps;
+    have[2] += u.bytes;
+  }
+  for (size_t i = 0; i < 4; i++)
+    if (lim[i].limit != config::kUnlimited && have[i] > lim[i].limit)
+      return "uid " + std::to_string(uid) + " would have " + std::to_string(have[i]) + " " + lim[i].what +
+             " over all its applications; its quota is " + std::to_string(lim[i].limit) + lim[i].where;
   return {};
 }
 
@@ -1030,7 +1111,10 @@ Hook* Daemon::hook_watching(int fd) const {
 Daemon::Response Daemon::remove(const Caller& caller, const json& req) {
   if (!req.contains("id") || !req["id"].is_number_integer())
     return {proto::error_response(EINVAL, "remove needs a policy id")};
-  int id = req["id"].get<int>();
+  int64_t v;
+  if (std::string why = names::integer("id", req["id"], 1, INT32_MAX, v); !why.empty())
+    return {proto::error_response(EINVAL, why)};
+  int id = static_cast<int>(v);
   auto it = policies_.find(id);
   if (it == policies_.end() || !visible(caller, *it->second))
     return {proto::error_response(ENOENT, no_policy(caller, id))};
@@ -1473,7 +1557,10 @@ json Daemon::policy_stats(const Policy& p) const {
 Daemon::Response Daemon::stats(const Caller& caller, const json& req) {
   json arr = json::array();
   if (req.contains("id") && !req["id"].is_null()) {
-    int id = req["id"].get<int>();
+    int64_t v;
+    if (std::string why = names::integer("id", req["id"], 1, INT32_MAX, v); !why.empty())
+      return {proto::error_response(EINVAL, why)};
+    int id = static_cast<int>(v);
     auto it = policies_.find(id);
     if (it == policies_.end() || !visible(caller, *it->second))
       return {proto::error_response(ENOENT, no_policy(caller, id))};
@@ -1545,7 +1632,10 @@ Daemon::Response Daemon::map_open(const Caller& caller, const json& req) {
 }
 
 Daemon::Response Daemon::map_dump(const Caller& caller, const json& req) {
-  size_t limit = req.value("limit", 4096);
+  int64_t limit = 4096;
+  if (req.contains("limit"))
+    if (std::string why = names::integer("limit", req["limit"], 0, INT32_MAX, limit); !why.empty())
+      return {proto::error_response(EINVAL, why)};
   AppMap m;
   if (auto err = open_app_map(caller, req, m)) return std::move(*err);
   const bpf_map_info& info = m.info;
@@ -1561,7 +1651,7 @@ Daemon::Response Daemon::map_dump(const Caller& caller, const json& req) {
   while (bpf_map_get_next_key(fd.get(), first ? nullptr : key.data(), next.data()) == 0) {
     first = false;
     key = next;
-    if (entries.size() >= limit) {
+    if (entries.size() >= static_cast<size_t>(limit)) {
       truncated = true;
       break;
     }

@@ -66,6 +66,12 @@ struct Quotas {
   uint64_t map_bytes = 64ull << 20;
   size_t insns = 200000;          // BPF instructions over all the application's programs
   unsigned requests_per_second = 200;  // per uid, on the control socket
+  // Per uid, over every application it owns: without them one user could make many
+  // applications, each within the per-application quotas.
+  size_t uid_policies = 64;
+  size_t uid_maps = 256;
+  uint64_t uid_map_bytes = 256ull << 20;
+  size_t uid_insns = 1000000;
 };
 
 struct DaemonConfig {
@@ -219,8 +225,8 @@ class Daemon {
   nlohmann::json policy_stats(const Policy& p) const;
   // "" if `caller` may act on application `app`, else why not.
   std::string may_use_app(const Caller& caller, const std::string& app) const;
-  // "" if deploying `fp` for `app` stays within the application's quotas, else which one
-  // not (naming the limit and where it is set).
+  // "" if deploying `fp` for `app` stays within the application's quotas and those of the
+  // uid that owns it, else which one not (naming the limit and where it is set).
   std::string check_quota(const std::string& app, const Policy* replaced, const LoadFootprint& fp) const;
   uint64_t rate_for(uid_t uid) const;  // requests per second allowed to `uid`
   // Token bucket per uid; false: over the rate.

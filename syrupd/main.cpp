@@ -54,6 +54,11 @@ DEFINE_uint64(quota_maps, 64, "most maps per application");
 DEFINE_uint64(quota_map_bytes, 64ull << 20, "most bytes of map keys and values per application");
 DEFINE_uint64(quota_insns, 200000, "most BPF instructions over all of an application's programs");
 DEFINE_uint32(quota_rps, 200, "most control requests per second per uid");
+DEFINE_uint64(quota_uid_policies, 64, "most policies per uid, over all the applications it owns");
+DEFINE_uint64(quota_uid_maps, 256, "most maps per uid, over all the applications it owns");
+DEFINE_uint64(quota_uid_map_bytes, 256ull << 20,
+              "most bytes of map keys and values per uid, over all the applications it owns");
+DEFINE_uint64(quota_uid_insns, 1000000, "most BPF instructions per uid, over all the applications it owns");
 DEFINE_uint64(max_clients, 128,
               "most open control connections of users other than root; more are answered EBUSY "
               "(root is never refused)");
@@ -121,9 +126,15 @@ int main(int argc, char** argv) {
   syrup::DaemonConfig cfg;
   cfg.socket_path = FLAGS_socket;
   cfg.bpffs_root = FLAGS_bpffs_root;
+  if (FLAGS_max_source_bytes > syrup::proto::kMaxPayload) {
+    std::fprintf(stderr, "syrupd: --max_source_bytes must be in 0..%u: a request frame carries at most 4 MiB\n",
+                 syrup::proto::kMaxPayload);
+    return 2;
+  }
   cfg.max_source_bytes = FLAGS_max_source_bytes;
-  cfg.quotas = {FLAGS_quota_policies, FLAGS_quota_maps, FLAGS_quota_map_bytes, FLAGS_quota_insns,
-                FLAGS_quota_rps};
+  cfg.quotas = {FLAGS_quota_policies,     FLAGS_quota_maps,     FLAGS_quota_map_bytes,     FLAGS_quota_insns,
+                FLAGS_quota_rps,          FLAGS_quota_uid_policies, FLAGS_quota_uid_maps, FLAGS_quota_uid_map_bytes,
+                FLAGS_quota_uid_insns};
   if (!FLAGS_admin_group.empty()) {
     struct group* g = getgrnam(FLAGS_admin_group.c_str());
     if (!g) {

@@ -219,6 +219,34 @@ TEST(Config, HashFollowsContentNotOrder) {
 }
 
 // Every kind of error, with its exact text: file, line, key, message.
+// A tenant of --config may have its own per-uid quotas, written like the others and named
+// by key and line when they refuse.
+TEST(Config, TenantsSetTheirOwnPerUidQuotas) {
+  Config c;
+  std::vector<Diagnostic> errs;
+  std::string text =
+      "version: 1\n"
+      "defaults:\n"
+      "  quotas: {uid_policies: 10}\n"
+      "tenants:\n"
+      "- name: web\n"
+      "  uid: 62001\n"
+      "  quotas: {uid_map_bytes: 128MiB, uid_maps: unlimited}\n";
+  ASSERT_EQ(config::load_string(text, "syrup.yaml", "/tmp", c, errs), 0) << (errs.empty() ? "" : errs[0].str());
+  const config::Tenant* t = c.tenant("web");
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->effective.uid_policies, 10u);
+  EXPECT_EQ(t->effective.uid_map_bytes, 128ull << 20);
+  EXPECT_EQ(t->effective.uid_maps, config::kUnlimited);
+  EXPECT_EQ(t->quota_sources.at("uid_map_bytes").key, "tenants[0].quotas.uid_map_bytes");
+  EXPECT_EQ(t->quota_sources.at("uid_map_bytes").line, 7);
+  EXPECT_EQ(t->quota_sources.at("uid_policies").key, "defaults.quotas.uid_policies");
+  errs.clear();
+  EXPECT_NE(config::load_string("version: 1\ntenants:\n- {name: w, uid: 1, quotas: {uid_maps: -1}}\n", "s.yaml",
+                                "/tmp", c, errs),
+            0);
+}
+
 TEST(ConfigErrors, Syntax) {
   EXPECT_EQ(only_error("tenants: [1, 2\n"), "syrup.yaml:2: syntax error: end of sequence flow not found");
   EXPECT_EQ(only_error("a: 1\n---\nb: 2\n"), "syrup.yaml:2: a config file holds one YAML document; another one starts here");
@@ -241,7 +269,8 @@ TEST(ConfigErrors, UnknownAndDuplicateKeys) {
             "syrup.yaml:4: tenants[0].name: duplicate key (first at line 2)");
   EXPECT_EQ(only_error("defaults:\n  quotas: {policy: 3}\n"),
             "syrup.yaml:2: defaults.quotas.policy: unknown key (allowed: policies, maps, map_bytes, insns, "
-            "source_bytes, requests_per_second); did you mean 'policies'?");
+            "source_bytes, requests_per_second, uid_policies, uid_maps, uid_map_bytes, uid_insns); did you mean "
+            "'policies'?");
   EXPECT_EQ(only_error("tenants:\n- name: kv\n  uid: 1\n  policies:\n  - hook: thread\n    policy: a.c\n    pid: 3\n    port: 9\n"),
             "syrup.yaml:8: tenants[0].policies[0].port: not used by the thread hook (its keys: name, hook, policy, "
             "params, persist, process, pid, pidfile)");
@@ -290,7 +319,7 @@ TEST(ConfigErrors, QuotasAndSizes) {
             "syrup.yaml:3: defaults.quotas.insns: expected a non-negative integer or 'unlimited'");
   EXPECT_EQ(only_error("tenants:\n- name: kv\n  uid: 1\n  quotas: [1]\n"),
             "syrup.yaml:4: tenants[0].quotas: expected a mapping of quotas (policies, maps, map_bytes, insns, "
-            "source_bytes, requests_per_second)");
+            "source_bytes, requests_per_second, uid_policies, uid_maps, uid_map_bytes, uid_insns)");
   // Declared policies beyond the quota; policy files beyond the source quota.
   EXPECT_EQ(only_error("defaults: {quotas: {policies: 1}}\ntenants:\n- name: kv\n  uid: 1\n  policies:\n"
                        "  - {hook: thread, policy: a.c, pid: 1}\n  - {hook: thread, policy: b.c, pid: 2}\n"),

@@ -134,6 +134,45 @@ TEST(Protocol, ResponseStatusJoinsMessageAndLogOnce) {
   EXPECT_EQ(response_status(ok, out), 0);
 }
 
+// One checker for every name a request carries: a control character is refused in each
+// kind, and quoted escaped, so no refusal splits a log line.
+TEST(Names, EveryKindRefusesControlCharactersAndQuotesThemEscaped) {
+  using names::Kind;
+  for (Kind k : {Kind::kPinned, Kind::kLabel, Kind::kParam, Kind::kInterface, Kind::kDisplay}) {
+    for (std::string bad : {std::string("a\nb"), std::string("a\x1b"), std::string("a\x7f"), std::string("a\xc2\x85")}) {
+      std::string why = names::check("x", bad, k);
+      EXPECT_NE(why.find("has a control character"), std::string::npos) << why;
+      EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+    }
+  }
+  EXPECT_EQ(names::check("source", "/home/alice/my policy (v2).c", Kind::kDisplay), "");
+  EXPECT_EQ(names::check("source", "caf\xc3\xa9.c", Kind::kDisplay), "");  // UTF-8 text
+  EXPECT_EQ(names::check("parameter", "n_short", Kind::kParam), "");
+  EXPECT_NE(names::check("parameter", "2x", Kind::kParam), "");
+  EXPECT_NE(names::check("parameter", "a-b", Kind::kParam), "");
+  EXPECT_EQ(names::check("interface", "eth0.100", Kind::kInterface), "");
+  EXPECT_NE(names::check("interface", "a/b", Kind::kInterface), "");
+  EXPECT_NE(names::check("interface", "..", Kind::kInterface), "");
+  EXPECT_NE(names::check("interface", std::string(16, 'e'), Kind::kInterface), "");
+  EXPECT_EQ(names::printable("a\nb"), "a\\x0ab");
+}
+
+// Integers are compared as 64-bit numbers: nothing is cut to fit.
+TEST(Names, IntegersOutOfRangeAreRefusedNotCut) {
+  int64_t v = 0;
+  EXPECT_EQ(names::integer("port", nlohmann::json(9100), 1, 65535, v), "");
+  EXPECT_EQ(v, 9100);
+  EXPECT_EQ(names::integer("port", nlohmann::json(4294967296ull + 9100), 1, 65535, v),
+            "port must be an integer in 1..65535, got 4294976396");
+  EXPECT_EQ(names::integer("port", nlohmann::json(-1), 1, 65535, v), "port must be an integer in 1..65535, got -1");
+  EXPECT_EQ(names::integer("port", nlohmann::json(9100.0), 1, 65535, v),
+            "port must be an integer in 1..65535, got 9100.0");
+  EXPECT_EQ(names::integer("port", nlohmann::json("9100"), 1, 65535, v),
+            "port must be an integer in 1..65535, got \"9100\"");
+  EXPECT_EQ(names::integer("id", nlohmann::json(UINT64_MAX), 1, INT32_MAX, v),
+            "id must be an integer in 1..2147483647, got 18446744073709551615");
+}
+
 TEST(Names, PinnedNamesRefuseTraversalDotsAndOverlongNamesAndDefaultsAreValid) {
   EXPECT_EQ(names::check("map", "scan_map"), "");
   EXPECT_EQ(names::check("application", "rocksdb-server_v2"), "");

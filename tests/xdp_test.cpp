@@ -146,15 +146,18 @@ TEST_F(Xdp, ATenantClaimsOnlyPortsItsSocketsHoldInTheInterfacesNamespace) {
   const std::string ifname = net_->host_if;
   std::string s = in_child([&] {
     nlohmann::json out;
+    // [::] without IPV6_V6ONLY: the port's IPv4 and IPv6 frames, all a claim takes.
     auto bound = [](UniqueFd& fd) -> uint16_t {
-      fd.reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
+      fd.reset(socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+      int off = 0;
+      sockaddr_in6 a{};
+      a.sin6_family = AF_INET6;
       socklen_t l = sizeof a;
-      if (!fd || bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      if (!fd || setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) != 0 ||
+          bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
           getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &l) != 0)
         return 0;
-      return ntohs(a.sin_port);
+      return ntohs(a.sin6_port);
     };
     UniqueFd here_fd, there_fd;
     uint16_t here = bound(here_fd);

@@ -3,6 +3,7 @@
 #include <gflags/gflags.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,7 @@ namespace syrup::cli {
 namespace {
 
 std::string g_program;
+std::vector<IntRange> g_ranges;
 
 [[noreturn]] void usage_error(const std::string& what) {
   std::fprintf(stderr, "%s: %s (see --help)\n", g_program.c_str(), what.c_str());
@@ -102,6 +104,12 @@ void check_args(const std::vector<std::string>& args, const std::string& file, i
       continue;
     }
     if (gflags_own(info)) continue;  // --fromenv and the like act when set: gflags' own
+    for (const auto& r : g_ranges) {
+      int64_t v;
+      if (name == r.flag && !integer_in(value, r.lo, r.hi, v))
+        usage_error("--" + name + " takes an integer in " + std::to_string(r.lo) + ".." + std::to_string(r.hi) +
+                    ", got '" + value + "'" + where);
+    }
     if (gflags::SetCommandLineOption(name.c_str(), value.c_str()).empty())
       usage_error("'" + value + "' is not a valid value for --" + name + " (" + info.type + ")" + where);
   }
@@ -130,7 +138,25 @@ std::string help_text(const std::string& program, const std::string& usage) {
   return out;
 }
 
-void parse_flags(int* argc, char*** argv, const std::string& usage, const std::string& version) {
+bool integer_in(const std::string& text, int64_t lo, int64_t hi, int64_t& out) {
+  size_t i = text.starts_with('-') ? 1 : 0;
+  bool hex = text.compare(i, 2, "0x") == 0 || text.compare(i, 2, "0X") == 0;
+  std::string digits = text.substr(i + (hex ? 2 : 0));
+  if (digits.empty() || digits.size() > 20) return false;
+  for (char c : digits)
+    if (!(hex ? std::isxdigit(static_cast<unsigned char>(c)) : std::isdigit(static_cast<unsigned char>(c))))
+      return false;
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, hex ? 16 : 10);
+  if (errno == ERANGE || *end || v < lo || v > hi) return false;
+  out = v;
+  return true;
+}
+
+void parse_flags(int* argc, char*** argv, const std::string& usage, const std::string& version,
+                 const std::vector<IntRange>& ranges) {
+  g_ranges = ranges;
   std::string path = (*argc > 0 && (*argv)[0]) ? (*argv)[0] : "syrup";
   g_program = path.substr(path.rfind('/') + 1);
   gflags::SetUsageMessage(usage);

@@ -15,13 +15,30 @@
 // --version and --helpfull keep gflags' behaviour.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace syrup::cli {
 
+// The values an integer flag accepts. One outside them, or not an integer, is a usage
+// error naming the flag and the range ("--port takes an integer in 1..65535, got
+// '4294976396'"), where gflags would say only that the value is not an int32, or take
+// it and leave the program to cut it.
+struct IntRange {
+  const char* flag;
+  int64_t lo, hi;
+};
+
 // Sets the usage message and version, then parses like gflags::ParseCommandLineFlags
-// (flags are removed from argv). `usage` is the text after "PROG: " in --help.
-void parse_flags(int* argc, char*** argv, const std::string& usage, const std::string& version = "0.1.0");
+// (flags are removed from argv). `usage` is the text after "PROG: " in --help; `ranges`
+// are checked on the command line and in flagfiles alike.
+void parse_flags(int* argc, char*** argv, const std::string& usage, const std::string& version = "0.1.0",
+                 const std::vector<IntRange>& ranges = {});
+
+// Whether `text` is a whole decimal (or 0x hexadecimal) integer in lo..hi, as gflags reads
+// integers; the value in `out`.
+bool integer_in(const std::string& text, int64_t lo, int64_t hi, int64_t& out);
 
 // The --help text (usage and the program's own flags), as parse_flags prints it.
 std::string help_text(const std::string& program, const std::string& usage);

@@ -6,6 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -107,8 +113,24 @@ std::string process_name(int pid) {
   return syrup::names::application_from(s);
 }
 
+// The ranges of syrupctl's integer flags (cli::parse_flags checks them): what syrupd takes.
+const std::vector<syrup::cli::IntRange> kRanges = {
+    {"port", 1, syrup::names::kMaxPort}, {"pid", 1, syrup::names::kMaxPid}, {"limit", 0, INT32_MAX}};
+
+// Why `name`, given as `flag`, is not a valid `what` name, or empty.
+std::string bad_name(const char* flag, const char* what, const std::string& name, syrup::names::Kind k) {
+  std::string why = syrup::names::check(what, name, k);
+  return why.empty() ? why : std::string(flag) + ": " + why;
+}
+
 int cmd_deploy(const std::vector<std::string>& args) {
   if (args.size() != 1) return usage("deploy takes exactly one POLICY.c");
+  using syrup::names::Kind;
+  for (auto [flag, what, v, k] : {std::tuple{"--app", "application", &FLAGS_app, Kind::kPinned},
+                                  {"--ifname", "interface", &FLAGS_ifname, Kind::kInterface}})
+    if (!v->empty())
+      if (std::string why = bad_name(flag, what, *v, k); !why.empty()) return usage(why);
+  if (std::string why = bad_name("POLICY.c", "source", args[0], Kind::kDisplay); !why.empty()) return usage(why);
   bool thread_hook = FLAGS_hook == "thread";  // --pid alone: every thread of the process
   bool xdp_hook = FLAGS_hook == "xdp";  // --pid optional: without it the policy persists
   if (thread_hook && FLAGS_pid <= 0) return usage("deploy --hook thread needs --pid PID");
@@ -124,19 +146,36 @@ int cmd_deploy(const std::vector<std::string>& args) {
   }
   std::ostringstream ss;
   ss << in.rdbuf();
+  // Refused here, before syrupd is reached: a source larger than a frame could not even be
+  // sent ("Message too long").
+  if (std::string why = syrup::names::source_size(ss.str().size(), FLAGS_max_source_bytes,
+                                                  "syrupctl --max_source_bytes, " +
+                                                      std::to_string(syrup::names::kDefaultMaxSourceBytes) +
+                                                      " unless set: give syrupd's");
+      !why.empty()) {
+    std::fprintf(stderr, "syrupctl: %s: %s\n", args[0].c_str(), why.c_str());
+    return kExitFailed;
+  }
   nlohmann::json params = nlohmann::json::object();
   std::stringstream ps(FLAGS_params);
   for (std::string kv; std::getline(ps, kv, ',');) {
     auto eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0) return usage("--params entries are NAME=VALUE, got '" + kv + "'");
-    try {
-      size_t used = 0;
-      unsigned long long v = std::stoull(kv.substr(eq + 1), &used, 0);
-      if (used != kv.size() - eq - 1) throw std::invalid_argument("trailing");
-      params[kv.substr(0, eq)] = v;
-    } catch (const std::exception&) {
-      return usage("parameter value of '" + kv.substr(0, eq) + "' is not a non-negative integer");
-    }
+    if (eq == std::string::npos || eq == 0)
+      return usage("--params entries are NAME=VALUE, got '" + syrup::names::printable(kv) + "'");
+    std::string k = kv.substr(0, eq), text = kv.substr(eq + 1);
+    if (std::string why = bad_name("--params", "parameter", k, Kind::kParam); !why.empty()) return usage(why);
+    // Digits only: stoull would read "-1" as 18446744073709551615.
+    bool hex = text.starts_with("0x") || text.starts_with("0X");
+    std::string digits = text.substr(hex ? 2 : 0);
+    bool ok = !digits.empty() && std::all_of(digits.begin(), digits.end(), [&](char c) {
+      return hex ? std::isxdigit(static_cast<unsigned char>(c)) : std::isdigit(static_cast<unsigned char>(c));
+    });
+    errno = 0;
+    unsigned long long v = ok ? std::strtoull(text.c_str(), nullptr, hex ? 16 : 10) : 0;
+    if (!ok || errno == ERANGE)
+      return usage("--params: the value of '" + k + "' must be an integer in 0.." + std::to_string(UINT64_MAX) +
+                   ", got '" + syrup::names::printable(text) + "'");
+    params[k] = v;
   }
   nlohmann::json req = {{"op", "deploy"},
                         {"hook", FLAGS_hook},
@@ -160,10 +199,13 @@ int cmd_deploy(const std::vector<std::string>& args) {
     if (!FLAGS_cpus.empty()) {
       std::vector<int> cpus;
       std::stringstream cs(FLAGS_cpus);
+      // syrupd takes cores 0 .. min(possible CPUs, 256) - 1.
+      long ncpu = std::min(sysconf(_SC_NPROCESSORS_CONF), 256L);
       for (std::string c; std::getline(cs, c, ',');) {
-        char* end = nullptr;
-        long v = std::strtol(c.c_str(), &end, 10);
-        if (c.empty() || *end || v < 0) return usage("--cpus takes CPU[,CPU...], got '" + FLAGS_cpus + "'");
+        int64_t v;
+        if (!syrup::cli::integer_in(c, 0, ncpu - 1, v))
+          return usage("--cpus takes CPU[,CPU...] with each CPU an integer in 0.." + std::to_string(ncpu - 1) +
+                       ", got '" + syrup::names::printable(FLAGS_cpus) + "'");
         cpus.push_back(static_cast<int>(v));
       }
       req["cpus"] = cpus;
@@ -187,13 +229,10 @@ int cmd_deploy(const std::vector<std::string>& args) {
 }
 
 int parse_id(const std::string& s, int& id) {
-  try {
-    size_t used = 0;
-    id = std::stoi(s, &used);
-    return used == s.size() && id > 0 ? 0 : -1;
-  } catch (const std::exception&) {
-    return -1;
-  }
+  int64_t v;
+  if (!syrup::cli::integer_in(s, 1, INT32_MAX, v)) return -1;
+  id = static_cast<int>(v);
+  return 0;
 }
 
 // A table whose columns are as wide as their widest cell, so that no value (an IPv6
@@ -233,7 +272,8 @@ class Table {
 
 int cmd_remove(const std::vector<std::string>& args) {
   int id;
-  if (args.size() != 1 || parse_id(args[0], id)) return usage("remove takes one policy ID");
+  if (args.size() != 1 || parse_id(args[0], id))
+    return usage("remove takes one policy ID, an integer in 1.." + std::to_string(INT32_MAX));
   nlohmann::json out;
   if (int r = call({{"op", "remove"}, {"id", id}}, out)) return r;
   if (FLAGS_json) std::cout << out.dump(2) << "\n";
@@ -271,7 +311,7 @@ int cmd_list(const std::vector<std::string>& args) {
 int cmd_stats(const std::vector<std::string>& args) {
   nlohmann::json req = {{"op", "stats"}};
   int id;
-  if (args.size() > 1 || (args.size() == 1 && parse_id(args[0], id))) return usage("stats takes at most one policy ID");
+  if (args.size() > 1 || (args.size() == 1 && parse_id(args[0], id))) return usage("stats takes at most one policy ID, an integer in 1.." + std::to_string(INT32_MAX));
   if (args.size() == 1) req["id"] = id;
   if (!FLAGS_by.empty() && FLAGS_by != "tenant" && FLAGS_by != "hook")
     return usage("--by takes 'tenant' or 'hook'");
@@ -330,6 +370,9 @@ int cmd_stats(const std::vector<std::string>& args) {
 int cmd_map(const std::vector<std::string>& args) {
   if (args.size() != 2 || args[0] != "dump") return usage("usage: syrupctl map dump --app APP MAP");
   if (FLAGS_app.empty()) return usage("map dump needs --app APP");
+  if (std::string why = bad_name("--app", "application", FLAGS_app, syrup::names::Kind::kPinned); !why.empty())
+    return usage(why);
+  if (std::string why = bad_name("MAP", "map", args[1], syrup::names::Kind::kPinned); !why.empty()) return usage(why);
   nlohmann::json out;
   if (int r = call({{"op", "map_dump"}, {"app", FLAGS_app}, {"map", args[1]}, {"limit", FLAGS_limit}}, out)) return r;
   if (FLAGS_json) {
@@ -409,7 +452,7 @@ int cmd_ping(const std::vector<std::string>&) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  syrup::cli::parse_flags(&argc, &argv, kUsage);
+  syrup::cli::parse_flags(&argc, &argv, kUsage, "0.1.0", kRanges);
   if (argc < 2) return usage("missing command (deploy, remove, list, stats, map, ping, validate)");
   std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);

@@ -36,6 +36,11 @@ int Client::call(const nlohmann::json& req, Message& resp, std::span<const int> 
     return -ENOTCONN;
   }
   int r = proto::send_message(sock_.get(), req, fds);
+  if (r == -EMSGSIZE) {
+    error_ = "the request is larger than the " + std::to_string(proto::kMaxPayload) +
+             " bytes (4 MiB) a frame carries; it was not sent";
+    return r;
+  }
   if (r) {
     error_ = std::string("sending request to syrupd failed: ") + std::strerror(-r);
     return r;

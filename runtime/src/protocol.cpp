@@ -146,7 +146,12 @@ int recv_message(int sock, Message& out, std::string* err, int timeout_ms) {
   h.magic = le32toh(h.magic);
   h.length = le32toh(h.length);
   if (h.magic != kMagic) return fail("bad frame magic (not a Syrup control message)");
-  if (h.length > kMaxPayload) return fail("frame larger than the 4 MiB limit");
+  if (h.length > kMaxPayload) {
+    if (err)
+      *err = "frame of " + std::to_string(h.length) + " bytes is larger than the limit of " +
+             std::to_string(kMaxPayload) + " bytes (4 MiB) a request may have";
+    return -EPROTO;
+  }
   std::string payload(h.length, '\0');
   int rr = read_all(sock, payload.data(), payload.size(), deadline);
   if (rr) return rr == -EPROTO ? fail("connection closed inside a frame") : rr;

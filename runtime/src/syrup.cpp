@@ -99,6 +99,14 @@ int syr_deploy_policy_source(const char* source, size_t len, const char* name,
   const char* hn = hook_name(hook);
   if (!hn) return fail(-EINVAL, "unknown hook " + std::to_string(static_cast<int>(hook)));
 
+  // What syrupd would refuse is refused here, in its words, before a connection: a source
+  // larger than a request frame could not even be sent (syrupd's own --max_source_bytes,
+  // 1 MiB by default, it checks itself).
+  if (std::string why = syrup::names::source_size(len, syrup::proto::kMaxPayload,
+                                                  "a deploy request carries at most 4 MiB; syrupd's "
+                                                  "--max_source_bytes is 1048576 unless set");
+      !why.empty())
+    return fail(-EFBIG, why);
   const char* app = OPT(opts, app, nullptr);
   const char* shown = OPT(opts, name, nullptr);
   nlohmann::json req = {
@@ -116,6 +124,8 @@ int syr_deploy_policy_source(const char* source, size_t len, const char* name,
   nlohmann::json pj = nlohmann::json::object();
   for (size_t i = 0; i < n_params; i++) {
     if (!params[i].name) return fail(-EINVAL, "parameter " + std::to_string(i) + " has no name");
+    if (std::string why = syrup::names::check("parameter", params[i].name, syrup::names::Kind::kParam); !why.empty())
+      return fail(-EINVAL, why);
     pj[params[i].name] = params[i].value;
   }
   req["params"] = pj;
@@ -141,6 +151,22 @@ int syr_deploy_policy_source(const char* source, size_t len, const char* name,
   size_t n_cpus = OPT(opts, n_cpus, 0);
   if (n_cpus && !cpus) return fail(-EINVAL, "n_cpus is set but cpus is NULL");
   if (n_cpus) req["cpus"] = std::vector<int>(cpus, cpus + n_cpus);
+  if (std::string why = syrup::names::check("application", req["app"].get<std::string>()); !why.empty())
+    return fail(-EINVAL, why);
+  for (auto [what, key] : {std::pair{"policy", "name"}, std::pair{"source", "source_name"}})
+    if (std::string why = syrup::names::check(what, req[key].get<std::string>(), syrup::names::Kind::kDisplay);
+        !why.empty())
+      return fail(-EINVAL, why);
+  if (req.contains("ifname"))
+    if (std::string why = syrup::names::check("interface", req["ifname"].get<std::string>(),
+                                              syrup::names::Kind::kInterface);
+        !why.empty())
+      return fail(-EINVAL, why);
+  if (pid < 0 || pid > syrup::names::kMaxPid)
+    return fail(-EINVAL, "pid must be an integer in 0.." + std::to_string(syrup::names::kMaxPid) + ", got " +
+                             std::to_string(pid));
+  for (size_t i = 0; i < n_cpus; i++)
+    if (cpus[i] < 0) return fail(-EINVAL, "cpus must be cores 0.., got " + std::to_string(cpus[i]));
   syrup::Message resp;
   int r = rpc(req, resp, std::span<const int>(fds, fds ? n_fds : 0));
   if (r) return r;

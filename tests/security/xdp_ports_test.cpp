@@ -1,0 +1,119 @@
+// Class 9 of the security suite (docs/security/input.md): an XDP port claim takes every
+// frame of (protocol, port) on the interface, IPv4 and IPv6 to any address, so a tenant
+// may claim only a port its own sockets receive all of. The audit's user held only
+// [::]:9200 with IPV6_V6ONLY, claimed UDP 9200 and dropped another user's IPv4 traffic to
+// 0.0.0.0:9200. Here Mallory tries that (and a socket bound to one address) with a policy
+// that drops everything, on a veth pair whose peer is in a namespace the test makes, and
+// Alice's IPv4 datagrams from the peer to her 0.0.0.0 socket must still arrive.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <thread>
+
+#include "security/held_user.h"
+#include "security/security.h"
+
+namespace syrup::test::security {
+namespace {
+
+using nlohmann::json;
+
+// A UDP socket of `family` bound to `addr`:0 (v6only for AF_INET6); its port, 0 on failure.
+uint16_t bound_udp(UniqueFd& fd, int family, const char* addr, bool v6only = false) {
+  fd.reset(socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_storage ss{};
+  socklen_t len;
+  if (family == AF_INET6) {
+    int on = v6only;
+    setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof on);
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    a->sin6_family = AF_INET6;
+    inet_pton(AF_INET6, addr, &a->sin6_addr);
+    len = sizeof *a;
+  } else {
+    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    a->sin_family = AF_INET;
+    inet_pton(AF_INET, addr, &a->sin_addr);
+    len = sizeof *a;
+  }
+  if (!fd || bind(fd.get(), reinterpret_cast<sockaddr*>(&ss), len) ||
+      getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len))
+    return 0;
+  return ntohs(family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                  : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+}
+
+TEST(XdpPorts, AV6OnlyHolderCannotClaimThePortForIpv4AndAnotherUsersIpv4TrafficArrives) {
+  SYRUP_REQUIRE_ROOT();
+  TestNet net(240 + getpid() % 10);
+  ASSERT_TRUE(net.ok());
+  Daemon d;
+  d.start();
+  std::string ifname = net.host_if;
+  std::string drop = source_path("tests/policies/drop_all.c");
+
+  UniqueFd v6only, specific, dual;
+  HeldUser mallory(kMallory, [&] {
+    auto claim = [&](uint16_t port, const char* app) {
+      syr_deploy_opts o{.sz = sizeof o, .app = app, .ifname = ifname.c_str(), .ports = &port, .n_ports = 1};
+      int id = syr_deploy_policy(drop.c_str(), SYR_HOOK_XDP, &o);
+      return json{{"r", id}, {"err", syr_last_error()}, {"port", port}};
+    };
+    json out;
+    out["v6only"] = claim(bound_udp(v6only, AF_INET6, "::", true), "mallory-v6only");
+    out["specific"] = claim(bound_udp(specific, AF_INET, "127.0.0.1"), "mallory-specific");
+    // What may be claimed: [::] without IPV6_V6ONLY receives the port's IPv4 and IPv6.
+    out["dual"] = claim(bound_udp(dual, AF_INET6, "::", false), "mallory-dual");
+    return out;
+  });
+  const json& m = mallory.result();
+  ASSERT_TRUE(m.contains("v6only")) << m.dump();
+  EXPECT_EQ(m["v6only"]["r"], -EPERM) << m.dump();
+  EXPECT_NE(m["v6only"]["err"].get<std::string>().find("with IPV6_V6ONLY (IPv6 only)"), std::string::npos)
+      << m.dump();
+  EXPECT_NE(m["v6only"]["err"].get<std::string>().find("a claim needs sockets bound to the wildcard address"),
+            std::string::npos)
+      << m.dump();
+  EXPECT_EQ(m["specific"]["r"], -EPERM) << m.dump();
+  EXPECT_NE(m["specific"]["err"].get<std::string>().find("127.0.0.1 (that address only)"), std::string::npos)
+      << m.dump();
+  EXPECT_GT(m["dual"]["r"].get<int>(), 0) << m.dump();
+
+  // Alice binds 0.0.0.0 on the port Mallory holds for IPv6 only (she may: the families do
+  // not share a binding) and sends to it from the peer while Mallory's process lives.
+  uint16_t port = m["v6only"]["port"].get<uint16_t>();
+  UniqueFd peer(net.peer_udp());
+  std::string host_ip = net.host_ip;
+  json a = as_user(kAlice, [&] {
+    UniqueFd mine(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    sockaddr_in any{};
+    any.sin_family = AF_INET;
+    any.sin_port = htons(port);
+    if (bind(mine.get(), reinterpret_cast<sockaddr*>(&any), sizeof any))
+      return json{{"error", std::string("bind: ") + strerror(errno)}};
+    timeval tv{0, 300000};
+    setsockopt(mine.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(port);
+    inet_pton(AF_INET, host_ip.c_str(), &to.sin_addr);
+    int got = 0;
+    for (int i = 0; i < 20; i++) {
+      uint32_t p[4] = {1, static_cast<uint32_t>(i), 0, 0};
+      sendto(peer.get(), p, sizeof p, 0, reinterpret_cast<sockaddr*>(&to), sizeof to);
+      char buf[64];
+      if (recv(mine.get(), buf, sizeof buf, 0) > 0) got++;
+    }
+    return json{{"sent", 20}, {"got", got}};
+  });
+  EXPECT_EQ(a.value("got", -1), 20) << a.dump();
+
+  if (m["dual"]["r"].get<int>() > 0) syr_remove_policy(m["dual"]["r"].get<int>());
+  mallory.release();
+  EXPECT_EQ(d.stop(), 0);
+}
+
+}  // namespace
+}  // namespace syrup::test::security

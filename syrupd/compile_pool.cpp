@@ -13,6 +13,7 @@ int CompilePool::start(Compiler& compiler, unsigned workers) {
   event_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!event_fd_) return -errno;
   stopping_ = false;
+  per_uid_ = workers > 1 ? workers - 1 : 1;
   for (unsigned i = 0; i < workers; i++) workers_.emplace_back([this] { work(); });
   return 0;
 }
@@ -20,7 +21,15 @@ int CompilePool::start(Compiler& compiler, unsigned workers) {
 void CompilePool::submit(uint64_t ticket, uid_t uid, CompileJob job) {
   {
     std::lock_guard lk(mu_);
-    queued_[uid].push_back({ticket, uid, std::move(job), std::chrono::steady_clock::now()});
+    queued_[uid].push_back({ticket, uid, std::move(job), {}, std::chrono::steady_clock::now()});
+  }
+  cv_.notify_one();
+}
+
+void CompilePool::submit(uint64_t ticket, uid_t uid, std::function<void()> task) {
+  {
+    std::lock_guard lk(mu_);
+    queued_[uid].push_back({ticket, uid, CompileJob{}, std::move(task), std::chrono::steady_clock::now()});
   }
   cv_.notify_one();
 }
@@ -40,9 +49,22 @@ metrics::CompileSample CompilePool::stats() {
   return s;
 }
 
+bool CompilePool::runnable_locked() const {
+  for (auto& [uid, q] : queued_)
+    if (auto r = running_.find(uid); r == running_.end() || r->second < per_uid_) return true;
+  return false;
+}
+
 CompilePool::Job CompilePool::next_locked() {
+  auto may_run = [&](auto it) {
+    auto r = running_.find(it->first);
+    return r == running_.end() || r->second < per_uid_;
+  };
   auto it = served_any_ ? queued_.upper_bound(last_uid_) : queued_.begin();
   if (it == queued_.end()) it = queued_.begin();
+  for (size_t n = 0; !may_run(it) && n < queued_.size(); n++)
+    if (++it == queued_.end()) it = queued_.begin();
+  running_[it->first]++;
   Job out = std::move(it->second.front());
   it->second.pop_front();
   last_uid_ = it->first;
@@ -56,22 +78,28 @@ void CompilePool::work() {
     Job j;
     {
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stopping_ || !queued_.empty(); });
+      cv_.wait(lk, [&] { return stopping_ || runnable_locked(); });
       if (stopping_) return;
       j = next_locked();
-      stats_.running_by_uid[j.uid]++;
+      if (!j.task) stats_.running_by_uid[j.uid]++;
     }
     auto started = std::chrono::steady_clock::now();
-    CompileResult r = compiler_->compile(j.job);
+    CompileResult r;
+    if (j.task) j.task();
+    else r = compiler_->compile(j.job);
     auto ended = std::chrono::steady_clock::now();
     {
       std::lock_guard lk(mu_);
-      if (--stats_.running_by_uid[j.uid] == 0) stats_.running_by_uid.erase(j.uid);
-      (r.err ? stats_.failed : stats_.ok)++;
-      stats_.wait_seconds += std::chrono::duration<double>(started - j.submitted).count();
-      stats_.compile_seconds += std::chrono::duration<double>(ended - started).count();
+      if (--running_[j.uid] == 0) running_.erase(j.uid);
+      if (!j.task) {
+        if (--stats_.running_by_uid[j.uid] == 0) stats_.running_by_uid.erase(j.uid);
+        (r.err ? stats_.failed : stats_.ok)++;
+        stats_.wait_seconds += std::chrono::duration<double>(started - j.submitted).count();
+        stats_.compile_seconds += std::chrono::duration<double>(ended - started).count();
+      }
       done_.push_back({j.ticket, std::move(r)});
     }
+    cv_.notify_all();  // a uid at its share may have a queued job to start now
     uint64_t one = 1;
     (void)!write(event_fd_.get(), &one, sizeof one);
   }

@@ -10,6 +10,11 @@
 // get names of their own per compile) and this object's queues under its mutex; the
 // main thread alone submits and takes results; stop() kills running compilers, drops
 // what is queued and joins the workers before it returns.
+//
+// The same workers verify and load parked deploys (submit() with a task: the kernel's
+// verifier, bpf_object__load, can take seconds), taking turns with compiles by uid.
+// While another uid waits, one uid runs on at most workers - 1 of them (one, with one
+// worker), so a user's compile bomb or heavy verify leaves a worker to everyone else.
 #pragma once
 
 #include <sys/types.h>
@@ -18,6 +23,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -45,6 +51,9 @@ class CompilePool {
   // Readable (an eventfd) when take_done() has results.
   int event_fd() const { return event_fd_.get(); }
   void submit(uint64_t ticket, uid_t uid, CompileJob job);
+  // Runs `task` on a worker in `uid`'s turn; done (with an empty result) when it returns.
+  // The task touches only what it was given and what is safe across threads.
+  void submit(uint64_t ticket, uid_t uid, std::function<void()> task);
   std::vector<Done> take_done();
   // What the workers hold now and have done (for the metrics).
   metrics::CompileSample stats();
@@ -55,10 +64,13 @@ class CompilePool {
     uint64_t ticket;
     uid_t uid;
     CompileJob job;
+    std::function<void()> task;  // set: run it instead of compiling `job`
     std::chrono::steady_clock::time_point submitted;
   };
   void work();
-  // The next job in turn, from a non-empty queue. Caller holds mu_.
+  // Whether some queued uid may have a job started now. Caller holds mu_.
+  bool runnable_locked() const;
+  // The next job in turn, when runnable_locked(). Caller holds mu_.
   Job next_locked();
 
   Compiler* compiler_ = nullptr;
@@ -68,6 +80,8 @@ class CompilePool {
   std::condition_variable cv_;
   bool stopping_ = false;
   std::map<uid_t, std::deque<Job>> queued_;
+  size_t per_uid_ = 1;  // most jobs of one uid running at once
+  std::map<uid_t, size_t> running_;
   uid_t last_uid_ = 0;
   bool served_any_ = false;
   std::vector<Done> done_;

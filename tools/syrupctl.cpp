@@ -330,8 +330,20 @@ int cmd_stats(const std::vector<std::string>& args) {
 int cmd_map(const std::vector<std::string>& args) {
   if (args.size() != 2 || args[0] != "dump") return usage("usage: syrupctl map dump --app APP MAP");
   if (FLAGS_app.empty()) return usage("map dump needs --app APP");
-  nlohmann::json out;
-  if (int r = call({{"op", "map_dump"}, {"app", FLAGS_app}, {"map", args[1]}, {"limit", FLAGS_limit}}, out)) return r;
+  if (FLAGS_limit < 0) return usage("--limit must be a non-negative number of entries");
+  // syrupd answers a page at a time (docs/protocol.md, map_dump): ask on from each page's
+  // cursor until --limit entries came or the map ended.
+  nlohmann::json out, req = {{"op", "map_dump"}, {"app", FLAGS_app}, {"map", args[1]}};
+  nlohmann::json entries = nlohmann::json::array();
+  for (;;) {
+    req["limit"] = static_cast<uint64_t>(FLAGS_limit) - entries.size();
+    if (int r = call(req, out)) return r;
+    for (auto& e : out["entries"]) entries.push_back(std::move(e));
+    if (!out.contains("cursor") || entries.size() >= static_cast<uint64_t>(FLAGS_limit)) break;
+    req["cursor"] = out["cursor"];
+  }
+  out["entries"] = std::move(entries);
+  out.erase("cursor");
   if (FLAGS_json) {
     std::cout << out.dump(2) << "\n";
     return 0;

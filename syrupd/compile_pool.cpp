@@ -10,6 +10,10 @@ namespace syrup {
 
 int CompilePool::start(Compiler& compiler, unsigned workers) {
   compiler_ = &compiler;
+  return start(workers);
+}
+
+int CompilePool::start(unsigned workers) {
   event_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!event_fd_) return -errno;
   stopping_ = false;

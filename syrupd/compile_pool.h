@@ -11,10 +11,11 @@
 // main thread alone submits and takes results; stop() kills running compilers, drops
 // what is queued and joins the workers before it returns.
 //
-// The same workers verify and load parked deploys (submit() with a task: the kernel's
-// verifier, bpf_object__load, can take seconds), taking turns with compiles by uid.
-// While another uid waits, one uid runs on at most workers - 1 of them (one, with one
-// worker), so a user's compile bomb or heavy verify leaves a worker to everyone else.
+// A pool started without a compiler runs tasks instead (submit() with a task): syrupd's
+// load workers, which have the kernel verify and load parked deploys (bpf_object__load
+// can take seconds), uids in turn as well. While another uid waits, one uid runs on at
+// most workers - 1 of a pool's workers (one, with one worker), so a user's compile bomb
+// or heavy verify leaves a worker to everyone else.
 #pragma once
 
 #include <sys/types.h>
@@ -48,6 +49,8 @@ class CompilePool {
 
   // Starts `workers` threads compiling with `compiler`. 0 or -errno.
   int start(Compiler& compiler, unsigned workers);
+  // Starts `workers` threads running submitted tasks only. 0 or -errno.
+  int start(unsigned workers);
   // Readable (an eventfd) when take_done() has results.
   int event_fd() const { return event_fd_.get(); }
   void submit(uint64_t ticket, uid_t uid, CompileJob job);

@@ -130,30 +130,6 @@ void policy_names(const json& b, std::string& name, std::string& source_name) {
 // replaces such bytes, so writing the state file can never make syrupd throw.
 std::string state_entry(const json& entry) { return entry.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// The id of the BPF map behind `fd`, 0 if none.
-uint32_t map_id(int fd) {
-  bpf_map_info info{};
-  uint32_t len = sizeof info;
-  return bpf_map_get_info_by_fd(fd, &info, &len) == 0 ? info.id : 0;
-}
-
-// Why a load made with `then` no longer fits the target that would install it, prepared
-// as `now` (the maps it shares with a replaced policy or the hook, its executors and
-// parameters); "" when it fits.
-std::string load_changed(const LoadSpec& then, const LoadSpec& now) {
-  if (then.num_executors != now.num_executors)
-    return "its target's executors changed from " + std::to_string(then.num_executors) + " to " +
-           std::to_string(now.num_executors);
-  if (then.params != now.params) return "the parameters its target sets changed";
-  if (then.reuse_maps.size() != now.reuse_maps.size()) return "the policy it replaces changed";
-  for (auto& [name, fd] : then.reuse_maps) {
-    auto it = now.reuse_maps.find(name);
-    if (it == now.reuse_maps.end() || map_id(fd) != map_id(it->second))
-      return "the policy it replaces, or its hook's map " + name + ", changed";
-  }
-  return {};
-}
-
 json as_number(const unsigned char* p, size_t n) {
   switch (n) {
     case 1: return p[0];
@@ -288,7 +264,12 @@ int Daemon::init(const DaemonConfig& cfg) {
   }
   asks_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!asks_fd_) return -errno;
-  std::vector<int> watched = {listen_fd_.get(), signal_fd_.get(), compile_pool_.event_fd(), asks_fd_.get()};
+  if ((r = load_pool_.start(cfg_.compile_workers))) {
+    log(LogLevel::kError, "cannot start the load workers: %s", std::strerror(-r));
+    return r;
+  }
+  std::vector<int> watched = {listen_fd_.get(), signal_fd_.get(), compile_pool_.event_fd(), load_pool_.event_fd(),
+                              asks_fd_.get()};
   for (auto& h : hooks_)
     if (h->event_fd() >= 0) watched.push_back(h->event_fd());
   for (int fd : watched) {
@@ -382,7 +363,7 @@ int Daemon::run() {
         // Its request (or end of stream) came: the error it was sent has been delivered.
         epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
         rejected_.erase(fd);
-      } else if (fd == compile_pool_.event_fd()) {
+      } else if (fd == compile_pool_.event_fd() || fd == load_pool_.event_fd()) {
         resume_parked();
       } else if (fd == asks_fd_.get()) {
         answer_quota_asks();
@@ -406,6 +387,7 @@ int Daemon::run() {
     asks_.clear();
   }
   compile_pool_.stop();
+  load_pool_.stop();
   for (auto& [ticket, job] : loads_)
     if (job->loaded) job->loaded->unpin();
   for (auto& [ticket, p] : parked_) {
@@ -621,7 +603,7 @@ void Daemon::park(int fd, const Caller& caller, proto::Message req, std::unique_
     job->spec.check_quota = [this, ticket](const LoadFootprint& fp) { return ask_quota(ticket, fp); };
     loads_[ticket] = job;
     loading_apps_[job->spec.app]++;
-    compile_pool_.submit(ticket, caller.uid, [job] { job->err = load_policy(job->spec, job->loaded, job->fail); });
+    load_pool_.submit(ticket, caller.uid, [job] { job->err = load_policy(job->spec, job->loaded, job->fail); });
   } else {
     log(LogLevel::kDebug, "pid %d uid %u: deploy parked while %s compiles (ticket %llu)", caller.pid, caller.uid,
         d->job.display_name.c_str(), static_cast<unsigned long long>(ticket));
@@ -631,7 +613,9 @@ void Daemon::park(int fd, const Caller& caller, proto::Message req, std::unique_
 }
 
 void Daemon::resume_parked() {
-  for (auto& done : compile_pool_.take_done()) {
+  std::vector<CompilePool::Done> dones = compile_pool_.take_done();
+  for (auto& d : load_pool_.take_done()) dones.push_back(std::move(d));
+  for (auto& done : dones) {
     if (auto w = config_warming_.find(done.ticket); w != config_warming_.end()) {
       if (done.result.err) config_warm_failed_[w->second] = std::move(done.result);
       config_warming_.erase(w);
@@ -1050,27 +1034,35 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   spec.allowed_helpers = hi->allowed_helpers();
   spec.allow_kfuncs = hi->allows_kfuncs();
   if (enforce_quotas) spec.check_quota = [&](const LoadFootprint& fp) { return check_quota(app, old, fp); };
-  // The new target holds what the first one held for the park (an interface's root); a
-  // slot the first one took for the load is free again for the new one to take.
-  if (loaded_job) resumed->first_target.reset();
-  if (int r = target->prepare_load(spec, old ? old->target.get() : nullptr,
-                                   old ? old->loaded.get() : nullptr)) {
+  // A resumed load installs on the target its load was prepared with (the maps it
+  // shares, a slot it took); the target this run made has made every check again and
+  // is dropped after the install (until then it and the earlier ones hold what they
+  // share, an interface's root).
+  std::unique_ptr<Target> checked;
+  if (loaded_job) {
+    if (loaded_job->err) {
+      undo_app();
+      return {proto::error_response(-loaded_job->err, loaded_job->fail.message, loaded_job->fail.log)};
+    }
+    // Loaded on a worker while other requests ran: the target and the policy it replaces
+    // must be those the load was prepared for, and the quotas must still hold with what
+    // registered meanwhile (its maps are pinned now, so they count as pinned).
+    if ((old ? old->id : 0) != resumed->replaces || target->key() != resumed->first_target->key()) {
+      undo_app();  // the resume undoes the load
+      std::string was = resumed->replaces ? "policy " + std::to_string(resumed->replaces) : std::string("none");
+      return {proto::error_response(EAGAIN, "policy " + name + " was not deployed: the policy it replaces on " +
+                                                target->key() + " changed while it was verified (it was " + was +
+                                                "); deploy again")};
+    }
+    checked = std::move(target);
+    target = std::move(resumed->first_target);
+  } else if (int r = target->prepare_load(spec, old ? old->target.get() : nullptr,
+                                          old ? old->loaded.get() : nullptr)) {
     undo_app();
     return {proto::error_response(-r, "cannot prepare the replacement of policy " +
                                           std::to_string(old ? old->id : 0))};
   }
   if (loaded_job) {
-    // Loaded on a worker while other requests ran: what the load shared with the target
-    // must still be what the target shares now, and the quotas must still hold with
-    // what registered meanwhile (its maps are pinned now, so they count as pinned).
-    if (loaded_job->err) {
-      undo_app();
-      return {proto::error_response(-loaded_job->err, loaded_job->fail.message, loaded_job->fail.log)};
-    }
-    if (std::string why = load_changed(loaded_job->spec, spec); !why.empty()) {
-      undo_app();  // the resume undoes the load
-      return {proto::error_response(EAGAIN, "policy " + name + " was not deployed: " + why + " while it was verified; deploy again")};
-    }
     if (enforce_quotas) {
       LoadFootprint now;
       bpf_prog_info info{};
@@ -1097,6 +1089,9 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
     }
     parking->load = std::move(lj);
     parking->result = std::move(cr);
+    // The compile's first target too: dropped now, it would take a hook-wide root with
+    // it (an XDP root no installed policy uses is detached) from under this run's.
+    if (resumed) parking->held = std::move(resumed->first_target);
     parking->enforce_quotas = enforce_quotas;
     parking->replaces = old ? old->id : 0;
     parking->first_target = std::move(target);

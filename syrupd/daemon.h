@@ -8,13 +8,14 @@
 //  - connections are non-blocking: a request frame is assembled from what each
 //    readiness event brings, an answer is sent as the socket takes it; a begun frame, and
 //    an answer, have kFrameDeadlineSec, after which the connection is closed;
-//  - what takes seconds runs on the workers (compile_pool.h), uids in turn: clang, and
-//    the kernel's verifier (bpf_object__load). A deploy whose object is not cached is
-//    parked while a worker compiles it, then runs again from the start, every check
-//    included; it parks again while a worker loads it (the quota check before the
-//    verifier is asked of the main loop), and runs again from the start to install and
-//    register, refusing a load whose shared maps the target no longer has
-//    (--load_timeout_s bounds the wait: the client is then answered, the late load undone);
+//  - what takes seconds runs on workers (compile_pool.h), uids in turn: clang on the
+//    compile workers, the kernel's verifier (bpf_object__load) on as many load workers.
+//    A deploy whose object is not cached is parked while a worker compiles it, then runs
+//    again from the start, every check included; it parks again while a worker loads it
+//    (the quota check before the verifier is asked of the main loop), and runs again
+//    from the start to install on the target the load was prepared with and register,
+//    refusing the load if the policy it replaces changed meanwhile (--load_timeout_s
+//    bounds the wait: the client is then answered, the late load undone);
 //  - a map dump answers a page of entries per request, a bounded amount of memory and
 //    main-loop time, with a cursor for the next page.
 // Invariants the registry keeps:
@@ -102,8 +103,8 @@ struct DaemonConfig {
   unsigned client_idle_timeout_s = 60;
   // --agent_cpus: where the thread hook's user-space agents run (empty: where syrupd may).
   std::vector<int> agent_cpus;
-  // --compile_workers: threads compiling and loading parked deploys (docs/protocol.md,
-  // "Connection model").
+  // --compile_workers: threads compiling parked deploys, and as many loading them
+  // (docs/protocol.md, "Connection model").
   unsigned compile_workers = 2;
   // --load_timeout_s: a parked load not done by then is answered ETIMEDOUT; the kernel's
   // verifier cannot be interrupted, so its worker finishes and syrupd undoes the load.
@@ -140,6 +141,7 @@ class Daemon {
     // The first run's target, kept until the resumed run has made its own, so that a
     // hook-wide root it holds (an interface's XDP dispatcher) is not detached meanwhile.
     std::unique_ptr<Target> first_target;
+    std::unique_ptr<Target> held;  // parked for a load: the compile's first target
     CompileResult result;  // the worker's compile
     std::shared_ptr<LoadJob> load;  // set: parked for (or resumed from) this load
     std::chrono::steady_clock::time_point load_by;
@@ -297,6 +299,8 @@ class Daemon {
   std::vector<std::shared_ptr<QuotaAsk>> asks_;  // under asks_mu_
   bool asks_closed_ = false;                      // under asks_mu_: shutting down
   UniqueFd asks_fd_;                              // eventfd: asks_ has some
+  // Its tasks ask the main loop through asks_: declared after them, joined before them.
+  CompilePool load_pool_;
   uint64_t next_ticket_ = 1;
   // Per request: whether deploy() may park (a client's request, not a --config entry or a
   // resumed deploy), and what a resumed deploy continues from.

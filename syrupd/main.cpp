@@ -30,8 +30,8 @@ DEFINE_uint32(load_timeout_s, 30,
               "a deploy whose policy the kernel has not verified and loaded within this many seconds is answered "
               "ETIMEDOUT (the load runs on a worker; it is undone when the kernel returns)");
 DEFINE_uint32(compile_workers, 2,
-              "threads compiling policies; a deploy waiting for clang holds up no other request "
-              "(1 to 64)");
+              "threads compiling policies, and as many loading them; a deploy waiting for clang or "
+              "the verifier holds up no other request (1 to 64)");
 DEFINE_string(log_level, "info", "debug, info, warn or error");
 DEFINE_uint64(max_source_bytes, 1 << 20, "largest policy source accepted, in bytes");
 DEFINE_string(state_file, "",

@@ -87,6 +87,7 @@ int FrameReader::read(int sock, Message& out, std::string* err) {
   auto fail = [&](const char* why) {
     if (err) *err = why;
     got_ = 0;
+    payload_.clear();
     fds_.clear();
     return -EPROTO;
   };
@@ -99,8 +100,10 @@ int FrameReader::read(int sock, Message& out, std::string* err) {
       want = sizeof(Header) - got_;
       into = header_ + got_;
     } else {
-      want = payload_.size() - (got_ - sizeof(Header));
-      into = payload_.data() + (got_ - sizeof(Header));
+      size_t have = got_ - sizeof(Header);
+      want = std::min<size_t>(length_ - have, 64 << 10);
+      payload_.resize(have + want);
+      into = payload_.data() + have;
     }
     if (want > 0) {
       iovec iov{into, want};
@@ -130,15 +133,17 @@ int FrameReader::read(int sock, Message& out, std::string* err) {
         return fail(got_ < sizeof(Header) ? "connection closed inside a frame header" : "connection closed inside a frame");
       }
       bool had_header = got_ >= sizeof(Header);
+      if (had_header) payload_.resize(got_ - sizeof(Header) + static_cast<size_t>(r));
       got_ += static_cast<size_t>(r);
       if (!had_header && got_ == sizeof(Header)) {
         Header h;
         std::memcpy(&h, header_, sizeof h);
         if (le32toh(h.magic) != kMagic) return fail("bad frame magic (not a Syrup control message)");
         if (le32toh(h.length) > kMaxPayload) return fail("frame larger than the 4 MiB limit");
-        payload_.assign(le32toh(h.length), '\0');
+        length_ = le32toh(h.length);
+        payload_.clear();
       }
-      if (got_ < sizeof(Header) || got_ - sizeof(Header) < payload_.size()) continue;
+      if (got_ < sizeof(Header) || got_ - sizeof(Header) < length_) continue;
     }
     // Whole.
     got_ = 0;

@@ -48,7 +48,7 @@ ssize_t send_some(int sock, const std::string& frame, size_t off, std::span<cons
 // for a peer: read() takes what the socket has and returns; the caller bounds how long a
 // frame may take (in_frame() says one has begun). Descriptors may come with any byte of
 // a frame; more than kMaxFds in one frame, or a header beyond kMaxPayload, end the
-// stream. It reads no byte past the frame it assembles, so a frame sent behind it stays
+// stream. It holds what arrived of the frame, no more. It reads no byte past the frame it assembles, so a frame sent behind it stays
 // in the socket until asked for.
 class FrameReader {
  public:
@@ -61,6 +61,9 @@ class FrameReader {
  private:
   char header_[8] = {};
   size_t got_ = 0;  // bytes of the current frame so far, header included
+  uint32_t length_ = 0;  // the payload's, from the header
+  // Grows with the bytes that came, not to the header's length at once: a header alone
+  // (on each of many connections) makes the reader hold nothing more.
   std::string payload_;
   std::vector<UniqueFd> fds_;
 };

@@ -17,6 +17,7 @@
 #include <grp.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <syrup/syrup.h>
@@ -143,7 +144,8 @@ int fill_big(const char* app) {
   };
   UdpGroup group;
   if (group.open(2)) _exit(4);
-  syr_deploy_opts o = group.deploy_opts("bench-attacker");
+  const std::string app = "bench-attacker";  // the options point into it
+  syr_deploy_opts o = group.deploy_opts(app);
   if (kind == "trickle") {
     std::string frame;
     syrup::proto::encode_frame(json{{"op", "list"}}, frame);
@@ -226,6 +228,19 @@ int run_isolation(const Env& env, json& out) {
   const char* sockenv = std::getenv("SYRUP_SOCKET");
   std::string sock = sockenv ? sockenv : syrup::proto::kDefaultSocket;
   std::string syrupctl = env.syrupctl;
+  // The private syrupd's directory is the bench's (mkdtemp, 0700): the two users must
+  // reach its socket, for this benchmark only.
+  std::string dir = sock.substr(0, sock.rfind('/'));
+  struct stat dst{};
+  if (stat(dir.c_str(), &dst) || chmod(dir.c_str(), 0711)) {
+    std::fprintf(stderr, "syrup_bench: cannot let other users reach %s: %s\n", dir.c_str(), std::strerror(errno));
+    return -errno;
+  }
+  struct RestoreMode {
+    std::string dir;
+    mode_t mode;
+    ~RestoreMode() { chmod(dir.c_str(), mode & 07777); }
+  } restore{dir, dst.st_mode};
   uint32_t n = env.isolation_lists;
   int gap_ms = static_cast<int>(1000.0 * env.isolation_seconds / n);
   std::printf("\n== Isolation: one user's list while another attacks ==\n"

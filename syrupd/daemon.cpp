@@ -1791,7 +1791,8 @@ Daemon::Response Daemon::map_dump(const Caller& caller, const json& req) {
   // One page per request: at most kDumpPageEntries entries and about kDumpPageBytes of
   // answer, so that a dump of any size costs syrupd bounded memory and main-loop time per
   // request; the answer's "cursor" continues it (docs/protocol.md, map_dump).
-  constexpr size_t kDumpPageEntries = 4096, kDumpPageBytes = 1 << 20;
+  // 1024 entries of 4-byte keys and 8-byte values: about 3 ms of main loop.
+  constexpr size_t kDumpPageEntries = 1024, kDumpPageBytes = 256 << 10;
   uint64_t limit = 4096;
   if (req.contains("limit")) {
     if (!req["limit"].is_number_unsigned() && !(req["limit"].is_number_integer() && req["limit"].get<int64_t>() >= 0))

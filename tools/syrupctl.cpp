@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli.h"
@@ -76,17 +78,22 @@ std::string socket_path() {
 }
 
 // Sends `req`; on success returns 0 with the body in `out`, else prints and returns the
-// exit code.
-int call(const nlohmann::json& req, nlohmann::json& out) {
-  syrup::Client c;
-  if (c.connect(socket_path())) {
-    std::fprintf(stderr, "syrupctl: %s\n", c.error().c_str());
-    return kExitUnreachable;
-  }
+// exit code. `rate_waits`: how many times to wait 20 ms and ask again while syrupd says
+// the caller is over its request rate (a paged map dump asks many times).
+int call(const nlohmann::json& req, nlohmann::json& out, int rate_waits = 0) {
   syrup::Message resp;
-  if (c.call(req, resp)) {
-    std::fprintf(stderr, "syrupctl: %s\n", c.error().c_str());
-    return kExitUnreachable;
+  for (;;) {
+    syrup::Client c;
+    if (c.connect(socket_path())) {
+      std::fprintf(stderr, "syrupctl: %s\n", c.error().c_str());
+      return kExitUnreachable;
+    }
+    if (c.call(req, resp)) {
+      std::fprintf(stderr, "syrupctl: %s\n", c.error().c_str());
+      return kExitUnreachable;
+    }
+    if (rate_waits-- <= 0 || resp.body.value("ok", false) || resp.body.value("errno", 0) != EAGAIN) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   out = resp.body;
   std::string err;
@@ -337,7 +344,7 @@ int cmd_map(const std::vector<std::string>& args) {
   nlohmann::json entries = nlohmann::json::array();
   for (;;) {
     req["limit"] = static_cast<uint64_t>(FLAGS_limit) - entries.size();
-    if (int r = call(req, out)) return r;
+    if (int r = call(req, out, 250)) return r;
     for (auto& e : out["entries"]) entries.push_back(std::move(e));
     if (!out.contains("cursor") || entries.size() >= static_cast<uint64_t>(FLAGS_limit)) break;
     req["cursor"] = out["cursor"];

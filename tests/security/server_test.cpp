@@ -234,5 +234,51 @@ TEST_F(ServerSecurity, AHugeMapDumpIsPagedWithBoundedMemory) {
   EXPECT_TRUE(log_says(*d_, "was not read within 5 s; closing the connection", 1, 1000)) << d_->log();
 }
 
+// With --load_timeout_s=1, Mallory's heavy verify is answered ETIMEDOUT after about a
+// second, naming the flag, while the verifier still works on a worker; Alice deploys and
+// lists meanwhile (before: the verify held the main loop, and nothing bounded it).
+TEST(ServerSecurityOwnDaemon, AVerifyPastTheLoadTimeoutIsAnsweredAndHoldsNoOne) {
+  SYRUP_REQUIRE_ROOT();
+  Daemon d;
+  d.start("", {"--load_timeout_s=1"});
+  std::string heavy = read_text(source_path("tests/security/policies/heavy_verify.c"));
+  ASSERT_FALSE(heavy.empty());
+  heavy += "\n/* " + std::to_string(Clock::now().time_since_epoch().count()) + " */\n";
+  json mallory;
+  std::thread t([&] {
+    mallory = as_user(kMallory, [&] {
+      UdpGroup g(2);
+      auto fds = g.fds();
+      syr_deploy_opts o{.sz = sizeof o, .app = "mallory-slow", .fds = fds.data(), .n_fds = fds.size()};
+      auto t0 = Clock::now();
+      int r = syr_deploy_policy_source(heavy.data(), heavy.size(), "heavy_verify.c", SYR_HOOK_SOCKET_SELECT, &o);
+      return json{{"r", r}, {"err", r < 0 ? syr_last_error() : ""}, {"secs", ms_since(t0) / 1000}};
+    });
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  json alice = as_user(kAlice, [&] {
+    UdpGroup g(2);
+    auto fds = g.fds();
+    syr_deploy_opts o{.sz = sizeof o, .app = "alice-app", .fds = fds.data(), .n_fds = fds.size()};
+    auto t0 = Clock::now();
+    int r = syr_deploy_policy(source_path("policies/round_robin.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+    json out = {{"r", r}, {"err", r < 0 ? syr_last_error() : ""}, {"secs", ms_since(t0) / 1000}};
+    if (r > 0) syr_remove_policy(r);
+    return out;
+  });
+  t.join();
+  EXPECT_GT(alice["r"].get<int>(), 0) << alice.dump();
+  EXPECT_EQ(mallory["r"], -ETIMEDOUT) << mallory.dump();
+  EXPECT_NE(mallory["err"].get<std::string>().find("within 1 s (syrupd --load_timeout_s)"), std::string::npos)
+      << mallory.dump();
+  EXPECT_LT(mallory["secs"].get<double>(), 2.5) << mallory.dump();
+  EXPECT_TRUE(log_says(d, "(--load_timeout_s): answered ETIMEDOUT", 1, 1000)) << d.log();
+  // The late load is undone when the kernel returns; syrupd then serves as before.
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  json later = alice_lists(d.socket(), 2, 10);
+  EXPECT_EQ(later["failed"], "") << later.dump();
+  EXPECT_EQ(d.stop(), 0) << d.log();
+}
+
 }  // namespace
 }  // namespace syrup::test::security

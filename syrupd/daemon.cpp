@@ -728,7 +728,10 @@ void Daemon::resume(uint64_t ticket) {
   may_park_ = false;
   resumed_.reset();
   auto c = clients_.find(p.fd);
-  if (c == clients_.end()) return;
+  if (c == clients_.end()) {
+    if (resp.park && resp.park->load) gc_app(resp.park->load->spec.app);  // no load for nobody
+    return;
+  }
   c->second.parked = false;
   if (resp.park) return park(p.fd, p.caller, std::move(p.req), std::move(resp.park));
   answer(p.fd, resp);

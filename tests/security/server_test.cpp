@@ -138,9 +138,10 @@ TEST_F(ServerSecurity, TricklingConnectionsDelayNoOne) {
       << d_->log();
 }
 
-// Mallory deploys a policy the verifier works on for seconds. Alice's lists meanwhile are
-// answered within kQuickMs each (before: the verify ran on the main loop and held them
-// all for its length).
+// Mallory deploys, three times in a row, a policy the verifier works on for seconds (to
+// its limit of a million instructions: 1.5 to 4 s here, by the machine's load). Alice's
+// lists meanwhile are answered within kQuickMs each (before: the verify ran on the main
+// loop and held them all for its length, 2.6 s).
 TEST_F(ServerSecurity, AHeavyVerifyDelaysNoOne) {
   const std::string sock = d_->socket();
   std::string heavy = read_text(source_path("tests/security/policies/heavy_verify.c"));
@@ -154,9 +155,14 @@ TEST_F(ServerSecurity, AHeavyVerifyDelaysNoOne) {
       auto fds = g.fds();
       syr_deploy_opts o{.sz = sizeof o, .app = "mallory-heavy", .fds = fds.data(), .n_fds = fds.size()};
       auto t0 = Clock::now();
-      int r = syr_deploy_policy_source(heavy.data(), heavy.size(), "heavy_verify.c", SYR_HOOK_SOCKET_SELECT, &o);
-      json out = {{"r", r}, {"err", r < 0 ? syr_last_error() : ""}, {"secs", ms_since(t0) / 1000}};
-      if (r > 0) syr_remove_policy(r);
+      json out;
+      for (int i = 0; i < 3; i++) {
+        std::string src = heavy + "/* " + std::to_string(i) + " */\n";  // each one compiled and verified
+        int r = syr_deploy_policy_source(src.data(), src.size(), "heavy_verify.c", SYR_HOOK_SOCKET_SELECT, &o);
+        out = {{"r", r}, {"err", r < 0 ? std::string(syr_last_error()).substr(0, 200) : ""}};
+        if (r > 0) syr_remove_policy(r);
+      }
+      out["secs"] = ms_since(t0) / 1000;
       return out;
     });
   });
@@ -164,8 +170,8 @@ TEST_F(ServerSecurity, AHeavyVerifyDelaysNoOne) {
   std::this_thread::sleep_for(std::chrono::milliseconds(700));
   json alice = alice_lists(sock, 8, 200);
   t.join();
-  // The verify must have lasted beyond Alice's lists for the test to mean anything.
-  ASSERT_GT(mallory["secs"].get<double>(), 2.0) << mallory.dump() << "\nheavy_verify.c verifies too fast on this kernel";
+  // The verifies must have lasted beyond Alice's lists for the test to mean anything.
+  ASSERT_GT(mallory["secs"].get<double>(), 3.0) << mallory.dump() << "\nheavy_verify.c verifies too fast on this kernel";
   EXPECT_EQ(alice["failed"], "") << alice.dump();
   EXPECT_LT(alice["max"].get<double>(), kQuickMs) << alice.dump() << "\nmallory: " << mallory.dump();
 }
@@ -229,7 +235,11 @@ TEST_F(ServerSecurity, AHugeMapDumpIsPagedWithBoundedMemory) {
   EXPECT_EQ(alice["failed"], "") << alice.dump();
   EXPECT_LT(alice["max"].get<double>(), kQuickMs) << alice.dump() << "\nmallory: " << mallory.dump();
   EXPECT_LT(hwm1 - hwm0, 64 * 1024) << "VmHWM " << hwm0 << " -> " << hwm1 << " kB, VmRSS " << rss0 << " -> " << rss1;
-  EXPECT_TRUE(log_says(*d_, "uid 62001: the connection ended before its answer", 1, 1000)) << d_->log();
+  // The abandoned one: closed before its answer went out, or (closed before syrupd read
+  // its request) reset under the read; logged either way.
+  EXPECT_TRUE(log_says(*d_, "uid 62001: the connection ended before its answer", 1, 1000) ||
+              log_says(*d_, "uid 62001: bad request: Connection reset by peer", 1, 0))
+      << d_->log();
   EXPECT_TRUE(log_says(*d_, "uid 62001: the answer", 1, 1000)) << d_->log();
   EXPECT_TRUE(log_says(*d_, "was not read within 5 s; closing the connection", 1, 1000)) << d_->log();
 }

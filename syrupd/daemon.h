@@ -27,7 +27,7 @@
 //  - an application is owned by the uid that first deployed for it;
 //  - a policy whose owner process exits is removed unless it was deployed to persist;
 //  - an application's map pins exist exactly while some policy of that application
-//    declares the map.
+//    declares the map, or a load into the application is in flight (loading_apps_).
 #pragma once
 
 #include <bpf/bpf.h>

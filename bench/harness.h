@@ -50,6 +50,9 @@ struct Env {
   uint32_t xdp_apps = 0;        // applications on the crowded interface (xdp-scale)
   double pps_seconds = 0;       // measured window per case (xdp-pps)
   uint32_t pps_rounds = 0;      // interleaved rounds (xdp-pps)
+  std::string syrupctl;         // next to this executable (isolation)
+  double isolation_seconds = 0; // of lists per case (isolation)
+  uint32_t isolation_lists = 0; // per case (isolation)
 };
 
 // A syrupd of the bench's own (socket, bpffs root and cache in fresh places), started
@@ -204,5 +207,6 @@ int run_deploy(const Env& env, nlohmann::json& out);
 int run_xdp_cost(const Env& env, nlohmann::json& out);
 int run_xdp_scale(const Env& env, nlohmann::json& out);
 int run_xdp_pps(const Env& env, nlohmann::json& out);
+int run_isolation(const Env& env, nlohmann::json& out);
 
 }  // namespace syrup_bench

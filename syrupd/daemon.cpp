@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/file.h>
 #include <poll.h>
 #include <sys/mount.h>
@@ -46,7 +47,9 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kRecvTimeoutSec = 5;
+// A begun request frame must be whole, and an answer read, within this: a peer that
+// trickles bytes is closed then, and holds no one else meanwhile (reads never wait).
+constexpr int kFrameDeadlineSec = 5;
 // How often syrupd looks for policies whose attachment ended without news it could wait
 // for (every socket of a socket-select group closed).
 constexpr int kEndedCheckSec = 2;
@@ -273,7 +276,14 @@ int Daemon::init(const DaemonConfig& cfg) {
     log(LogLevel::kError, "cannot start the compile workers: %s", std::strerror(-r));
     return r;
   }
-  std::vector<int> watched = {listen_fd_.get(), signal_fd_.get(), compile_pool_.event_fd()};
+  asks_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!asks_fd_) return -errno;
+  if ((r = load_pool_.start(cfg_.compile_workers))) {
+    log(LogLevel::kError, "cannot start the load workers: %s", std::strerror(-r));
+    return r;
+  }
+  std::vector<int> watched = {listen_fd_.get(), signal_fd_.get(), compile_pool_.event_fd(), load_pool_.event_fd(),
+                              asks_fd_.get()};
   for (auto& h : hooks_)
     if (h->event_fd() >= 0) watched.push_back(h->event_fd());
   for (int fd : watched) {
@@ -358,14 +368,19 @@ int Daemon::run() {
         }
         log(LogLevel::kInfo, "%s: shutting down", strsignal(static_cast<int>(si.ssi_signo)));
         stop = true;
-      } else if (clients_.count(fd)) {
-        serve_client(fd);
+      } else if (auto c = clients_.find(fd); c != clients_.end()) {
+        // What it is watched for now: an event fetched before it parked or began to
+        // answer in this batch is stale.
+        if (c->second.events & EPOLLOUT) flush_client(fd);
+        else if (c->second.events & EPOLLIN) serve_client(fd);  // readable, closed or in error: the read tells which
       } else if (rejected_.count(fd)) {
         // Its request (or end of stream) came: the error it was sent has been delivered.
         epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
         rejected_.erase(fd);
-      } else if (fd == compile_pool_.event_fd()) {
+      } else if (fd == compile_pool_.event_fd() || fd == load_pool_.event_fd()) {
         resume_parked();
+      } else if (fd == asks_fd_.get()) {
+        answer_quota_asks();
       } else if (fd == metrics_refresh_fd_) {
         uint64_t n;
         if (read(fd, &n, sizeof n) == sizeof n) publish_metrics();
@@ -377,8 +392,18 @@ int Daemon::run() {
     }
     if (stop) break;
   }
-  // Parked deploys are answered, not left hanging: their compiles are stopped.
+  // Parked deploys are answered, not left hanging: their compiles are stopped, their
+  // loads refused at the quota check or undone when the kernel returns.
+  {
+    std::lock_guard lk(asks_mu_);
+    asks_closed_ = true;
+    for (auto& a : asks_) a->answer.set_value("syrupd is shutting down; the policy was not deployed");
+    asks_.clear();
+  }
   compile_pool_.stop();
+  load_pool_.stop();
+  for (auto& [ticket, job] : loads_)
+    if (job->loaded) job->loaded->unpin();
   for (auto& [ticket, p] : parked_) {
     Response resp{proto::error_response(ECANCELED, "syrupd is shutting down; the policy was not deployed")};
     totals_.error("deploy", ECANCELED);
@@ -408,11 +433,8 @@ int Daemon::run() {
 
 void Daemon::accept_client() {
   for (;;) {
-    int c = accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    int c = accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (c < 0) return;
-    timeval tv{kRecvTimeoutSec, 0};
-    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     ucred cred{};
     socklen_t cl = sizeof cred;
     getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
@@ -423,10 +445,22 @@ void Daemon::accept_client() {
       reject_client(c, cred.uid);
       continue;
     }
-    epoll_event ev{EPOLLIN, {.fd = c}};
-    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, c, &ev);
-    clients_.emplace(c, Conn{UniqueFd(c), cred.uid, std::chrono::steady_clock::now()});
+    auto [it, fresh] = clients_.emplace(c, Conn{});
+    Conn& conn = it->second;
+    conn.fd.reset(c);
+    conn.uid = cred.uid;
+    conn.pid = cred.pid;
+    conn.last = std::chrono::steady_clock::now();
+    watch(c, conn, EPOLLIN);
   }
+}
+
+void Daemon::watch(int fd, Conn& c, uint32_t events) {
+  if (c.events == events) return;
+  epoll_event ev{events, {.fd = fd}};
+  int op = c.events == 0 ? EPOLL_CTL_ADD : events == 0 ? EPOLL_CTL_DEL : EPOLL_CTL_MOD;
+  epoll_ctl(epoll_fd_.get(), op, fd, &ev);
+  c.events = events;
 }
 
 // Counted from clients_ when asked (at most --max_clients and root's connections): no
@@ -458,7 +492,9 @@ void Daemon::reject_client(int c, uid_t uid) {
   totals_.error("connect", EBUSY);
   // The error goes out before the request comes in; the client reads it as the answer to
   // its request. Closing at once would make the client's send fail with EPIPE instead,
-  // so the connection is half-closed and kept until the request arrives (or 1 s).
+  // so the connection is half-closed and kept until the request arrives (or 1 s). The
+  // frame is a few hundred bytes into an empty socket buffer: the non-blocking send
+  // takes it whole.
   proto::send_message(c, proto::error_response(EBUSY, why));
   shutdown(c, SHUT_WR);
   constexpr size_t kMaxRejected = 64;  // beyond this, close at once: no unbounded parking
@@ -481,46 +517,119 @@ int Daemon::sweep_clients() {
     }
   }
   auto idle = std::chrono::seconds(cfg_.client_idle_timeout_s);
-  for (auto it = clients_.begin(); it != clients_.end();) {
-    if (it->second.parked) {
-      ++it;
-    } else if (cfg_.client_idle_timeout_s && it->second.last + idle <= now) {
-      log(LogLevel::kDebug, "closing a connection of uid %u idle for %u s", it->second.uid, cfg_.client_idle_timeout_s);
-      epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, it->first, nullptr);
-      it = clients_.erase(it);
+  std::vector<int> late;
+  for (auto& [fd, c] : clients_) {
+    // A begun frame, and an answer being sent, each have kFrameDeadlineSec: a peer that
+    // trickles its request or reads its answer a byte at a time is closed then, having
+    // held nobody else meanwhile.
+    if (c.in.in_frame() && c.frame_by <= now) {
+      log(LogLevel::kWarn, "pid %d uid %u: bad request: the frame did not arrive whole within %d s; closing the connection",
+          c.pid, c.uid, kFrameDeadlineSec);
+      late.push_back(fd);
+    } else if (!c.out.empty() && c.out_by <= now) {
+      log(LogLevel::kWarn, "pid %d uid %u: the answer (%zu bytes) was not read within %d s; closing the connection",
+          c.pid, c.uid, c.out.size(), kFrameDeadlineSec);
+      late.push_back(fd);
+    } else if (!c.parked && c.out.empty() && !c.in.in_frame() && cfg_.client_idle_timeout_s && c.last + idle <= now) {
+      log(LogLevel::kDebug, "closing a connection of uid %u idle for %u s", c.uid, cfg_.client_idle_timeout_s);
+      late.push_back(fd);
     } else {
-      if (cfg_.client_idle_timeout_s) next = std::min(next, it->second.last + idle);
-      ++it;
+      if (c.in.in_frame()) next = std::min(next, c.frame_by);
+      if (!c.out.empty()) next = std::min(next, c.out_by);
+      if (!c.parked && cfg_.client_idle_timeout_s) next = std::min(next, c.last + idle);
     }
   }
+  for (int fd : late) drop_client(fd);
+  if (auto due = sweep_loads(now); due < next) next = due;
   if (next == std::chrono::steady_clock::time_point::max()) return -1;
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
   return static_cast<int>(std::clamp<long long>(ms, 1, 60000));
 }
 
 void Daemon::drop_client(int fd) {
-  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
-  clients_.erase(fd);
+  auto it = clients_.find(fd);
+  if (it == clients_.end()) return;
+  watch(fd, it->second, 0);
+  clients_.erase(it);
 }
 
 void Daemon::answer(int fd, Response& resp) {
-  if (auto it = clients_.find(fd); it != clients_.end()) it->second.last = std::chrono::steady_clock::now();
-  if (proto::send_message(fd, resp.body, resp.fds)) drop_client(fd);
+  auto it = clients_.find(fd);
+  if (it == clients_.end()) return;
+  Conn& c = it->second;
+  c.last = std::chrono::steady_clock::now();
+  if (int r = proto::encode_frame(resp.body, c.out)) {
+    log(LogLevel::kWarn, "pid %d uid %u: the answer is over the %u-byte frame limit", c.pid, c.uid, proto::kMaxPayload);
+    proto::encode_frame(proto::error_response(-r, "the answer would be larger than the 4 MiB frame limit"), c.out);
+    resp.fds.clear();
+  }
+  // The response's descriptors may be borrowed from what a later request removes: the
+  // connection holds its own copies until they are sent.
+  c.out_fds.clear();
+  for (int f : resp.fds) c.out_fds.emplace_back(fcntl(f, F_DUPFD_CLOEXEC, 0));
+  c.out_off = 0;
+  c.out_by = c.last + std::chrono::seconds(kFrameDeadlineSec);
+  flush_client(fd);
+}
+
+void Daemon::flush_client(int fd) {
+  auto it = clients_.find(fd);
+  if (it == clients_.end()) return;
+  Conn& c = it->second;
+  while (c.out_off < c.out.size()) {
+    std::vector<int> fds;
+    for (auto& f : c.out_fds) fds.push_back(f.get());
+    ssize_t w = proto::send_some(fd, c.out, c.out_off, fds);
+    if (w == -EAGAIN) {
+      watch(fd, c, EPOLLOUT);  // resumed when the socket drains
+      return;
+    }
+    if (w < 0) {
+      log(LogLevel::kInfo, "pid %d uid %u: the connection ended before its answer (%zu of %zu bytes) was sent: %s",
+          c.pid, c.uid, c.out_off, c.out.size(), std::strerror(static_cast<int>(-w)));
+      return drop_client(fd);
+    }
+    c.out_off += static_cast<size_t>(w);
+    c.out_fds.clear();  // they went with the first byte
+  }
+  c.out.clear();
+  c.out.shrink_to_fit();
+  c.out_off = 0;
+  c.last = std::chrono::steady_clock::now();
+  if (c.close_after) return drop_client(fd);
+  // The next request: only now, so that a connection has one answer in flight at most.
+  watch(fd, c, c.parked ? 0u : uint32_t{EPOLLIN});
 }
 
 void Daemon::park(int fd, const Caller& caller, proto::Message req, std::unique_ptr<Deferred> d) {
-  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
-  clients_[fd].parked = true;
+  Conn& c = clients_[fd];
+  c.parked = true;
+  watch(fd, c, 0);
   uint64_t ticket = next_ticket_++;
-  log(LogLevel::kDebug, "pid %d uid %u: deploy parked while %s compiles (ticket %llu)", caller.pid, caller.uid,
-      d->job.display_name.c_str(), static_cast<unsigned long long>(ticket));
-  compile_pool_.submit(ticket, caller.uid, std::move(d->job));
   req.fds = std::move(d->fds);
+  if (d->load) {
+    std::shared_ptr<LoadJob> job = d->load;
+    log(LogLevel::kDebug, "pid %d uid %u: deploy parked while policy %d (%s) is verified and loaded (ticket %llu)",
+        caller.pid, caller.uid, job->spec.policy_id, job->spec.policy_name.c_str(),
+        static_cast<unsigned long long>(ticket));
+    d->load_by = std::chrono::steady_clock::now() + std::chrono::seconds(cfg_.load_timeout_s);
+    job->ticket = ticket;
+    job->spec.check_quota = [this, ticket](const LoadFootprint& fp) { return ask_quota(ticket, fp); };
+    loads_[ticket] = job;
+    loading_apps_[job->spec.app]++;
+    load_pool_.submit(ticket, caller.uid, [job] { job->err = load_policy(job->spec, job->loaded, job->fail); });
+  } else {
+    log(LogLevel::kDebug, "pid %d uid %u: deploy parked while %s compiles (ticket %llu)", caller.pid, caller.uid,
+        d->job.display_name.c_str(), static_cast<unsigned long long>(ticket));
+    compile_pool_.submit(ticket, caller.uid, std::move(d->job));
+  }
   parked_.emplace(ticket, Parked{fd, caller, std::move(req), std::move(d)});
 }
 
 void Daemon::resume_parked() {
-  for (auto& done : compile_pool_.take_done()) {
+  std::vector<CompilePool::Done> dones = compile_pool_.take_done();
+  for (auto& d : load_pool_.take_done()) dones.push_back(std::move(d));
+  for (auto& done : dones) {
     if (auto w = config_warming_.find(done.ticket); w != config_warming_.end()) {
       if (done.result.err) config_warm_failed_[w->second] = std::move(done.result);
       config_warming_.erase(w);
@@ -531,27 +640,145 @@ void Daemon::resume_parked() {
       }
       continue;
     }
+    if (auto l = loads_.find(done.ticket); l != loads_.end()) {
+      std::shared_ptr<LoadJob> job = std::move(l->second);
+      loads_.erase(l);
+      const std::string app = job->spec.app;
+      if (--loading_apps_[app] <= 0) loading_apps_.erase(app);
+      if (parked_.count(done.ticket)) resume(done.ticket);
+      // Not taken by a deploy (it failed, timed out, or syrupd is stopping): undone.
+      if (job->loaded) {
+        log(LogLevel::kInfo, "undid the load of policy %d (%s) of app '%s': its deploy did not complete",
+            job->spec.policy_id, job->spec.policy_name.c_str(), app.c_str());
+        job->loaded->unpin();
+        job->loaded.reset();
+      }
+      gc_app(app);
+      continue;
+    }
     auto it = parked_.find(done.ticket);
     if (it == parked_.end()) continue;
-    Parked p = std::move(it->second);
-    parked_.erase(it);
-    p.deferred->result = std::move(done.result);
-    resumed_ = std::move(p.deferred);
-    Response resp = handle(p.caller, p.req, true);
-    resumed_.reset();
-    auto c = clients_.find(p.fd);
-    if (c == clients_.end()) continue;
-    c->second.parked = false;
-    answer(p.fd, resp);
-    if (!clients_.count(p.fd)) continue;  // the send failed
-    epoll_event ev{EPOLLIN, {.fd = p.fd}};
-    if (epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, p.fd, &ev) < 0) drop_client(p.fd);
+    it->second.deferred->result = std::move(done.result);
+    resume(done.ticket);
   }
 }
 
+std::chrono::steady_clock::time_point Daemon::sweep_loads(std::chrono::steady_clock::time_point now) {
+  auto next = std::chrono::steady_clock::time_point::max();
+  std::vector<uint64_t> late;
+  for (auto& [ticket, p] : parked_) {
+    if (!p.deferred->load) continue;
+    if (p.deferred->load_by <= now) late.push_back(ticket);
+    else next = std::min(next, p.deferred->load_by);
+  }
+  for (uint64_t ticket : late) {
+    auto it = parked_.find(ticket);
+    Parked p = std::move(it->second);
+    parked_.erase(it);
+    const LoadSpec& spec = p.deferred->load->spec;
+    log(LogLevel::kWarn, "pid %d uid %u: policy %d (%s) of app '%s' was not verified within %u s (--load_timeout_s): "
+        "answered ETIMEDOUT; the load is undone when the kernel returns",
+        p.caller.pid, p.caller.uid, spec.policy_id, spec.policy_name.c_str(), spec.app.c_str(), cfg_.load_timeout_s);
+    Response resp{proto::error_response(ETIMEDOUT, "the kernel did not verify policy " + spec.policy_name + " within " +
+                                                       std::to_string(cfg_.load_timeout_s) +
+                                                       " s (syrupd --load_timeout_s); it was not deployed")};
+    totals_.error("deploy", ETIMEDOUT);
+    if (auto c = clients_.find(p.fd); c != clients_.end()) {
+      c->second.parked = false;
+      answer(p.fd, resp);
+    }
+  }
+  return next;
+}
+
+std::string Daemon::ask_quota(uint64_t ticket, const LoadFootprint& fp) {
+  auto a = std::make_shared<QuotaAsk>();
+  a->ticket = ticket;
+  a->fp = fp;
+  std::future<std::string> answer = a->answer.get_future();
+  {
+    std::lock_guard lk(asks_mu_);
+    if (asks_closed_) return "syrupd is shutting down; the policy was not deployed";
+    asks_.push_back(a);
+  }
+  uint64_t one = 1;
+  (void)!write(asks_fd_.get(), &one, sizeof one);
+  // The main loop answers within a turn; a loop that does not (it is stopping) must not
+  // keep a worker.
+  if (answer.wait_for(std::chrono::seconds(2 * kFrameDeadlineSec)) != std::future_status::ready)
+    return "syrupd did not check the application's quotas in time; the policy was not deployed; retry";
+  return answer.get();
+}
+
+void Daemon::answer_quota_asks() {
+  uint64_t n;
+  while (read(asks_fd_.get(), &n, sizeof n) == sizeof n) {
+  }
+  std::vector<std::shared_ptr<QuotaAsk>> asks;
+  {
+    std::lock_guard lk(asks_mu_);
+    asks.swap(asks_);
+  }
+  for (auto& a : asks) {
+    std::string why;
+    auto it = parked_.find(a->ticket);
+    if (it == parked_.end()) {
+      why = "the deploy was answered before its policy was verified; the policy was not deployed";
+    } else if (const Deferred& d = *it->second.deferred; d.enforce_quotas) {
+      auto old = d.replaces ? policies_.find(d.replaces) : policies_.end();
+      why = check_quota(d.load->spec.app, old == policies_.end() ? nullptr : old->second.get(), a->fp);
+    }
+    a->answer.set_value(why);
+  }
+}
+
+void Daemon::resume(uint64_t ticket) {
+  auto it = parked_.find(ticket);
+  Parked p = std::move(it->second);
+  parked_.erase(it);
+  resumed_ = std::move(p.deferred);
+  may_park_ = true;  // for the load, after a compile
+  Response resp = handle(p.caller, p.req, true);
+  may_park_ = false;
+  resumed_.reset();
+  auto c = clients_.find(p.fd);
+  if (c == clients_.end()) {
+    if (resp.park && resp.park->load) gc_app(resp.park->load->spec.app);  // no load for nobody
+    return;
+  }
+  c->second.parked = false;
+  if (resp.park) return park(p.fd, p.caller, std::move(p.req), std::move(resp.park));
+  answer(p.fd, resp);
+}
+
 void Daemon::serve_client(int fd) {
+  auto it = clients_.find(fd);
+  if (it == clients_.end()) return;
+  Conn& conn = it->second;
   auto drop = [&] { drop_client(fd); };
-  clients_[fd].last = std::chrono::steady_clock::now();
+  proto::Message req;
+  std::string why;
+  int r = conn.in.read(fd, req, &why);
+  if (r == -EAGAIN) {
+    // Part of a frame: the rest comes when it comes, by the frame's deadline.
+    if (conn.in.in_frame() && !conn.timing) {
+      conn.timing = true;
+      conn.frame_by = std::chrono::steady_clock::now() + std::chrono::seconds(kFrameDeadlineSec);
+    }
+    return;
+  }
+  conn.timing = false;
+  if (r == -ENODATA) return drop();
+  if (r) {
+    log(LogLevel::kWarn, "pid %d uid %u: bad request: %s", conn.pid, conn.uid,
+        r == -EPROTO ? why.c_str() : std::strerror(-r));
+    if (r != -EPROTO) return drop();
+    // The stream cannot be resynchronised: the error is sent, then the connection closed.
+    conn.close_after = true;
+    Response resp{proto::error_response(EPROTO, "bad request: " + why)};
+    return answer(fd, resp);
+  }
+  conn.last = std::chrono::steady_clock::now();
   ucred cred{};
   socklen_t cl = sizeof cred;
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) return drop();
@@ -573,23 +800,8 @@ void Daemon::serve_client(int fd) {
     for (gid_t g : admin_gids) caller.in_admin_group |= groups.count(g) > 0;
   }
 
-  proto::Message req;
-  std::string why;
-  // The whole frame within kRecvTimeoutSec: a client trickling bytes cannot hold the
-  // main thread longer than that per request.
-  int r = proto::recv_message(fd, req, &why, kRecvTimeoutSec * 1000);
-  if (r == -ENODATA) return drop();
-  if (r == -ETIMEDOUT) {
-    log(LogLevel::kWarn, "pid %d uid %u: bad request: the frame did not arrive whole within %d s; closing the connection",
-        caller.pid, caller.uid, kRecvTimeoutSec);
-    return drop();
-  }
-  if (r) {
-    log(LogLevel::kWarn, "pid %d uid %u: bad request: %s", caller.pid, caller.uid,
-        r == -EPROTO ? why.c_str() : std::strerror(-r));
-    if (r == -EPROTO) proto::send_message(fd, proto::error_response(EPROTO, "bad request: " + why));
-    return drop();  // the stream cannot be resynchronised
-  }
+  // One request at a time per connection: nothing more is read until it is answered.
+  watch(fd, conn, 0);
   may_park_ = true;
   Response resp = handle(caller, req);
   may_park_ = false;
@@ -744,11 +956,13 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
         !why.empty())
       return {proto::error_response(EINVAL, why)};
 
-  // Whether this run parks for its compile is known before the target takes the
-  // request's descriptors: only then are they copied, for the resumed run.
+  // Whether this run may park, for its compile or its load, is known before the target
+  // takes the request's descriptors: only then are they copied, for the resumed run.
   CompileJob job{source, source_name, hi->compile_define(), hi->wrapper()};
+  LoadJob* loaded_job = resumed && resumed->load ? resumed->load.get() : nullptr;
+  bool compile_parks = !resumed && may_park_ && !compiler_.cached(job);
   std::unique_ptr<Deferred> parking;
-  if (!resumed && may_park_ && !compiler_.cached(job)) {
+  if (may_park_ && !loaded_job) {
     parking = std::make_unique<Deferred>();
     for (auto& f : req.fds) {
       parking->fds.emplace_back(fcntl(f.get(), F_DUPFD_CLOEXEC, 0));
@@ -803,8 +1017,8 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
 
   CompileResult cr;
   if (resumed) {
-    cr = std::move(resumed->result);
-  } else if (parking) {
+    cr = resumed->result;  // a copy: a load's resume reads it again
+  } else if (compile_parks) {
     parking->job = std::move(job);
     parking->first_target = std::move(target);
     Response parked;
@@ -829,7 +1043,8 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   }
 
   auto pol = std::make_unique<Policy>();
-  pol->id = next_id_++;
+  // A resumed load keeps the id its pins were made under.
+  pol->id = loaded_job ? loaded_job->spec.policy_id : next_id_++;
   pol->app = app;
   pol->hook = hook;
   pol->name = name;
@@ -863,13 +1078,71 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   spec.system_maps = hi->system_maps();
   spec.allowed = hi->allowlist();
   if (enforce_quotas) spec.check_quota = [&](const LoadFootprint& fp) { return check_quota(app, old, fp); };
-  if (int r = target->prepare_load(spec, old ? old->target.get() : nullptr,
-                                   old ? old->loaded.get() : nullptr)) {
+  // A resumed load installs on the target its load was prepared with (the maps it
+  // shares, a slot it took); the target this run made has made every check again and
+  // is dropped after the install (until then it and the earlier ones hold what they
+  // share, an interface's root).
+  std::unique_ptr<Target> checked;
+  if (loaded_job) {
+    if (loaded_job->err) {
+      undo_app();
+      return {proto::error_response(-loaded_job->err, loaded_job->fail.message, loaded_job->fail.log)};
+    }
+    // Loaded on a worker while other requests ran: the target and the policy it replaces
+    // must be those the load was prepared for, and the quotas must still hold with what
+    // registered meanwhile (its maps are pinned now, so they count as pinned).
+    if ((old ? old->id : 0) != resumed->replaces || target->key() != resumed->first_target->key()) {
+      undo_app();  // the resume undoes the load
+      std::string was = resumed->replaces ? "policy " + std::to_string(resumed->replaces) : std::string("none");
+      return {proto::error_response(EAGAIN, "policy " + name + " was not deployed: the policy it replaces on " +
+                                                target->key() + " changed while it was verified (it was " + was +
+                                                "); deploy again")};
+    }
+    checked = std::move(target);
+    target = std::move(resumed->first_target);
+  } else if (int r = target->prepare_load(spec, old ? old->target.get() : nullptr,
+                                          old ? old->loaded.get() : nullptr)) {
     undo_app();
     return {proto::error_response(-r, "cannot prepare the replacement of policy " +
                                           std::to_string(old ? old->id : 0))};
   }
-  if (int r = load_policy(spec, pol->loaded, lf)) {
+  if (loaded_job) {
+    if (enforce_quotas) {
+      LoadFootprint now;
+      bpf_prog_info info{};
+      uint32_t len = sizeof info;
+      if (bpf_prog_get_info_by_fd(loaded_job->loaded->prog_fd(), &info, &len) == 0) now.insns = info.xlated_prog_len / 8;
+      if (std::string why = check_quota(app, old, now); !why.empty()) {
+        undo_app();
+        return {proto::error_response(EDQUOT, why)};
+      }
+    }
+    pol->loaded = std::move(loaded_job->loaded);
+  } else if (parking) {
+    // The verifier goes to a worker; this deploy runs again from the start with its load.
+    auto lj = std::make_shared<LoadJob>();
+    lj->spec = spec;
+    lj->spec.check_quota = nullptr;  // set when parked: asked of the main loop
+    for (auto& [m, fd] : lj->spec.reuse_maps) {
+      lj->reuse_fds.emplace_back(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+      if (!lj->reuse_fds.back()) {
+        undo_app();
+        return {proto::error_response(EMFILE, "syrupd is out of descriptors; retry later")};
+      }
+      fd = lj->reuse_fds.back().get();
+    }
+    parking->load = std::move(lj);
+    parking->result = std::move(cr);
+    // The compile's first target too: dropped now, it would take a hook-wide root with
+    // it (an XDP root no installed policy uses is detached) from under this run's.
+    if (resumed) parking->held = std::move(resumed->first_target);
+    parking->enforce_quotas = enforce_quotas;
+    parking->replaces = old ? old->id : 0;
+    parking->first_target = std::move(target);
+    Response parked;
+    parked.park = std::move(parking);
+    return parked;
+  } else if (int r = load_policy(spec, pol->loaded, lf)) {
     undo_app();
     return {proto::error_response(-r, lf.message, lf.log)};
   }
@@ -1036,6 +1309,8 @@ void Daemon::remove_policy(int id, bool detach_hook, const char* why) {
 }
 
 void Daemon::gc_app(const std::string& app) {
+  // A worker is loading into the application's pins: collected once it is done.
+  if (loading_apps_.count(app)) return;
   bool any = false;
   std::map<std::string, bool> used;
   for (auto& [id, p] : policies_) {
@@ -1632,6 +1907,11 @@ Daemon::Response Daemon::map_open(const Caller& caller, const json& req) {
 }
 
 Daemon::Response Daemon::map_dump(const Caller& caller, const json& req) {
+  // One page per request: at most kDumpPageEntries entries and about kDumpPageBytes of
+  // answer, so that a dump of any size costs syrupd bounded memory and main-loop time per
+  // request; the answer's "cursor" continues it (docs/protocol.md, map_dump).
+  // 1024 entries of 4-byte keys and 8-byte values: about 3 ms of main loop.
+  constexpr size_t kDumpPageEntries = 1024, kDumpPageBytes = 256 << 10;
   int64_t limit = 4096;
   if (req.contains("limit"))
     if (std::string why = names::integer("limit", req["limit"], 0, INT32_MAX, limit); !why.empty())
@@ -1646,15 +1926,29 @@ Daemon::Response Daemon::map_dump(const Caller& caller, const json& req) {
   size_t ncpu = percpu ? static_cast<size_t>(libbpf_num_possible_cpus()) : 1;
   size_t vstride = percpu ? (info.value_size + 7) / 8 * 8 : info.value_size;
   std::vector<unsigned char> key(info.key_size), next(info.key_size), val(vstride * ncpu);
-  json entries = json::array();
-  bool first = true, truncated = false;
-  while (bpf_map_get_next_key(fd.get(), first ? nullptr : key.data(), next.data()) == 0) {
+  bool first = true;
+  if (req.contains("cursor") && !req["cursor"].is_null()) {
+    // The last key of the previous page, as that page's "cursor" gave it.
+    std::string c = req["cursor"].is_string() ? req["cursor"].get<std::string>() : std::string();
+    std::erase(c, ' ');
+    bool good = c.size() == 2 * key.size() && std::all_of(c.begin(), c.end(), ::isxdigit);
+    for (size_t i = 0; good && i < key.size(); i++) key[i] = static_cast<unsigned char>(std::stoi(c.substr(2 * i, 2), nullptr, 16));
+    if (!good)
+      return {proto::error_response(EINVAL, "map_dump: cursor must be a key of map '" + map + "' (" +
+                                                std::to_string(key.size()) + " bytes in hex), as a page's cursor gives it")};
     first = false;
-    key = next;
-    if (entries.size() >= static_cast<size_t>(limit)) {
-      truncated = true;
+  }
+  size_t page = static_cast<size_t>(std::min<uint64_t>(static_cast<uint64_t>(limit), kDumpPageEntries));
+  size_t entry_bytes = 3 * key.size() + 3 * info.value_size * ncpu + 64, bytes = 0;
+  json entries = json::array();
+  bool more = false;
+  while (bpf_map_get_next_key(fd.get(), first ? nullptr : key.data(), next.data()) == 0) {
+    if (entries.size() >= page || bytes >= kDumpPageBytes) {
+      more = true;
       break;
     }
+    first = false;
+    key = next;
     if (bpf_map_lookup_elem(fd.get(), key.data(), val.data()) != 0) continue;
     json e = {{"key", hex(key.data(), key.size())}};
     if (auto k = as_number(key.data(), key.size()); !k.is_null()) e["key_int"] = k;
@@ -1667,12 +1961,16 @@ Daemon::Response Daemon::map_dump(const Caller& caller, const json& req) {
       if (auto v = as_number(val.data(), val.size()); !v.is_null()) e["value_int"] = v;
     }
     entries.push_back(e);
+    bytes += entry_bytes;
   }
-  return {ok({{"app", app},
-              {"map", map},
-              {"type", libbpf_bpf_map_type_str(static_cast<bpf_map_type>(info.type))},
-              {"entries", entries},
-              {"truncated", truncated}})};
+  json resp = {{"app", app},
+               {"map", map},
+               {"type", libbpf_bpf_map_type_str(static_cast<bpf_map_type>(info.type))},
+               {"entries", entries},
+               {"truncated", more}};
+  // More entries follow, and the caller asked for more than this page: where to go on.
+  if (more && entries.size() < static_cast<size_t>(limit)) resp["cursor"] = hex(key.data(), key.size());
+  return {ok(resp)};
 }
 
 }  // namespace syrup

@@ -2,12 +2,23 @@
 // handlers (docs/protocol.md).
 //
 // Design: one main thread, one epoll loop over the listening socket, client connections,
-// a signalfd, one pidfd per policy owner and the compile workers' eventfd. Requests are
-// served one at a time on the main thread, so the registry needs no locks; only clang
-// runs elsewhere (compile_pool.h): a deploy whose object is not cached is parked while a
-// worker compiles it, then runs again from the start, every check included. A slow
-// client cannot wedge the loop for longer than the receive timeout. Invariants the
-// registry keeps:
+// a signalfd, one pidfd per policy owner and the workers' eventfds. Requests are served
+// one at a time on the main thread, so the registry needs no locks. No client can delay
+// another (docs/security/server.md):
+//  - connections are non-blocking: a request frame is assembled from what each
+//    readiness event brings, an answer is sent as the socket takes it; a begun frame, and
+//    an answer, have kFrameDeadlineSec, after which the connection is closed;
+//  - what takes seconds runs on workers (compile_pool.h), uids in turn: clang on the
+//    compile workers, the kernel's verifier (bpf_object__load) on as many load workers.
+//    A deploy whose object is not cached is parked while a worker compiles it, then runs
+//    again from the start, every check included; it parks again while a worker loads it
+//    (the quota check before the verifier is asked of the main loop), and runs again
+//    from the start to install on the target the load was prepared with and register,
+//    refusing the load if the policy it replaces changed meanwhile (--load_timeout_s
+//    bounds the wait: the client is then answered, the late load undone);
+//  - a map dump answers a page of entries per request, a bounded amount of memory and
+//    main-loop time, with a cursor for the next page.
+// Invariants the registry keeps:
 //  - every registered policy is loaded, pinned and attached; a deploy that fails at any
 //    step leaves the kernel and bpffs as they were, and the policy already deployed on
 //    that group keeps running;
@@ -16,7 +27,7 @@
 //  - an application is owned by the uid that first deployed for it;
 //  - a policy whose owner process exits is removed unless it was deployed to persist;
 //  - an application's map pins exist exactly while some policy of that application
-//    declares the map.
+//    declares the map, or a load into the application is in flight (loading_apps_).
 #pragma once
 
 #include <bpf/bpf.h>
@@ -27,6 +38,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <future>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -97,12 +110,15 @@ struct DaemonConfig {
   unsigned client_idle_timeout_s = 60;
   // --agent_cpus: where the thread hook's user-space agents run (empty: where syrupd may).
   std::vector<int> agent_cpus;
-  // --compile_workers: threads compiling parked deploys (docs/protocol.md, "Connection
-  // model").
+  // --compile_workers: threads compiling parked deploys, and as many loading them
+  // (docs/protocol.md, "Connection model").
   unsigned compile_workers = 2;
   // --quota_compiles_per_uid: compiles one uid other than root may have running at once
   // (more wait), so that one user cannot occupy every worker (0: no limit).
   unsigned compiles_per_uid = 1;
+  // --load_timeout_s: a parked load not done by then is answered ETIMEDOUT; the kernel's
+  // verifier cannot be interrupted, so its worker finishes and syrupd undoes the load.
+  unsigned load_timeout_s = 30;
 };
 
 class Daemon {
@@ -113,7 +129,20 @@ class Daemon {
   int run();
 
  private:
-  // A deploy that waits for its compile.
+  // A policy verified and loaded on a worker for a parked deploy. Shared by the parked
+  // deploy and the worker's task; the worker writes err/loaded/fail, read by the main
+  // thread only after the pool reports the task done.
+  struct LoadJob {
+    uint64_t ticket = 0;
+    LoadSpec spec;
+    // Copies of spec.reuse_maps' descriptors, which the spec points at: the policy they
+    // came from may be removed while the worker loads.
+    std::vector<UniqueFd> reuse_fds;
+    int err = 0;
+    std::unique_ptr<LoadedPolicy> loaded;
+    LoadFailure fail;
+  };
+  // A deploy that waits for its compile, or for its load.
   struct Deferred {
     CompileJob job;  // handed to the workers when parked
     // Copies of the request's descriptors, made before the first run's target took them:
@@ -122,7 +151,12 @@ class Daemon {
     // The first run's target, kept until the resumed run has made its own, so that a
     // hook-wide root it holds (an interface's XDP dispatcher) is not detached meanwhile.
     std::unique_ptr<Target> first_target;
+    std::unique_ptr<Target> held;  // parked for a load: the compile's first target
     CompileResult result;  // the worker's compile
+    std::shared_ptr<LoadJob> load;  // set: parked for (or resumed from) this load
+    std::chrono::steady_clock::time_point load_by;
+    bool enforce_quotas = true;
+    int replaces = 0;  // the policy the load would replace, 0: none
   };
   struct Response {
     nlohmann::json body;
@@ -132,7 +166,13 @@ class Daemon {
     std::unique_ptr<Deferred> park;
   };
 
+  struct Conn;
   void accept_client();
+  // Makes epoll watch `fd` for `events` (0: not at all).
+  void watch(int fd, Conn& c, uint32_t events);
+  // Sends what the socket takes of `fd`'s pending answer; once all is sent, reads the
+  // next request. A failed send closes the connection, logged.
+  void flush_client(int fd);
   void serve_client(int fd);
   // Sends `resp` on client `fd`; a failed send closes the connection.
   void answer(int fd, Response& resp);
@@ -143,8 +183,17 @@ class Daemon {
   Hook* hook_named(const std::string& name) const;
   // The live policies deployed from --config: identity, content hash, id.
   std::vector<config::Applied> config_applied() const;
-  // Runs the parked deploys whose compiles finished, and answers them.
+  // Runs the parked deploys whose compiles or loads finished, and answers them.
   void resume_parked();
+  // Runs parked deploy `ticket` again (its compile or load is done) and answers it.
+  void resume(uint64_t ticket);
+  // Answers parked loads past --load_timeout_s; returns when the next one is due.
+  std::chrono::steady_clock::time_point sweep_loads(std::chrono::steady_clock::time_point now);
+  // On a worker: the quota check of LoadSpec::check_quota, asked of the main loop, which
+  // alone reads the registry. "" or the refusal.
+  std::string ask_quota(uint64_t ticket, const LoadFootprint& fp);
+  // On the main loop: answers the workers' quota questions.
+  void answer_quota_asks();
   // Closes client `fd`'s connection.
   void drop_client(int fd);
   // Answers a connection over --max_clients or --max_clients_per_uid with an error and
@@ -243,7 +292,23 @@ class Daemon {
     proto::Message req;
     std::unique_ptr<Deferred> deferred;
   };
-  std::map<uint64_t, Parked> parked_;  // by compile ticket
+  std::map<uint64_t, Parked> parked_;  // by compile or load ticket
+  // Loads on the workers, by ticket, until the pool reports them done (also those whose
+  // deploy was answered meanwhile: their result is undone then), and how many of each
+  // application: its map pins are not collected while one loads into them.
+  std::map<uint64_t, std::shared_ptr<LoadJob>> loads_;
+  std::map<std::string, int> loading_apps_;
+  struct QuotaAsk {
+    uint64_t ticket;
+    LoadFootprint fp;
+    std::promise<std::string> answer;
+  };
+  std::mutex asks_mu_;
+  std::vector<std::shared_ptr<QuotaAsk>> asks_;  // under asks_mu_
+  bool asks_closed_ = false;                      // under asks_mu_: shutting down
+  UniqueFd asks_fd_;                              // eventfd: asks_ has some
+  // Its tasks ask the main loop through asks_: declared after them, joined before them.
+  CompilePool load_pool_;
   uint64_t next_ticket_ = 1;
   // Per request: whether deploy() may park (a client's request, not a --config entry or a
   // resumed deploy), and what a resumed deploy continues from.
@@ -257,8 +322,20 @@ class Daemon {
   struct Conn {
     UniqueFd fd;
     uid_t uid = 0;
+    pid_t pid = 0;  // who connected, for the log
     std::chrono::steady_clock::time_point last;  // accepted, or its last request served
     bool parked = false;  // a deploy of it is parked: not in epoll, never idle
+    uint32_t events = 0;  // what epoll watches it for; 0: not in epoll
+    proto::FrameReader in;
+    bool timing = false;  // a frame has begun: it must be whole by frame_by
+    std::chrono::steady_clock::time_point frame_by;
+    // The answer being sent (one at a time: the next request is read once it is out),
+    // with its descriptors until the first byte goes; read by the peer by out_by.
+    std::string out;
+    size_t out_off = 0;
+    std::vector<UniqueFd> out_fds;
+    std::chrono::steady_clock::time_point out_by;
+    bool close_after = false;  // closed once its answer is out (a bad frame's error)
   };
   std::map<int, Conn> clients_;
   size_t clients_of(uid_t uid) const;   // open connections of `uid`

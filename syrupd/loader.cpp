@@ -28,7 +28,7 @@
 namespace syrup {
 namespace {
 
-std::string* g_capture = nullptr;  // syrupd serves one request at a time
+thread_local std::string* g_capture = nullptr;  // loads run on the main thread and on workers
 thread_local int g_quiet = 0;      // LibbpfQuiet scopes open on this thread
 
 int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list ap) {

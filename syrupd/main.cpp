@@ -27,9 +27,12 @@ DEFINE_string(cache_dir, "/var/cache/syrup", "where compiled policy objects are 
 DEFINE_uint64(cache_max_bytes, 256ull << 20,
               "bound on the compiled objects kept under --cache_dir/obj, in bytes; over it the "
               "objects used least recently are removed (0: no bound)");
+DEFINE_uint32(load_timeout_s, 30,
+              "a deploy whose policy the kernel has not verified and loaded within this many seconds is answered "
+              "ETIMEDOUT (the load runs on a worker; it is undone when the kernel returns)");
 DEFINE_uint32(compile_workers, 2,
-              "threads compiling policies; a deploy waiting for clang holds up no other request "
-              "(1 to 64)");
+              "threads compiling policies, and as many loading them; a deploy waiting for clang or "
+              "the verifier holds up no other request (1 to 64)");
 DEFINE_uint32(quota_compiles_per_uid, 1,
               "most compiles one user other than root may have running at once; more wait their turn, "
               "so one user cannot occupy every compile worker (0: no limit)");
@@ -194,6 +197,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "syrupd: --compile_cpu_seconds must be 1 to 3600\n");
     return 2;
   }
+  if (FLAGS_load_timeout_s < 1) {
+    std::fprintf(stderr, "syrupd: --load_timeout_s must be at least 1\n");
+    return 2;
+  }
+  cfg.load_timeout_s = FLAGS_load_timeout_s;
   if (FLAGS_metrics_port > 65535) {
     std::fprintf(stderr, "syrupd: --metrics_port must be at most 65535\n");
     return 2;

@@ -12,12 +12,14 @@
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli.h"
@@ -82,17 +84,22 @@ std::string socket_path() {
 }
 
 // Sends `req`; on success returns 0 with the body in `out`, else prints and returns the
-// exit code.
-int call(const nlohmann::json& req, nlohmann::json& out) {
-  syrup::Client c;
-  if (c.connect(socket_path())) {
-    std::fprintf(stderr, "syrupctl: %s\n", c.error().c_str());
-    return kExitUnreachable;
-  }
+// exit code. `rate_waits`: how many times to wait 20 ms and ask again while syrupd says
+// the caller is over its request rate (a paged map dump asks many times).
+int call(const nlohmann::json& req, nlohmann::json& out, int rate_waits = 0) {
   syrup::Message resp;
-  if (c.call(req, resp)) {
-    std::fprintf(stderr, "syrupctl: %s\n", c.error().c_str());
-    return kExitUnreachable;
+  for (;;) {
+    syrup::Client c;
+    if (c.connect(socket_path())) {
+      std::fprintf(stderr, "syrupctl: %s\n", c.error().c_str());
+      return kExitUnreachable;
+    }
+    if (c.call(req, resp)) {
+      std::fprintf(stderr, "syrupctl: %s\n", c.error().c_str());
+      return kExitUnreachable;
+    }
+    if (rate_waits-- <= 0 || resp.body.value("ok", false) || resp.body.value("errno", 0) != EAGAIN) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   out = resp.body;
   std::string err;
@@ -370,11 +377,23 @@ int cmd_stats(const std::vector<std::string>& args) {
 int cmd_map(const std::vector<std::string>& args) {
   if (args.size() != 2 || args[0] != "dump") return usage("usage: syrupctl map dump --app APP MAP");
   if (FLAGS_app.empty()) return usage("map dump needs --app APP");
+  if (FLAGS_limit < 0) return usage("--limit must be a non-negative number of entries");
   if (std::string why = bad_name("--app", "application", FLAGS_app, syrup::names::Kind::kPinned); !why.empty())
     return usage(why);
   if (std::string why = bad_name("MAP", "map", args[1], syrup::names::Kind::kPinned); !why.empty()) return usage(why);
-  nlohmann::json out;
-  if (int r = call({{"op", "map_dump"}, {"app", FLAGS_app}, {"map", args[1]}, {"limit", FLAGS_limit}}, out)) return r;
+  // syrupd answers a page at a time (docs/protocol.md, map_dump): ask on from each page's
+  // cursor until --limit entries came or the map ended.
+  nlohmann::json out, req = {{"op", "map_dump"}, {"app", FLAGS_app}, {"map", args[1]}};
+  nlohmann::json entries = nlohmann::json::array();
+  for (;;) {
+    req["limit"] = static_cast<uint64_t>(FLAGS_limit) - entries.size();
+    if (int r = call(req, out, 250)) return r;
+    for (auto& e : out["entries"]) entries.push_back(std::move(e));
+    if (!out.contains("cursor") || entries.size() >= static_cast<uint64_t>(FLAGS_limit)) break;
+    req["cursor"] = out["cursor"];
+  }
+  out["entries"] = std::move(entries);
+  out.erase("cursor");
   if (FLAGS_json) {
     std::cout << out.dump(2) << "\n";
     return 0;

@@ -8,6 +8,8 @@
 // connection rather than guess where the next frame starts.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <span>
 #include <string>
@@ -33,6 +35,38 @@ struct Message {
 
 // 0 or -errno. Sends the whole frame (retrying short writes).
 int send_message(int sock, const nlohmann::json& body, std::span<const int> fds = {});
+
+// The frame of `body` (header and payload) into `out`. 0 or -EMSGSIZE.
+int encode_frame(const nlohmann::json& body, std::string& out);
+
+// Sends what the socket takes now of frame bytes `frame` from `off` on, the descriptors
+// `fds` with the frame's first byte (off 0). The bytes sent, or -errno (-EAGAIN: none
+// now, on a non-blocking socket).
+ssize_t send_some(int sock, const std::string& frame, size_t off, std::span<const int> fds = {});
+
+// Assembles frames from a socket as their bytes arrive, so that a server never waits
+// for a peer: read() takes what the socket has and returns; the caller bounds how long a
+// frame may take (in_frame() says one has begun). Descriptors may come with any byte of
+// a frame; more than kMaxFds in one frame, or a header beyond kMaxPayload, end the
+// stream. It holds what arrived of the frame, no more. It reads no byte past the frame it assembles, so a frame sent behind it stays
+// in the socket until asked for.
+class FrameReader {
+ public:
+  // 0: a whole frame is in `out`; -EAGAIN: not whole yet (call again when readable);
+  // -ENODATA: a clean end of stream before a frame began; -EPROTO with `err` saying why
+  // (the stream cannot be resynchronised); another -errno.
+  int read(int sock, Message& out, std::string* err = nullptr);
+  bool in_frame() const { return got_ > 0; }
+
+ private:
+  char header_[8] = {};
+  size_t got_ = 0;  // bytes of the current frame so far, header included
+  uint32_t length_ = 0;  // the payload's, from the header
+  // Grows with the bytes that came, not to the header's length at once: a header alone
+  // (on each of many connections) makes the reader hold nothing more.
+  std::string payload_;
+  std::vector<UniqueFd> fds_;
+};
 
 // 0, -ENODATA on a clean end of stream before a frame starts, -EPROTO on a malformed
 // frame (with `err` saying why), -ETIMEDOUT when the whole frame has not arrived within

@@ -740,7 +740,9 @@ int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_
   }
   for (auto& c : ports)
     if (auto it = root->claims().find(c); it != root->claims().end() && it->second != app) {
-      err = c.str() + " on " + ifname + " is scheduled by application '" + it->second + "'";
+      // Named to admins only: to a tenant, another user's application is no one's.
+      err = c.str() + " on " + ifname + " is scheduled by " +
+            (caller.admin() ? "application '" + it->second + "'" : std::string("another application"));
       release_if_unused(std::move(root));
       return -EBUSY;
     }

@@ -74,7 +74,7 @@ class Secrets {
   std::string secret_;
 };
 
-class Compiler : public ::testing::Test {
+class CompilerSecurity : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (geteuid() != 0) return;
@@ -99,16 +99,16 @@ class Compiler : public ::testing::Test {
   }
   static Daemon* daemon_;
 };
-Daemon* Compiler::daemon_ = nullptr;
+Daemon* CompilerSecurity::daemon_ = nullptr;
 
 // syrupd says at start how its compiler is confined (and refuses to start otherwise:
 // CompilerStart.AnUnconfinableCompilerIsRefusedUnlessAccepted).
-TEST_F(Compiler, SyrupdConfinesItsCompiler) {
+TEST_F(CompilerSecurity, SyrupdConfinesItsCompiler) {
   EXPECT_NE(daemon_->log().find("sandbox: Landlock ABI"), std::string::npos) << daemon_->log();
 }
 
 // The audit's example: #include of a root-only file quoted its first line.
-TEST_F(Compiler, IncludeOfARootOnlyFileShowsNothingOfIt) {
+TEST_F(CompilerSecurity, IncludeOfARootOnlyFileShowsNothingOfIt) {
   Secrets s;
   for (const char* form : {"#include \"%s\"\n", "#include <%s>\n"}) {
     char line[512];
@@ -120,7 +120,7 @@ TEST_F(Compiler, IncludeOfARootOnlyFileShowsNothingOfIt) {
 // A world-readable file outside the headers: the uid could read it, the sandbox's
 // allowlist refuses it. The same through a link, through a relative path from a header's
 // directory, and as the directory of an include path.
-TEST_F(Compiler, IncludeOfAWorldReadableFileOutsideTheHeadersIsRefused) {
+TEST_F(CompilerSecurity, IncludeOfAWorldReadableFileOutsideTheHeadersIsRefused) {
   Secrets s;
   std::string rel = "../../../../../../../../../../.." + s.path("public.h");
   for (const std::string& p : {s.path("public.h"), s.path("link.h"), rel})
@@ -130,7 +130,7 @@ TEST_F(Compiler, IncludeOfAWorldReadableFileOutsideTheHeadersIsRefused) {
 }
 
 // /proc: syrupd's environment, init's, another process's memory map.
-TEST_F(Compiler, ProcFilesAreRefused) {
+TEST_F(CompilerSecurity, ProcFilesAreRefused) {
   std::vector<std::string> paths = {"/proc/self/environ", "/proc/1/environ",
                                     "/proc/" + std::to_string(daemon_->pid()) + "/environ", "/proc/self/maps",
                                     "/etc/passwd", "/etc/hostname"};
@@ -147,7 +147,7 @@ TEST_F(Compiler, ProcFilesAreRefused) {
 // Ways around #include: the assembler's .incbin and C23's #embed (clang 19) put a file's
 // bytes into the object (and so into a map the user can read), quoting nothing: they must
 // fail to open it.
-TEST_F(Compiler, IncbinAndEmbedCannotReadFiles) {
+TEST_F(CompilerSecurity, IncbinAndEmbedCannotReadFiles) {
   Secrets s;
   std::string incbin = "asm(\".section .rodata.leak,\\\"a\\\"\\n.incbin \\\"" + s.path("public.h") + "\\\"\\n.previous\");\n";
   json j = deploy_as(kMallory, incbin + pass_policy());
@@ -165,7 +165,7 @@ TEST_F(Compiler, IncbinAndEmbedCannotReadFiles) {
 
 // Every shipped packet policy still compiles in the sandbox (a user's deploy, not root's;
 // the thread policies are deployed by syrup_thread_tests, through the same compiler).
-TEST_F(Compiler, ShippedPoliciesCompileInTheSandbox) {
+TEST_F(CompilerSecurity, ShippedPoliciesCompileInTheSandbox) {
   for (auto& e : fs::directory_iterator(source_path("policies"))) {
     if (e.path().extension() != ".c") continue;
     std::string src = read_text(e.path()) + "\n// " + std::to_string(getpid()) + "\n";  // not cached
@@ -178,7 +178,7 @@ TEST_F(Compiler, ShippedPoliciesCompileInTheSandbox) {
 // A compile bomb (exponential macro expansion: 2^34 tokens) is stopped by the sandbox's
 // limits with an error naming the limit, while another user's cold deploy of a small
 // policy goes through meanwhile. The attacker sends two, to take both workers.
-TEST_F(Compiler, ACompileBombIsStoppedByItsLimitWhileAnotherUserDeploys) {
+TEST_F(CompilerSecurity, ACompileBombIsStoppedByItsLimitWhileAnotherUserDeploys) {
   std::string bomb = "#define A0 ;\n";
   for (int i = 1; i <= 34; i++) bomb += "#define A" + std::to_string(i) + " A" + std::to_string(i - 1) + " A" + std::to_string(i - 1) + "\n";
   bomb += "A34\n" + pass_policy();
@@ -214,7 +214,7 @@ TEST_F(Compiler, ACompileBombIsStoppedByItsLimitWhileAnotherUserDeploys) {
 
 // A huge initialiser (256 MiB of .data) is stopped by the object's bound or the memory
 // limit, with an error naming it.
-TEST_F(Compiler, AHugeInitializerIsStoppedByALimit) {
+TEST_F(CompilerSecurity, AHugeInitializerIsStoppedByALimit) {
   json j = deploy_as(kMallory, "volatile char big[1 << 28] = {1};\n" + pass_policy());
   std::string err = j.value("err", "");
   EXPECT_LT(j.value("r", 0), 0) << j.dump();

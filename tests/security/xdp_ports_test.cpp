@@ -115,5 +115,49 @@ TEST(XdpPorts, AV6OnlyHolderCannotClaimThePortForIpv4AndAnotherUsersIpv4TrafficA
   EXPECT_EQ(d.stop(), 0);
 }
 
+// A port another user's application claimed is refused without naming that application
+// (a claim is checked when it is made: Alice's socket may close while her claim stays).
+TEST(XdpPorts, AClaimedPortIsRefusedWithoutNamingAnotherUsersApplication) {
+  SYRUP_REQUIRE_ROOT();
+  TestNet net(230 + getpid() % 10);
+  ASSERT_TRUE(net.ok());
+  Daemon d;
+  d.start();
+  std::string ifname = net.host_if;
+  std::string drop = source_path("tests/policies/drop_all.c");
+  UniqueFd hers;
+  HeldUser alice(kAlice, [&] {
+    uint16_t port = bound_udp(hers, AF_INET6, "::", false);
+    syr_deploy_opts o{.sz = sizeof o, .app = "alice-secret-app", .ifname = ifname.c_str(), .ports = &port, .n_ports = 1};
+    int id = syr_deploy_policy(drop.c_str(), SYR_HOOK_XDP, &o);
+    hers.reset();  // the claim stays with her policy
+    return json{{"r", id}, {"err", syr_last_error()}, {"port", port}};
+  });
+  const json& a = alice.result();
+  ASSERT_GT(a.value("r", 0), 0) << a.dump();
+  uint16_t port = a["port"].get<uint16_t>();
+  json m = as_user(kMallory, [&] {
+    UniqueFd mine(socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    int off = 0;
+    setsockopt(mine.get(), IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+    sockaddr_in6 any{};
+    any.sin6_family = AF_INET6;
+    any.sin6_port = htons(port);
+    if (bind(mine.get(), reinterpret_cast<sockaddr*>(&any), sizeof any))
+      return json{{"error", std::string("bind: ") + strerror(errno)}};
+    uint16_t p = port;
+    syr_deploy_opts o{.sz = sizeof o, .app = "mallory-app", .ifname = ifname.c_str(), .ports = &p, .n_ports = 1};
+    int id = syr_deploy_policy(drop.c_str(), SYR_HOOK_XDP, &o);
+    return json{{"r", id}, {"err", syr_last_error()}};
+  });
+  ASSERT_TRUE(m.contains("r")) << m.dump();
+  EXPECT_EQ(m["r"], -EBUSY) << m.dump();
+  std::string e = m["err"].get<std::string>();
+  EXPECT_EQ(e.find("alice-secret-app"), std::string::npos) << e;
+  EXPECT_NE(e.find("is scheduled by another application"), std::string::npos) << e;
+  alice.release();
+  EXPECT_EQ(d.stop(), 0);
+}
+
 }  // namespace
 }  // namespace syrup::test::security

@@ -601,6 +601,19 @@ void Daemon::flush_client(int fd) {
   watch(fd, c, c.parked ? 0u : uint32_t{EPOLLIN});
 }
 
+// Thread-safe (a load worker's): the compiler serves several threads at once.
+int Daemon::compile_verify_build(const CompileJob& job, LoadSpec& spec, LoadFailure& fail) {
+  CompileResult cr = compiler_.compile(job);
+  if (cr.err) {
+    fail.message = "policy " + spec.policy_name + " does not compile with the " + job.wrapper +
+                   " wrapper it is verified with as unprivileged code";
+    fail.log = cr.diagnostics;
+    return cr.err;
+  }
+  spec.verify_object_path = cr.object_path;
+  return 0;
+}
+
 void Daemon::park(int fd, const Caller& caller, proto::Message req, std::unique_ptr<Deferred> d) {
   Conn& c = clients_[fd];
   c.parked = true;
@@ -617,7 +630,10 @@ void Daemon::park(int fd, const Caller& caller, proto::Message req, std::unique_
     job->spec.check_quota = [this, ticket](const LoadFootprint& fp) { return ask_quota(ticket, fp); };
     loads_[ticket] = job;
     loading_apps_[job->spec.app]++;
-    load_pool_.submit(ticket, caller.uid, [job] { job->err = load_policy(job->spec, job->loaded, job->fail); });
+    load_pool_.submit(ticket, caller.uid, [this, job] {
+      if (!job->verify.source.empty() && (job->err = compile_verify_build(job->verify, job->spec, job->fail))) return;
+      job->err = load_policy(job->spec, job->loaded, job->fail);
+    });
   } else {
     log(LogLevel::kDebug, "pid %d uid %u: deploy parked while %s compiles (ticket %llu)", caller.pid, caller.uid,
         d->job.display_name.c_str(), static_cast<unsigned long long>(ticket));
@@ -959,6 +975,9 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
   // Whether this run may park, for its compile or its load, is known before the target
   // takes the request's descriptors: only then are they copied, for the resumed run.
   CompileJob job{source, source_name, hi->compile_define(), hi->wrapper()};
+  // Tenants' policies only: an admin's are trusted as the admin is (docs/security.md).
+  bool verify_build = hi->verify_wrapper() && enforce_quotas;
+  CompileJob verify_job{source, source_name, hi->compile_define(), verify_build ? hi->verify_wrapper() : ""};
   LoadJob* loaded_job = resumed && resumed->load ? resumed->load.get() : nullptr;
   bool compile_parks = !resumed && may_park_ && !compiler_.cached(job);
   std::unique_ptr<Deferred> parking;
@@ -1131,6 +1150,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
       }
       fd = lj->reuse_fds.back().get();
     }
+    if (verify_build) lj->verify = verify_job;
     parking->load = std::move(lj);
     parking->result = std::move(cr);
     // The compile's first target too: dropped now, it would take a hook-wide root with
@@ -1142,7 +1162,8 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
     Response parked;
     parked.park = std::move(parking);
     return parked;
-  } else if (int r = load_policy(spec, pol->loaded, lf)) {
+  } else if (int r = (verify_build ? compile_verify_build(verify_job, spec, lf) : 0)
+                         ?: load_policy(spec, pol->loaded, lf)) {
     undo_app();
     return {proto::error_response(-r, lf.message, lf.log)};
   }

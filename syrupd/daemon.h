@@ -141,6 +141,9 @@ class Daemon {
     int err = 0;
     std::unique_ptr<LoadedPolicy> loaded;
     LoadFailure fail;
+    // The hook's verification build (Hook::verify_wrapper()), compiled on the worker
+    // before the load; empty source: none.
+    CompileJob verify;
   };
   // A deploy that waits for its compile, or for its load.
   struct Deferred {
@@ -176,6 +179,9 @@ class Daemon {
   void serve_client(int fd);
   // Sends `resp` on client `fd`; a failed send closes the connection.
   void answer(int fd, Response& resp);
+  // Compiles `job` (a verification build, Hook::verify_wrapper()) and sets its object in
+  // `spec`: 0, or -errno with `fail` saying why. Runs on load workers.
+  int compile_verify_build(const CompileJob& job, LoadSpec& spec, LoadFailure& fail);
   // Parks client `fd`'s deploy while a worker compiles `job`: syrupd reads nothing more
   // from the connection until it has answered.
   void park(int fd, const Caller& caller, proto::Message req, std::unique_ptr<Deferred> d);

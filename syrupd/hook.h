@@ -120,6 +120,11 @@ class Hook {
   virtual const char* name() const = 0;
   virtual const char* compile_define() const = 0;  // e.g. SYR_HOOK_SOCKET_SELECT
   virtual const char* wrapper() const = 0;         // e.g. socket_select.bpf.h
+  // Where wrapper()'s program type makes the kernel verify with CAP_PERFMON (pointer
+  // leaks allowed): a wrapper of a type verified with CAP_BPF alone, for the same policy
+  // source; the loader verifies that build first (LoadSpec::verify_object_path). Null:
+  // the hook's own program is verified as unprivileged code.
+  virtual const char* verify_wrapper() const { return nullptr; }
   // The maps the wrapper declares (all named "syr_..."); see LoadSpec::system_maps.
   virtual std::vector<std::string> system_maps() const = 0;
   // What a policy at this hook may call and declare (the helpers, kernel functions and

@@ -506,6 +506,45 @@ int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFa
 
 namespace {
 
+// The policy built with the hook's verify_wrapper() (LoadSpec::verify_object_path),
+// loaded with the capabilities its program type needs (CAP_BPF for the agent's syscall
+// program) into maps of its own, which are never pinned, then closed. 0, or the
+// verifier's refusal in `fail`.
+int verify_unprivileged(const LoadSpec& spec, LoadFailure& fail) {
+  std::string captured;
+  CaptureScope capture(&captured);
+  LIBBPF_OPTS(bpf_object_open_opts, oopts, .object_name = "syr_verify");
+  bpf_object* obj = bpf_object__open_file(spec.verify_object_path.c_str(), &oopts);
+  if (!obj) {
+    int e = -errno;
+    fail.message = "cannot open the verification build of policy " + spec.policy_name + ": " + std::strerror(-e);
+    return e;
+  }
+  uint64_t caps = 0;
+  bpf_program* prog;
+  bpf_object__for_each_program(prog, obj) caps |= caps_for(bpf_program__type(prog));
+  if (!caps || caps & (uint64_t{1} << CAP_PERFMON)) {
+    bpf_object__close(obj);
+    fail.message = "the verification build of policy " + spec.policy_name + " is not of a type verified as "
+                   "unprivileged code";
+    return -EINVAL;
+  }
+  int r;
+  {
+    LoweredCaps lowered(caps);
+    r = lowered.error() ? lowered.error() : bpf_object__load(obj);
+  }
+  bpf_object__close(obj);
+  if (!r) return 0;
+  std::string vlog = verifier_log(captured);
+  std::string reason = vlog.empty() ? std::string(std::strerror(-r)) : verifier_reason(vlog);
+  fail.message = "the verifier rejected policy " + spec.policy_name + " as unprivileged code (the " + spec.hook +
+                 " hook's programs are verified with CAP_PERFMON, so its policies are first verified without it)" +
+                 (reason.empty() ? std::string() : ": " + reason);
+  fail.log = tail_lines(vlog.empty() ? captured : vlog, 30);
+  return r;
+}
+
 int load_checked(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFailure& fail) {
   std::string captured;
   CaptureScope capture(&captured);
@@ -647,10 +686,12 @@ int load_checked(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadF
     }
   }
 
+  prime_libbpf_probes();
+  if (!spec.verify_object_path.empty())
+    if (int r = verify_unprivileged(spec, fail)) return r;
   // libbpf opens the application's pinned maps and pins new ones inside the load, in
   // the application's directory (not root's): CAP_DAC_OVERRIDE stays for that; it
   // changes nothing the verifier decides.
-  prime_libbpf_probes();
   int r;
   {
     LoweredCaps lowered(caps | uint64_t{1} << CAP_DAC_OVERRIDE);

@@ -56,6 +56,12 @@ struct LoadSpec {
   std::vector<std::string> programs;
   // The hook's (Hook::allowlist()); empty lists allow nothing.
   Allowlist allowed;
+  // Where the hook's program type needs CAP_PERFMON (sched_ext's struct_ops), under which
+  // the verifier allows pointer leaks: the same policy built with a wrapper whose program
+  // needs CAP_BPF alone (Hook::verify_wrapper()). The loader has the kernel verify it
+  // with CAP_BPF and throws it away before the real load, so what the unprivileged
+  // verifier refuses in the policy's own code is refused. Empty: none.
+  std::string verify_object_path;
   // Called after open, before the verifier, with what the load would add; a non-empty
   // answer refuses the load with EDQUOT and that message (quotas).
   std::function<std::string(const struct LoadFootprint&)> check_quota;

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <grp.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -372,6 +373,46 @@ TEST_F(SchedExt, DaemonChoosesSchedExtAndSaysWhy) {
   std::string log = daemon_->log();
   EXPECT_NE(log.find("sched_ext is present"), std::string::npos) << log;
   EXPECT_NE(log.find("sched_ext scheduler"), std::string::npos) << log;
+}
+
+// sched_ext's struct_ops are verified with CAP_PERFMON, under which the verifier lets a
+// program store a pointer into a map. A tenant's policy is therefore verified first as
+// the agent's BPF_PROG_TYPE_SYSCALL program with CAP_BPF alone: a policy storing its
+// map value's address is refused as unprivileged code, while the same tenant's fifo.c
+// deploys. (An admin's policies are trusted as the admin is and skip this build.)
+TEST_F(SchedExt, ATenantsPolicyIsVerifiedAsUnprivilegedCodeFirst) {
+  const std::string leak = R"(#include <syrup/policy.h>
+SYR_ARRAY(loot, __u64, 1);
+SYR_POLICY(struct syr_thread *t)
+{
+	__u32 k = 0;
+	__u64 *v = syr_map_lookup(&loot, &k);
+	if (v)
+		*v = (__u64)v;
+	return SYR_PASS;
+}
+)";
+  const std::string fifo = read_text(source_path("policies/fifo.c"));
+  ASSERT_FALSE(fifo.empty());
+  std::string out = in_child([&] {
+    if (setgroups(0, nullptr) || setgid(62001) || setuid(62001)) return std::string("setuid failed");
+    syr_deploy_opts o{.sz = sizeof o, .app = "scxleak"};
+    int id = syr_deploy_policy_source(leak.data(), leak.size(), "leak.c", SYR_HOOK_THREAD, &o);
+    std::string r = std::to_string(id) + "\n" + syr_last_error() + "\n--\n";
+    syr_deploy_opts f{.sz = sizeof f, .app = "scxtenant"};
+    int fid = syr_deploy_policy_source(fifo.data(), fifo.size(), "fifo.c", SYR_HOOK_THREAD, &f);
+    r += std::to_string(fid) + "\n" + (fid > 0 ? std::string() : syr_last_error());
+    if (fid > 0) syr_remove_policy(fid);
+    return r;
+  });
+  std::printf("  %s\n", out.c_str());
+  size_t sep = out.find("\n--\n");
+  ASSERT_NE(sep, std::string::npos) << out;
+  std::string leaked = out.substr(0, sep), fifo_out = out.substr(sep + 4);
+  EXPECT_EQ(std::atoi(leaked.c_str()), -EACCES) << leaked;
+  EXPECT_NE(leaked.find("as unprivileged code"), std::string::npos) << leaked;
+  EXPECT_NE(leaked.find("leaks addr"), std::string::npos) << leaked;
+  EXPECT_GT(std::atoi(fifo_out.c_str()), 0) << fifo_out;
 }
 
 // The sched_ext backend checks kernel functions by name against its own list (the

@@ -122,4 +122,29 @@ TEST(Cli, TheProgramsHelpAndFlagErrors) {
   }
 }
 
+// syrupctl refuses a value outside a closed set before asking syrupd (exit 2, naming the
+// flag and what it takes), and with --json says "unreachable" as a JSON object on stdout.
+TEST(Cli, SyrupctlNamesTheFlagAndItsValuesAndSpeaksJsonWhenUnreachable) {
+  std::string ctl = build_bin("syrupctl") + " --socket /nonexistent/syrupd.sock ", out;
+  struct Case {
+    const char* args;
+    const char* says;
+  } cases[] = {
+      {"deploy --hook sockselect --pid 1 --port 9000 p.c", "--hook takes one of socket-select, xdp, thread, got 'sockselect'"},
+      {"deploy --protocol sctp --pid 1 --port 9000 p.c", "--protocol takes one of udp, tcp, got 'sctp'"},
+      {"deploy --address 300.1.2.3 --pid 1 --port 9000 p.c", "--address takes an IPv4 or IPv6 address, got '300.1.2.3'"},
+      {"deploy --port 70000 --pid 1 p.c", "--port takes an integer in 1..65535, got '70000'"},
+  };
+  for (auto& c : cases) {
+    EXPECT_EQ(run_cmd(ctl + c.args + " 2>&1", out), 2) << c.args << ": " << out;
+    EXPECT_NE(out.find(c.says), std::string::npos) << c.args << ": " << out;
+  }
+  EXPECT_EQ(run_cmd("{ " + ctl + "--json list 2>/dev/null; }", out), 3) << out;
+  nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << "not a JSON object on stdout: " << out;
+  EXPECT_EQ(j.value("ok", true), false) << out;
+  EXPECT_EQ(j.value("unreachable", false), true) << out;
+  EXPECT_NE(j.value("error", std::string()).find("/nonexistent/syrupd.sock"), std::string::npos) << out;
+}
+
 }  // namespace

@@ -3,6 +3,7 @@
 // Exit codes: 0 success; 1 syrupd refused or failed the request (its message is printed);
 // 2 usage error; 3 syrupd could not be reached.
 #include <gflags/gflags.h>
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -83,6 +84,16 @@ std::string socket_path() {
   return e && *e ? e : syrup::proto::kDefaultSocket;
 }
 
+// syrupd could not be asked: says so (with --json as a JSON error object on stdout, the
+// shape of syrupd's own errors, so a script reads one format) and returns exit code 3.
+int unreachable(const std::string& why) {
+  if (FLAGS_json)
+    std::cout << nlohmann::json{{"ok", false}, {"errno", ECONNREFUSED}, {"error", why}, {"unreachable", true}}.dump(2)
+              << "\n";
+  std::fprintf(stderr, "syrupctl: %s\n", why.c_str());
+  return kExitUnreachable;
+}
+
 // Sends `req`; on success returns 0 with the body in `out`, else prints and returns the
 // exit code. `rate_waits`: how many times to wait 20 ms and ask again while syrupd says
 // the caller is over its request rate (a paged map dump asks many times).
@@ -90,14 +101,7 @@ int call(const nlohmann::json& req, nlohmann::json& out, int rate_waits = 0) {
   syrup::Message resp;
   for (;;) {
     syrup::Client c;
-    if (c.connect(socket_path())) {
-      std::fprintf(stderr, "syrupctl: %s\n", c.error().c_str());
-      return kExitUnreachable;
-    }
-    if (c.call(req, resp)) {
-      std::fprintf(stderr, "syrupctl: %s\n", c.error().c_str());
-      return kExitUnreachable;
-    }
+    if (c.connect(socket_path()) || c.call(req, resp)) return unreachable(c.error());
     if (rate_waits-- <= 0 || resp.body.value("ok", false) || resp.body.value("errno", 0) != EAGAIN) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -138,6 +142,24 @@ int cmd_deploy(const std::vector<std::string>& args) {
     if (!v->empty())
       if (std::string why = bad_name(flag, what, *v, k); !why.empty()) return usage(why);
   if (std::string why = bad_name("POLICY.c", "source", args[0], Kind::kDisplay); !why.empty()) return usage(why);
+  // Closed sets, checked before syrupd is asked: a typo is a usage error naming the flag.
+  auto one_of = [](const char* flag, const std::string& v, std::initializer_list<const char*> known) {
+    std::string list;
+    for (const char* k : known) {
+      if (v == k) return std::string();
+      list += (list.empty() ? "" : ", ") + std::string(k);
+    }
+    return std::string(flag) + " takes one of " + list + ", got '" + syrup::names::printable(v) + "'";
+  };
+  if (std::string why = one_of("--hook", FLAGS_hook, {"socket-select", "xdp", "thread"}); !why.empty())
+    return usage(why);
+  if (!FLAGS_protocol.empty())
+    if (std::string why = one_of("--protocol", FLAGS_protocol, {"udp", "tcp"}); !why.empty()) return usage(why);
+  if (!FLAGS_address.empty()) {
+    unsigned char a[sizeof(in6_addr)];
+    if (inet_pton(AF_INET, FLAGS_address.c_str(), a) != 1 && inet_pton(AF_INET6, FLAGS_address.c_str(), a) != 1)
+      return usage("--address takes an IPv4 or IPv6 address, got '" + syrup::names::printable(FLAGS_address) + "'");
+  }
   bool thread_hook = FLAGS_hook == "thread";  // --pid alone: every thread of the process
   bool xdp_hook = FLAGS_hook == "xdp";  // --pid optional: without it the policy persists
   if (thread_hook && FLAGS_pid <= 0) return usage("deploy --hook thread needs --pid PID");

@@ -186,7 +186,7 @@ class Capacity(unittest.TestCase):
 
 class Drift(unittest.TestCase):
     """A run whose server needed more CPU per request than the round's capacity probe ran
-    its emulated cores busier than its load point says (session 11: every GET p99 stall of
+    its emulated cores busier than its load point says (the runs of commit 9912852: every GET p99 stall of
     sita and scan_avoid at "70-80%" was a run at 85-94%)."""
 
     class Args:

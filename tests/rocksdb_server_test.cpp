@@ -361,8 +361,8 @@ TEST_F(KvServer, CountsOfScansThatNeverReachAWorkerAreTakenOff) {
 TEST_F(KvServer, CoreShareGivesEachWorkerADeadlineReservationOfItsOwn) {
   // --core_share (the study's emulation of a core per worker): every worker thread runs
   // under SCHED_DEADLINE with runtime = share x period, and the server still answers.
-  // The budget is 1 ms every 10 ms: with 20 us every 1 ms (0.02 of 1 ms, as until session
-  // 12) a worker's own wake-ups can take the whole budget on this VM (kv-w1 was measured
+  // The budget is 1 ms every 10 ms: with 20 us every 1 ms (0.02 of 1 ms, as until commit
+  // cb3056c) a worker's own wake-ups can take the whole budget on this VM (kv-w1 was measured
   // at ~57 us of CPU per switch, 350 switches a second), and a SCAN of every key then did
   // not finish in 20 s.
   auto s = start_server(dir_->path() + "/db", "round_robin.c", "kvtest-share", dir_->path() + "/share.err",
@@ -394,7 +394,7 @@ TEST_F(KvServer, CoreShareGivesEachWorkerADeadlineReservationOfItsOwn) {
 }
 
 TEST_F(KvServer, CoreSharePacingOnlyKeepsWorkersOnTheirCpuInTheFairClass) {
-  // --core_deadline=false (the study's default since session 8): the emulated core is the
+  // --core_deadline=false (the study's default since commit 91c204c): the emulated core is the
   // pacing alone, so the workers stay in the fair class on --cpus (a deadline reservation
   // would have to span every CPU, the load generator's too) and still hold for it.
   int cpu = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) - 1;

@@ -90,9 +90,9 @@ def app_suffix(label):
 # - 99.5/0.5 (the talk: one worker per core): each worker paced to a share of the server
 #   core, emulating a core of its own, so a SCAN occupies only its worker's "core"; what
 #   is left is what socket selection decides: GETs queued behind a SCAN on one socket.
-#   Pacing alone (not a SCHED_DEADLINE reservation, --core-deadline) since session 8: a
+#   Pacing alone (not a SCHED_DEADLINE reservation, --core-deadline) since commit 91c204c: a
 #   reservation must span every CPU, so the workers ran on the load generator's core too.
-#   16 workers of 0.055 CPU (0.88 CPU in all, as 8 x 0.11 before session 32): what round
+#   16 workers of 0.055 CPU (0.88 CPU in all, as 8 x 0.11 before commit 076bc8a): what round
 #   robin gains over the kernel's hash is the hash's imbalance over the sockets, which the
 #   number of flows per socket sets. 50 flows over 8 sockets give a median draw of 1.60
 #   (1.75 or more one draw in three), over 16 sockets 1.92 (86% of draws); the talk's
@@ -423,7 +423,7 @@ def wait_quiet(args, daemon):
 
 # Below this load a run's CPU per request is not held against the capacity probe's (taken
 # at ~75%): with shorter queues a worker wakes for fewer requests at a time and pays more
-# per request, legitimately (1.1-1.4x at 20-60% in session 11's short run), and GET p99
+# per request, legitimately (1.1-1.4x at 20-60% in the short run of commit 9912852), and GET p99
 # there depends less on a few points of utilisation.
 DRIFT_FROM_LOAD = 0.7
 
@@ -489,7 +489,7 @@ def measure_capacity(args, server, daemon, get_pct, cal, rnd, workers, core_shar
     its socket 32 datagrams per wake-up and spends ~9 us of CPU per request instead of the
     ~11.5 us it spends at 80% load, so "what it sustains" deeply backlogged is 10-30% above
     what it sustains with short queues, and a load point called 80% of it ran the cores at
-    88-103% (sessions 8-9: every policy stalled there in some rounds).
+    88-103% (the full runs of 2026-11-21 before commit fbfb404: every policy stalled there in some rounds).
 
     Shared core (core_share 0): the saturation throughput, offered 1.4x the calibrated
     capacity, then offered that, what is achieved. There the SCANs are nearly all the work
@@ -1058,13 +1058,13 @@ def main():
                          "this): N, 'sita' (as many as sita's long executors) or 0 (no limit, the talk's "
                          "policy); B or MIX:B,... (default 99.5:0,50:sita)")
     ap.add_argument("--core-deadline", dest="core_deadline", action="store_true",
-                    help="back each emulated core with a SCHED_DEADLINE reservation as before session 8 "
+                    help="back each emulated core with a SCHED_DEADLINE reservation as before commit 91c204c "
                          "(kv_server --core_deadline): the workers then run on every CPU, the load "
                          "generator's too (default: pacing alone, the workers stay on --server-cpus)")
     ap.add_argument("--core-hold-us", dest="core_hold_us", type=int, default=200,
                     help="with a core share: how far a worker may run ahead of its emulated core before "
                          "it sleeps until the core catches up, us (kv_server --core_hold_us; a huge value "
-                         "turns the hold off, as before session 4)")
+                         "turns the hold off, as before commit 3ba8a02)")
     ap.add_argument("--nice", type=int, default=-20,
                     help="nice of the servers and the load generator (protects them from other work)")
     ap.add_argument("--server-cpus", dest="server_cpus", default="1")

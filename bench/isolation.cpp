@@ -18,7 +18,6 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <syrup/syrup.h>
 #include <unistd.h>
@@ -109,16 +108,10 @@ SYR_POLICY(struct syr_input *in)
 
 bool become(uid_t uid) { return setgroups(0, nullptr) == 0 && setgid(uid) == 0 && setuid(uid) == 0; }
 
+// A connected socket to syrupd at `path` for the caller to drive by hand, or -1.
 int connect_to(const std::string& path) {
-  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
-  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) {
-    close(s);
-    return -1;
-  }
-  return s;
+  syrup::Client c;
+  return c.connect(path) ? -1 : c.take_socket().release();
 }
 
 // Fills the 1000000 entries of application `app`'s map "big". 0 or -errno.

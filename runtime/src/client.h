@@ -18,6 +18,9 @@ class Client {
   // a response with "ok": false still returns 0).
   int call(const nlohmann::json& req, Message& resp, std::span<const int> fds = {});
   const std::string& error() const { return error_; }
+  // The connected socket, handed over (the client is unconnected after): for callers that
+  // speak the protocol themselves, byte by byte (the security tests' trickling clients).
+  UniqueFd take_socket() { return std::move(sock_); }
 
  private:
   UniqueFd sock_;

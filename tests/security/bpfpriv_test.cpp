@@ -297,16 +297,9 @@ class BpfPrivXdp : public BpfPriv {
     const std::string ifname = net_->host_if;
     return as_user(kMallory, [&] {
       // A claim needs a socket receiving all of the port's frames: [::], dual-stack.
-      UniqueFd fd(socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-      int off = 0;
-      sockaddr_in6 a{};
-      a.sin6_family = AF_INET6;
-      socklen_t l = sizeof a;
-      if (!fd || setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) != 0 ||
-          bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-          getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &l) != 0)
-        return json{{"error", "no socket"}};
-      uint16_t port = ntohs(a.sin6_port);
+      UniqueFd fd;
+      uint16_t port = bound_udp(fd, AF_INET6, "::", false);
+      if (!port) return json{{"error", "no socket"}};
       syr_deploy_opts o{.sz = sizeof o, .app = app, .ifname = ifname.c_str(), .ports = &port, .n_ports = 1};
       int id = syr_deploy_policy_source(src, std::strlen(src), "mallory.c", SYR_HOOK_XDP, &o);
       json out = result(id);

@@ -18,6 +18,7 @@
 #include <regex>
 
 #include "client.h"
+#include "held_user.h"
 #include "security.h"
 
 namespace syrup::test::security {
@@ -32,63 +33,21 @@ json result(int r) { return {{"r", r}, {"err", syr_last_error()}}; }
 // scan_avoid policy of application `app` deployed on it, until destroyed.
 class Tenant {
  public:
-  Tenant(uid_t uid, const std::string& app) {
-    int up[2], down[2];
-    if (pipe(up) || pipe(down)) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      close(up[0]);
-      close(down[1]);
-      json j;
-      if (setgroups(0, nullptr) || setgid(uid) || setuid(uid)) {
-        j = {{"id", -1}, {"err", "cannot become uid " + std::to_string(uid)}};
-      } else {
-        UdpGroup g(2);
-        int id = deploy_on(g, "policies/scan_avoid.c", app.c_str());
-        j = {{"id", id}, {"err", syr_last_error()}};
-        std::string s = j.dump() + "\n";
-        (void)!write(up[1], s.data(), s.size());
-        char c;
-        (void)!read(down[0], &c, 1);
-        _exit(0);
-      }
-      std::string s = j.dump() + "\n";
-      (void)!write(up[1], s.data(), s.size());
-      _exit(1);
-    }
-    close(up[1]);
-    close(down[0]);
-    quit_ = down[1];
-    std::string s;
-    char buf[512];
-    ssize_t n;
-    while ((n = read(up[0], buf, sizeof buf)) > 0) {
-      s.append(buf, static_cast<size_t>(n));
-      if (s.find('\n') != std::string::npos) break;
-    }
-    close(up[0]);
-    json j = json::parse(s, nullptr, false);
-    if (j.is_object()) {
-      id_ = j.value("id", -1);
-      err_ = j.value("err", "");
-    }
+  Tenant(uid_t uid, const std::string& app)
+      : held_(uid, [&] {
+          group_ = std::make_unique<UdpGroup>(2);  // the child's: it lives while the child is held
+          int id = deploy_on(*group_, "policies/scan_avoid.c", app.c_str());
+          return json{{"id", id}, {"err", syr_last_error()}};
+        }) {}
+  int id() const { return held_.result().value("id", -1); }
+  std::string err() const {
+    const json& r = held_.result();
+    return r.contains("err") ? r["err"].get<std::string>() : r.value("error", std::string());
   }
-  ~Tenant() {
-    if (quit_ >= 0) {
-      (void)!write(quit_, "q", 1);
-      close(quit_);
-    }
-    if (pid_ > 0) waitpid(pid_, nullptr, 0);
-  }
-  Tenant(const Tenant&) = delete;
-  Tenant& operator=(const Tenant&) = delete;
-  int id() const { return id_; }
-  const std::string& err() const { return err_; }
 
  private:
-  pid_t pid_ = -1;
-  int quit_ = -1, id_ = -1;
-  std::string err_ = "no answer from the tenant's process";
+  std::unique_ptr<UdpGroup> group_;  // set in the child only
+  HeldUser held_;
 };
 
 // `syrupctl map dump --app APP MAP` as the current user: exit status and output.

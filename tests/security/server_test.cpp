@@ -8,7 +8,6 @@
 #include <bpf/bpf.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 
 #include <atomic>
 #include <chrono>
@@ -67,16 +66,18 @@ std::pair<long, long> daemon_memory_kb(pid_t pid) {
   return {hwm, rss};
 }
 
+// A connected socket to syrupd at `path` for the caller to drive by hand, or -1.
 int connect_to(const std::string& path) {
-  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
-  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) {
-    close(s);
-    return -1;
-  }
-  return s;
+  syrup::Client c;
+  return c.connect(path) ? -1 : c.take_socket().release();
+}
+
+// tests/security/policies/heavy_verify.c, unique to this call (a comment): the compile
+// would be served from the cache, the verify never is. Empty if it cannot be read.
+std::string heavy_verify_source() {
+  std::string heavy = read_text(source_path("tests/security/policies/heavy_verify.c"));
+  if (!heavy.empty()) heavy += "\n/* " + std::to_string(Clock::now().time_since_epoch().count()) + " */\n";
+  return heavy;
 }
 
 class ServerSecurity : public ::testing::Test {
@@ -144,10 +145,8 @@ TEST_F(ServerSecurity, TricklingConnectionsDelayNoOne) {
 // loop and held them all for its length, 2.6 s).
 TEST_F(ServerSecurity, AHeavyVerifyDelaysNoOne) {
   const std::string sock = d_->socket();
-  std::string heavy = read_text(source_path("tests/security/policies/heavy_verify.c"));
+  std::string heavy = heavy_verify_source();
   ASSERT_FALSE(heavy.empty());
-  // Unique per run: the compile is cached, the verify never is.
-  heavy += "\n/* " + std::to_string(Clock::now().time_since_epoch().count()) + " */\n";
   json mallory;
   std::thread t([&] {
     mallory = as_user(kMallory, [&] {
@@ -251,9 +250,8 @@ TEST(ServerSecurityOwnDaemon, AVerifyPastTheLoadTimeoutIsAnsweredAndHoldsNoOne) 
   SYRUP_REQUIRE_ROOT();
   Daemon d;
   d.start("", {"--load_timeout_s=1"});
-  std::string heavy = read_text(source_path("tests/security/policies/heavy_verify.c"));
+  std::string heavy = heavy_verify_source();
   ASSERT_FALSE(heavy.empty());
-  heavy += "\n/* " + std::to_string(Clock::now().time_since_epoch().count()) + " */\n";
   json mallory;
   std::thread t([&] {
     mallory = as_user(kMallory, [&] {

@@ -20,31 +20,6 @@ namespace {
 
 using nlohmann::json;
 
-// A UDP socket of `family` bound to `addr`:0 (v6only for AF_INET6); its port, 0 on failure.
-uint16_t bound_udp(UniqueFd& fd, int family, const char* addr, bool v6only = false) {
-  fd.reset(socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  sockaddr_storage ss{};
-  socklen_t len;
-  if (family == AF_INET6) {
-    int on = v6only;
-    setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof on);
-    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
-    a->sin6_family = AF_INET6;
-    inet_pton(AF_INET6, addr, &a->sin6_addr);
-    len = sizeof *a;
-  } else {
-    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-    a->sin_family = AF_INET;
-    inet_pton(AF_INET, addr, &a->sin_addr);
-    len = sizeof *a;
-  }
-  if (!fd || bind(fd.get(), reinterpret_cast<sockaddr*>(&ss), len) ||
-      getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len))
-    return 0;
-  return ntohs(family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
-                                  : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-}
-
 TEST(XdpPorts, AV6OnlyHolderCannotClaimThePortForIpv4AndAnotherUsersIpv4TrafficArrives) {
   SYRUP_REQUIRE_ROOT();
   TestNet net(240 + getpid() % 10);

@@ -629,9 +629,13 @@ TEST(Config, TellsSystemdItIsReadyOnlyOnceAdoptedAndApplied) {
     ready = notify.next(30000);
     log_at_ready = read_text(logf);
   });
+  const char* outer = getenv("NOTIFY_SOCKET");  // a test run under systemd has one
+  std::string outer_socket = outer ? outer : "";
   setenv("NOTIFY_SOCKET", notify_path.c_str(), 1);
   d.start(d.bpffs_root(), {"--config=" + yaml.path});
-  unsetenv("NOTIFY_SOCKET");  // the next syrupd of this process is not a service
+  // The next syrupd of this process is not this test's.
+  if (outer) setenv("NOTIFY_SOCKET", outer_socket.c_str(), 1);
+  else unsetenv("NOTIFY_SOCKET");
   watcher.join();
 
   ASSERT_TRUE(ready.first.starts_with("READY=1\n")) << "first message: '" << ready.first << "'\n" << d.log();

@@ -37,23 +37,15 @@ struct TempFile {
   ~TempFile() { unlink(path.c_str()); }
 };
 
-uint32_t attached_xdp_prog(const std::string& ifname) {
-  LIBBPF_OPTS(bpf_xdp_query_opts, q);
-  int ifindex = static_cast<int>(if_nametoindex(ifname.c_str()));
-  if (!ifindex || bpf_xdp_query(ifindex, 0, &q)) return 0;
-  return q.prog_id;
-}
-
 // Sends `n` datagrams from the peer of `net` to the host's `port` and checks that all
 // arrive and that application `app`'s XDP policy (tests/policies/xdp_count.c) counted
 // exactly them in its `seen` map.
 void expect_xdp_policy_counts(TestNet& net, uint16_t port, const char* app, int n) {
-  UniqueFd srv(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  UniqueFd srv(udp_server(net.host_ip, port));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   inet_pton(AF_INET, net.host_ip.c_str(), &a.sin_addr);
   a.sin_port = htons(port);
-  ASSERT_EQ(bind(srv.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
   UniqueFd peer(net.peer_udp());
   uint32_t payload[4] = {1, 0, 0, 0};
   for (int i = 0; i < n; i++)

@@ -726,7 +726,7 @@ TEST_F(ThreadHook, HungAgentIsKilledAndThreadsRestored) {
 }
 
 // A packet policy deployed at the thread hook fails with one error, the first line the
-// user sees, naming the hooks it is for (the reverse: socket_select_test).
+// user sees, naming the hooks it is for (the reverse: syrupd/tests/bad_input_test.cpp).
 TEST_F(ThreadHook, PacketPolicyIsRefusedNamingTheHooksItIsFor) {
   EXPECT_EQ(deploy("policies/round_robin.c", {}, "thrwrong"), -EINVAL);
   std::string err = syr_last_error(), first = err.substr(0, err.find('\n'));

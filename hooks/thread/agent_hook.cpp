@@ -221,16 +221,9 @@ class AgentTarget : public Target {
     news_->post();
   }
 
-  int start_agent(LoadedPolicy& p, std::string& err) {
-    int hb[2], ready[2];
-    if (pipe2(hb, O_CLOEXEC | O_NONBLOCK) < 0) return -errno;
-    hb_rd_.reset(hb[0]);
-    UniqueFd hb_wr(hb[1]);
-    if (pipe2(ready, O_CLOEXEC) < 0) return -errno;
-    UniqueFd ready_rd(ready[0]), ready_wr(ready[1]);
-
-    std::string bin = agent_path();
-    std::vector<std::string> args = {bin,
+  // The agent's command line for policy `p`.
+  std::vector<std::string> agent_args(const LoadedPolicy& p) const {
+    std::vector<std::string> args = {agent_path(),
                                      "--tgid", std::to_string(tgid_),
                                      "--policy-dir", pins::policy_dir(p.app, p.policy_id),
                                      "--maps-dir", pins::app_maps_dir(p.app),
@@ -242,13 +235,19 @@ class AgentTarget : public Target {
       args.push_back("--agent-cpus");
       args.push_back(cpus_to_string(agent_cpus_));
     }
+    return args;
+  }
+
+  // Spawns the agent with the heartbeat pipe's ends as fds 3 and kAgentHbReadFd and the
+  // ready pipe's write end as fd 4. 0 or -errno with `err`.
+  int spawn(std::vector<std::string> args, int hb_wr, int ready_wr, pid_t& pid, std::string& err) {
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, hb_wr.get(), 3);
-    posix_spawn_file_actions_adddup2(&fa, ready_wr.get(), 4);
+    posix_spawn_file_actions_adddup2(&fa, hb_wr, 3);
+    posix_spawn_file_actions_adddup2(&fa, ready_wr, 4);
     posix_spawn_file_actions_adddup2(&fa, hb_rd_.get(), kAgentHbReadFd);
     posix_spawnattr_t sa;
     posix_spawnattr_init(&sa);
@@ -258,14 +257,22 @@ class AgentTarget : public Target {
     // Its own session: a signal to syrupd's process group (a terminal's ^C, a service
     // manager stopping syrupd) does not reach it; it outlives syrupd (see save()).
     posix_spawnattr_setflags(&sa, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSID);
-    pid_t pid;
-    int r = posix_spawnp(&pid, bin.c_str(), &fa, &sa, argv.data(), environ);
+    int r = posix_spawnp(&pid, args[0].c_str(), &fa, &sa, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&sa);
-    if (r) {
-      err = "cannot start the thread agent " + bin + ": " + std::strerror(r);
-      return -r;
-    }
+    if (r) err = "cannot start the thread agent " + args[0] + ": " + std::strerror(r);
+    return -r;
+  }
+
+  int start_agent(LoadedPolicy& p, std::string& err) {
+    int hb[2], ready[2];
+    if (pipe2(hb, O_CLOEXEC | O_NONBLOCK) < 0) return -errno;
+    hb_rd_.reset(hb[0]);
+    UniqueFd hb_wr(hb[1]);
+    if (pipe2(ready, O_CLOEXEC) < 0) return -errno;
+    UniqueFd ready_rd(ready[0]), ready_wr(ready[1]);
+    pid_t pid;
+    if (int r = spawn(agent_args(p), hb_wr.get(), ready_wr.get(), pid, err)) return r;
     hb_wr.reset();
     ready_wr.reset();
     {

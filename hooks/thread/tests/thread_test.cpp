@@ -710,7 +710,7 @@ TEST_F(ThreadHook, KilledAgentThreadsReturnToNormalScheduling) {
   pid_t agent = p["agent_pid"].get<pid_t>();
   ASSERT_GT(agent, 0);
   auto attempt = [&] {
-    return security::as_user(security::kMallory, [&] {
+    return as_user(security::kMallory, [&] {
       int k = kill(agent, SIGKILL) == 0 ? 0 : errno;
       int r = syr_remove_policy(id);
       return nlohmann::json{{"kill", k}, {"remove", r}, {"err", syr_last_error()}};

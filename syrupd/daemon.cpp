@@ -1,4 +1,5 @@
 #include "daemon.h"
+#include "daemon_util.h"
 #include "proc.h"
 
 #include <bpf/bpf.h>
@@ -67,14 +68,6 @@ bool exited(int pidfd) {
   return pidfd >= 0 && poll(&pf, 1, 0) == 1 && (pf.revents & POLLIN);
 }
 
-json ok(json extra = json::object()) {
-  extra["ok"] = true;
-  return extra;
-}
-
-// Hooks this syrupd knows of; a name with no backend is reserved for one to come.
-constexpr const char* kHookNames[] = {"socket-select", "xdp", "thread"};
-
 int ensure_bpffs() {
   struct statfs sf;
   if (statfs("/sys/fs/bpf", &sf) == 0 && sf.f_type == BPF_FS_MAGIC) return 0;
@@ -111,19 +104,6 @@ MapUsage pinned_map_usage(const std::string& app) {
     u.bytes += uint64_t{info.key_size + info.value_size} * info.max_entries;
   }
   return u;
-}
-
-// A deploy request's policy name (shown in list) and the file name its diagnostics show:
-// "name" and "source_name", each standing in for the other, else "policy.c".
-void policy_names(const json& b, std::string& name, std::string& source_name) {
-  auto str = [&](const char* k) {
-    return b.contains(k) && b[k].is_string() ? b[k].get<std::string>() : std::string();
-  };
-  name = str("name");
-  source_name = str("source_name");
-  if (name.empty()) name = source_name.empty() ? "policy.c" : source_name;
-  if (source_name.empty()) source_name = name;
-  if (auto slash = name.rfind('/'); slash != std::string::npos) name = name.substr(slash + 1);
 }
 
 // A state-file entry as one line. Its strings may not be UTF-8 (a removal's reason quotes
@@ -165,6 +145,15 @@ int Daemon::init(const DaemonConfig& cfg) {
     return r;
   }
   pins::set_root(cfg_.bpffs_root);
+  if (const char* fault = getenv("SYRUP_FAULT_STEP")) {
+    std::string ferr;
+    if (!DeployTxn::fault_injection_built())
+      log(LogLevel::kWarn, "SYRUP_FAULT_STEP is ignored: this syrupd is built without SYRUP_FAULT_INJECTION");
+    else if ((r = DeployTxn::set_fault(fault, ferr))) {
+      log(LogLevel::kError, "%s", ferr.c_str());
+      return r;
+    } else log(LogLevel::kWarn, "fault injection: deploy step %s fails (SYRUP_FAULT_STEP)", fault);
+  }
   hooks_.push_back(std::make_unique<socket_select::SocketSelectHook>());
   hooks_.push_back(std::make_unique<xdp::XdpHook>(compiler_));
   hooks_.push_back(std::make_unique<thread::ThreadHook>(compiler_, cfg_.agent_cpus));
@@ -895,310 +884,6 @@ std::string Daemon::may_use_app(const Caller& caller, const std::string& app) co
   if (it == app_owner_.end() || caller.admin() || it->second == caller.uid) return {};
   // Whose it is stays unsaid: another user learns only that the name is taken.
   return "application name '" + app + "' is taken by another user; choose another name";
-}
-
-Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool enforce_quotas) {
-  // A resumed deploy makes every check again, with the compile its first run waited for.
-  std::unique_ptr<Deferred> resumed = std::move(resumed_);
-  const json& b = req.body;
-  auto str = [&](const char* k) {
-    return b.contains(k) && b[k].is_string() ? b[k].get<std::string>() : std::string();
-  };
-  std::string hook = str("hook"), app = str("app"), source = str("source");
-  std::string name, source_name;
-  policy_names(b, name, source_name);
-
-  Hook* hi = hook_named(hook);
-  if (!hi) {
-    bool known = std::find(std::begin(kHookNames), std::end(kHookNames), hook) != std::end(kHookNames);
-    return {known ? proto::error_response(EOPNOTSUPP, "the " + hook + " hook is not available in this syrupd yet")
-                  : proto::error_response(EINVAL, "unknown hook '" + names::printable(hook) +
-                                                      "' (known: socket-select, xdp, thread)")};
-  }
-  if (std::string why = names::check("application", app); !why.empty())
-    return {proto::error_response(EINVAL, why)};
-  // The names a policy is shown and logged by: text, but never a control character.
-  for (auto [what, v] : {std::pair{"policy", &name}, std::pair{"source", &source_name}})
-    if (std::string why = names::check(what, *v, names::Kind::kDisplay); !why.empty())
-      return {proto::error_response(EINVAL, why)};
-  if (source.empty()) return {proto::error_response(EINVAL, "the policy source is empty")};
-  if (std::string why = names::source_size(source.size(), cfg_.max_source_bytes, "syrupd --max_source_bytes");
-      !why.empty())
-    return {proto::error_response(EFBIG, why)};
-  if (source.find('\0') != std::string::npos)
-    return {proto::error_response(EINVAL, "policy source contains NUL bytes: not C source text")};
-  if (std::string why = may_use_app(caller, app); !why.empty())
-    return {proto::error_response(EPERM, why)};
-
-  std::map<std::string, uint64_t> params;
-  if (b.contains("params")) {
-    if (!b["params"].is_object()) return {proto::error_response(EINVAL, "params must be an object")};
-    for (auto& [k, v] : b["params"].items()) {
-      if (std::string why = names::check("parameter", k, names::Kind::kParam); !why.empty())
-        return {proto::error_response(EINVAL, why)};
-      if (k.starts_with(SYR_SYSTEM_PREFIX))
-        return {proto::error_response(EINVAL, "parameter '" + k +
-                                                  "' is reserved (names starting with syr_ belong to Syrup)")};
-      // Whether the value fits the variable's declared type is the loader's check (ERANGE).
-      if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
-        return {proto::error_response(EINVAL, "parameter '" + k + "' must be an integer in 0.." +
-                                                  std::to_string(UINT64_MAX) + ", got " +
-                                                  v.dump(-1, ' ', true, json::error_handler_t::replace).substr(0, 40))};
-      params[k] = v.get<uint64_t>();
-    }
-  }
-  bool persist = b.value("persist", false);
-  if (std::string why = config::persist_refusal(hook); persist && !why.empty())
-    return {proto::error_response(EINVAL, "persist is not allowed for the " + hook +
-                                              " hook: the policy ends with the process it schedules; " + why +
-                                              ". Deploy it again from the new process, or list it in syrupd's "
-                                              "--config, which follows the process")};
-
-  // The integer fields every hook reads, checked once for type and range: a hook then
-  // takes them as they are (4294976396 is refused, not read as port 9100). A hook's own
-  // rule (socket-select's pid > 0, a port required) comes on top.
-  {
-    int64_t v;
-    for (auto [k, lo, hi] : {std::tuple{"pid", int64_t{0}, names::kMaxPid}, {"port", int64_t{0}, names::kMaxPort}})
-      if (b.contains(k) && !b[k].is_null())
-        if (std::string why = names::integer(k, b[k], lo, hi, v); !why.empty())
-          return {proto::error_response(EINVAL, why)};
-  }
-  for (const char* k : {"ifname", "protocol", "address"})
-    if (b.contains(k) && !b[k].is_string())
-      return {proto::error_response(EINVAL, std::string(k) + " must be a string")};
-  if (b.contains("ifname"))
-    if (std::string why = names::check("interface", b["ifname"].get<std::string>(), names::Kind::kInterface);
-        !why.empty())
-      return {proto::error_response(EINVAL, why)};
-
-  // Whether this run may park, for its compile or its load, is known before the target
-  // takes the request's descriptors: only then are they copied, for the resumed run.
-  CompileJob job{source, source_name, hi->compile_define(), hi->wrapper()};
-  // Tenants' policies only: an admin's are trusted as the admin is (docs/security.md).
-  bool verify_build = hi->verify_wrapper() && enforce_quotas;
-  CompileJob verify_job{source, source_name, hi->compile_define(), verify_build ? hi->verify_wrapper() : ""};
-  LoadJob* loaded_job = resumed && resumed->load ? resumed->load.get() : nullptr;
-  bool compile_parks = !resumed && may_park_ && !compiler_.cached(job);
-  std::unique_ptr<Deferred> parking;
-  if (may_park_ && !loaded_job) {
-    parking = std::make_unique<Deferred>();
-    for (auto& f : req.fds) {
-      parking->fds.emplace_back(fcntl(f.get(), F_DUPFD_CLOEXEC, 0));
-      if (!parking->fds.back()) return {proto::error_response(EMFILE, "syrupd is out of descriptors; retry later")};
-    }
-  }
-
-  // A `pid` names a process as the caller numbers it. A caller in a pid namespace of its
-  // own (a container) numbers processes otherwise than syrupd and the hooks do: its 1 is
-  // not the machine's init. (A resumed run has the body this run translated.)
-  if (!resumed && b.contains("pid") && b["pid"].is_number_integer() && b["pid"].get<int64_t>() > 0) {
-    uint64_t ns = pid_namespace(caller.pid);
-    if (ns != pid_namespace(0)) {
-      pid_t theirs = b["pid"].get<pid_t>(), mine = ns ? process_by_own_number(ns, theirs) : 0;
-      if (!mine)
-        return {proto::error_response(ESRCH, "no process " + std::to_string(theirs) +
-                                                 " in the caller's pid namespace")};
-      req.body["pid"] = mine;
-    }
-  }
-
-  // What the kernel took away since the loop last looked (an interface deleted a moment
-  // ago) is not built on.
-  if (hi->refresh()) follow_kernel();
-
-  std::unique_ptr<Target> target;
-  std::string err;
-  pid_t owner = caller.pid;
-  if (int r = hi->make_target(caller, req, target, owner, err)) return {proto::error_response(-r, err)};
-
-  // A policy on this target that has ended goes first: one whose owner has exited but
-  // whose exit event is still queued behind this request (a port the kernel already gave
-  // to a new process is not held by a dead one), or whose attachment the kernel no longer
-  // has (every socket of its group closed: a group on that address now is another one).
-  std::vector<std::pair<int, std::string>> dead;
-  for (auto& [id, p] : policies_)
-    if (p->target->key() == target->key())
-      if (std::string why = why_ended(*p); !why.empty()) dead.emplace_back(id, std::move(why));
-  for (auto& [id, why] : dead) end_policy(id, why);
-
-  // One policy per target: the same application replaces, another is refused.
-  Policy* old = nullptr;
-  for (auto& [id, p] : policies_) {
-    if (p->target->key() != target->key()) continue;
-    if (p->app != app)
-      return {proto::error_response(EBUSY, target->key() + " is scheduled by " +
-                                               (visible(caller, *p) ? "application '" + p->app + "' (policy " +
-                                                                          std::to_string(id) + ")"
-                                                                    : std::string("another user's application")))};
-    old = p.get();
-  }
-
-  CompileResult cr;
-  if (resumed) {
-    cr = resumed->result;  // a copy: a load's resume reads it again
-  } else if (compile_parks) {
-    parking->job = std::move(job);
-    parking->first_target = std::move(target);
-    Response parked;
-    parked.park = std::move(parking);
-    return parked;
-  } else {
-    // Hashing the job for the lookup only while a reload's failures are kept.
-    auto f = config_warm_failed_.empty() ? config_warm_failed_.end() : config_warm_failed_.find(compiler_.key(job));
-    cr = f != config_warm_failed_.end() ? f->second : compiler_.compile(job);
-  }
-  if (cr.err) {
-    std::string first;
-    if (auto pos = cr.diagnostics.find("error:"); pos != std::string::npos) {
-      size_t ls = cr.diagnostics.rfind('\n', pos);
-      ls = ls == std::string::npos ? 0 : ls + 1;
-      first = cr.diagnostics.substr(ls, cr.diagnostics.find('\n', pos) - ls);
-    }
-    return {proto::error_response(-cr.err,
-                                  "policy " + name + " does not compile" +
-                                      (first.empty() ? std::string() : ": " + first),
-                                  cr.diagnostics)};
-  }
-
-  auto pol = std::make_unique<Policy>();
-  // A resumed load keeps the id its pins were made under.
-  pol->id = loaded_job ? loaded_job->spec.policy_id : next_id_++;
-  pol->app = app;
-  pol->hook = hook;
-  pol->name = name;
-  pol->uid = caller.uid;
-  pol->params = params;
-  pol->created = time(nullptr);
-  if (!persist) {
-    // Watched from now on, so an owner that exits mid-deploy is not missed.
-    pol->owner_pid = owner;
-    pol->owner_start = process_start_time(owner);
-    pol->owner_pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, owner, 0)));
-    if (!pol->owner_pidfd)
-      return {proto::error_response(ESRCH, "process " + std::to_string(owner) +
-                                               " exited before its policy was deployed")};
-  }
-
-  // Plan: load+pin -> install (executors, attach; atomically over a replaced policy) ->
-  // register -> retire the replaced policy. A failure undoes earlier steps in reverse
-  // order; the policy already deployed on the target keeps running.
-  if (!app_owner_.count(app)) app_owner_[app] = caller.uid;
-  auto undo_app = [&] { gc_app(app); };  // new map pins, and a new app entry
-  LoadFailure lf;
-  LoadSpec spec;
-  spec.object_path = cr.object_path;
-  spec.app = app;
-  spec.policy_id = pol->id;
-  spec.policy_name = name;
-  spec.hook = hook;
-  spec.num_executors = target->num_executors();
-  spec.params = params;
-  spec.system_maps = hi->system_maps();
-  spec.allowed = hi->allowlist();
-  if (enforce_quotas) spec.check_quota = [&](const LoadFootprint& fp) { return check_quota(app, old, fp); };
-  // A resumed load installs on the target its load was prepared with (the maps it
-  // shares, a slot it took); the target this run made has made every check again and
-  // is dropped after the install (until then it and the earlier ones hold what they
-  // share, an interface's root).
-  std::unique_ptr<Target> checked;
-  if (loaded_job) {
-    if (loaded_job->err) {
-      undo_app();
-      return {proto::error_response(-loaded_job->err, loaded_job->fail.message, loaded_job->fail.log)};
-    }
-    // Loaded on a worker while other requests ran: the target and the policy it replaces
-    // must be those the load was prepared for, and the quotas must still hold with what
-    // registered meanwhile (its maps are pinned now, so they count as pinned).
-    if ((old ? old->id : 0) != resumed->replaces || target->key() != resumed->first_target->key()) {
-      undo_app();  // the resume undoes the load
-      std::string was = resumed->replaces ? "policy " + std::to_string(resumed->replaces) : std::string("none");
-      return {proto::error_response(EAGAIN, "policy " + name + " was not deployed: the policy it replaces on " +
-                                                target->key() + " changed while it was verified (it was " + was +
-                                                "); deploy again")};
-    }
-    checked = std::move(target);
-    target = std::move(resumed->first_target);
-  } else if (int r = target->prepare_load(spec, old ? old->target.get() : nullptr,
-                                          old ? old->loaded.get() : nullptr)) {
-    undo_app();
-    return {proto::error_response(-r, "cannot prepare the replacement of policy " +
-                                          std::to_string(old ? old->id : 0))};
-  }
-  if (loaded_job) {
-    if (enforce_quotas) {
-      LoadFootprint now;
-      bpf_prog_info info{};
-      uint32_t len = sizeof info;
-      if (bpf_prog_get_info_by_fd(loaded_job->loaded->prog_fd(), &info, &len) == 0) now.insns = info.xlated_prog_len / 8;
-      if (std::string why = check_quota(app, old, now); !why.empty()) {
-        undo_app();
-        return {proto::error_response(EDQUOT, why)};
-      }
-    }
-    pol->loaded = std::move(loaded_job->loaded);
-  } else if (parking) {
-    // The verifier goes to a worker; this deploy runs again from the start with its load.
-    auto lj = std::make_shared<LoadJob>();
-    lj->spec = spec;
-    lj->spec.check_quota = nullptr;  // set when parked: asked of the main loop
-    for (auto& [m, fd] : lj->spec.reuse_maps) {
-      lj->reuse_fds.emplace_back(fcntl(fd, F_DUPFD_CLOEXEC, 0));
-      if (!lj->reuse_fds.back()) {
-        undo_app();
-        return {proto::error_response(EMFILE, "syrupd is out of descriptors; retry later")};
-      }
-      fd = lj->reuse_fds.back().get();
-    }
-    if (verify_build) lj->verify = verify_job;
-    parking->load = std::move(lj);
-    parking->result = std::move(cr);
-    // The compile's first target too: dropped now, it would take a hook-wide root with
-    // it (an XDP root no installed policy uses is detached) from under this run's.
-    if (resumed) parking->held = std::move(resumed->first_target);
-    parking->enforce_quotas = enforce_quotas;
-    parking->replaces = old ? old->id : 0;
-    parking->first_target = std::move(target);
-    Response parked;
-    parked.park = std::move(parking);
-    return parked;
-  } else if (int r = (verify_build ? compile_verify_build(verify_job, spec, lf) : 0)
-                         ?: load_policy(spec, pol->loaded, lf)) {
-    undo_app();
-    return {proto::error_response(-r, lf.message, lf.log)};
-  }
-  if (int r = target->install(*pol->loaded, old ? old->target.get() : nullptr, err)) {
-    pol->loaded->unpin();
-    pol->loaded.reset();
-    undo_app();
-    return {proto::error_response(-r, err)};
-  }
-  pol->target = std::move(target);
-
-  json resp = pol->target->describe();
-  resp["id"] = pol->id;
-  resp["target"] = pol->target->key();
-  resp["executors"] = pol->target->num_executors();
-  resp["cached"] = cr.cached;
-  if (!cr.diagnostics.empty()) resp["warnings"] = cr.diagnostics;
-  if (pol->owner_pidfd) {
-    epoll_event ev{EPOLLIN, {.fd = pol->owner_pidfd.get()}};
-    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, pol->owner_pidfd.get(), &ev);
-  }
-  log(LogLevel::kInfo, "deployed policy %d (%s) for app '%s' on %s, %u executors%s", pol->id,
-      name.c_str(), app.c_str(), pol->target->key().c_str(), pol->target->num_executors(),
-      cr.cached ? " (cached object)" : "");
-  int id = pol->id;
-  record(*pol);
-  policies_.emplace(id, std::move(pol));
-  if (old) {
-    resp["replaced"] = old->id;
-    remove_policy(old->id, false, ("replaced by policy " + std::to_string(id)).c_str());
-  }
-  gc_app(app);
-  totals_.deploys++;
-  changed();
-  return {ok(resp)};
 }
 
 uint64_t Daemon::rate_for(uid_t uid) const {

@@ -47,6 +47,7 @@
 #include "compile_pool.h"
 #include "compiler.h"
 #include "config.h"
+#include "deploy_txn.h"
 #include "metrics.h"
 #include "hook.h"
 #include "loader.h"
@@ -215,7 +216,40 @@ class Daemon {
   Response dispatch(const Caller& caller, proto::Message& req, bool resumed);
   // `enforce_quotas`: whether the application's quotas apply. Requests: unless the caller
   // is an admin. --config entries: always (the file's quotas bind its own entries too).
+  // The steps after the compile run as one transaction (deploy.cpp, deploy_txn.h).
   Response deploy(const Caller& caller, proto::Message& req, bool enforce_quotas);
+  // A deploy request's fields, checked.
+  struct DeployArgs {
+    std::string hook, app, source, name, source_name;
+    Hook* hi = nullptr;
+    std::map<std::string, uint64_t> params;
+    bool persist = false;
+  };
+  // One run of a deploy: what its steps hand on. Outlives the run's transaction, whose
+  // undo steps act on the targets it holds.
+  struct DeployRun {
+    DeployArgs args;
+    bool enforce_quotas = true;
+    std::unique_ptr<Deferred> resumed;  // set: the run after a park
+    LoadJob* loaded_job = nullptr;      // resumed from this load
+    std::unique_ptr<Deferred> parking;  // set: this run may park
+    CompileJob job, verify_job;
+    bool verify_build = false;
+    CompileResult cr;
+    std::unique_ptr<Target> target;
+    std::unique_ptr<Target> checked;  // a resumed load's own target, kept until the end
+    Policy* old = nullptr;            // the policy it replaces
+  };
+  std::optional<Response> check_deploy(const Caller& caller, const nlohmann::json& b, DeployArgs& a);
+  static std::string translate_pid(const Caller& caller, nlohmann::json& b);
+  std::optional<Response> find_replaced(const Caller& caller, DeployRun& run);
+  std::unique_ptr<Policy> new_policy(const Caller& caller, const DeployRun& run, pid_t owner, Response& resp);
+  LoadSpec load_spec(const DeployRun& run, const Policy& pol);
+  int take_loaded(DeployRun& run, Policy& pol, Response& resp);
+  Response park_load(DeployRun& run, const LoadSpec& spec);
+  int load_step(DeployRun& run, Policy& pol, DeployTxn& txn, Response& resp);
+  void register_step(std::unique_ptr<Policy>& pol, DeployTxn& txn);
+  Response run_deploy(const Caller& caller, DeployRun& run, pid_t owner);
   Response remove(const Caller& caller, const nlohmann::json& req);
   Response list(const Caller& caller);
   Response stats(const Caller& caller, const nlohmann::json& req);

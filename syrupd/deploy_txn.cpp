@@ -1,3 +1,5 @@
+// DeployTxn (deploy_txn.h): the undo stack, and the fault points of test builds, whose
+// setting is read once at start on the main thread and never changes after.
 #include "deploy_txn.h"
 
 #include <algorithm>

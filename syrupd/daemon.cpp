@@ -37,9 +37,7 @@
 #include "names.h"
 #include "pins.h"
 #include "text.h"
-#include "socket_select.h"
-#include "xdp.h"
-#include "thread.h"
+#include "registry.h"
 #include "syrup/abi.h"
 
 namespace syrup {
@@ -81,9 +79,7 @@ int Daemon::init(const DaemonConfig& cfg) {
   }
   pins::set_root(cfg_.bpffs_root);
   if ((r = init_fault_injection())) return r;
-  hooks_.push_back(std::make_unique<socket_select::SocketSelectHook>());
-  hooks_.push_back(std::make_unique<xdp::XdpHook>(compiler_));
-  hooks_.push_back(std::make_unique<thread::ThreadHook>(compiler_, cfg_.agent_cpus));
+  hooks_ = make_hooks({compiler_, cfg_.agent_cpus});
 
   std::string err;
   if ((r = take_lock()) || (r = adopt_previous())) return r;
@@ -294,6 +290,7 @@ int Daemon::start_metrics() {
 
 int Daemon::run() {
   // ready: adoption and --config done
+  if (cfg_.on_ready) cfg_.on_ready(policies_.size());
   epoll_event evs[32];
   for (bool stop = false; !stop;) {
     int timeout = run_timers();
@@ -305,6 +302,7 @@ int Daemon::run() {
     }
     for (int i = 0; i < n; i++) stop |= on_event(evs[i].data.fd);
   }
+  if (cfg_.on_stopping) cfg_.on_stopping();
   stop_serving();
   return 0;
 }

@@ -66,9 +66,6 @@ inline nlohmann::json ok(nlohmann::json extra = nlohmann::json::object()) {
   return extra;
 }
 
-// Hooks this syrupd knows of; a name with no backend is reserved for one to come.
-inline constexpr const char* kHookNames[] = {"socket-select", "xdp", "thread"};
-
 // A deploy request's policy name (shown in list) and the file name its diagnostics show:
 // "name" and "source_name", each standing in for the other, else "policy.c".
 inline void policy_names(const nlohmann::json& b, std::string& name, std::string& source_name) {

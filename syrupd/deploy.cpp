@@ -25,6 +25,7 @@
 #include "log.h"
 #include "names.h"
 #include "proc.h"
+#include "registry.h"
 #include "syrup/abi.h"
 
 namespace syrup {
@@ -79,12 +80,15 @@ std::optional<Daemon::Response> Daemon::check_deploy(const Caller& caller, const
   auto str = [&](const char* k) { return b.contains(k) && b[k].is_string() ? b[k].get<std::string>() : std::string(); };
   auto fail = [](int e, const std::string& why) { return std::optional<Response>(Response{proto::error_response(e, why)}); };
   a.hook = str("hook"), a.app = str("app"), a.source = str("source");
-  policy_names(b, a.name, a.source_name);
-  if (!(a.hi = hook_named(a.hook))) {
-    bool known = std::find(std::begin(kHookNames), std::end(kHookNames), a.hook) != std::end(kHookNames);
-    return known ? fail(EOPNOTSUPP, "the " + a.hook + " hook is not available in this syrupd yet")
-                 : fail(EINVAL, "unknown hook '" + names::printable(a.hook) + "' (known: socket-select, xdp, thread)");
+  // libsyrup names the hook by its enum syr_hook value, syrupctl and --config by name.
+  if (b.contains("hook_id")) {
+    const HookSpec* s = b["hook_id"].is_number_integer() ? find_hook(b["hook_id"].get<int>()) : nullptr;
+    if (!s) return fail(EINVAL, "unknown hook " + names::printable(b["hook_id"].dump()) + " (known: " + hook_names() + ")");
+    a.hook = s->name;
   }
+  policy_names(b, a.name, a.source_name);
+  if (!(a.hi = hook_named(a.hook)))
+    return fail(EINVAL, "unknown hook '" + names::printable(a.hook) + "' (known: " + hook_names() + ")");
   if (std::string why = names::check("application", a.app); !why.empty()) return fail(EINVAL, why);
   // The names a policy is shown and logged by: text, but never a control character.
   for (auto [what, v] : {std::pair{"policy", &a.name}, std::pair{"source", &a.source_name}})

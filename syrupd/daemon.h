@@ -1,5 +1,14 @@
 // syrupd's core: the control socket, the registry of deployed policies, and the request
-// handlers (docs/protocol.md).
+// handlers (docs/protocol.md). One class, Daemon, whose parts live in one file each, every
+// file opening with its part's design and invariants:
+//  - daemon.cpp: start (init: bpffs, lock, adoption, socket, workers) and the event loop
+//    that hands each event to its part (run);
+//  - control_server.cpp: connections, frames, rate limits, idle and reject sweeps, and the
+//    parking of deploys for the compile and load workers;
+//  - handlers.cpp: the requests other than deploy; deploy.cpp: the deploy, whose steps
+//    run as one transaction (deploy_txn.h);
+//  - policy_registry.cpp: policies, application owners, removed ids, visibility, quotas;
+//  - state_store.cpp: the state file; config_reconciler.cpp: --config.
 //
 // Design: one main thread, one epoll loop over the listening socket, client connections,
 // a signalfd, one pidfd per policy owner and the workers' eventfds. Requests are served
@@ -31,6 +40,7 @@
 #pragma once
 
 #include <bpf/bpf.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -48,12 +58,15 @@
 #include "compile_pool.h"
 #include "compiler.h"
 #include "config.h"
+#include "deploy_txn.h"
 #include "metrics.h"
 #include "hook.h"
 #include "loader.h"
 #include "protocol.h"
 
 namespace syrup {
+
+struct MapUsage;  // daemon_util.h
 
 struct Policy {
   int id = 0;
@@ -136,6 +149,19 @@ class Daemon {
   int run();
 
  private:
+  // init()'s parts, in order (daemon.cpp).
+  int take_lock();
+  int init_fault_injection();
+  int load_config_at_start();
+  int adopt_previous();
+  void release_leftovers(const std::string& apps);
+  // run()'s parts (daemon.cpp).
+  int run_timers();
+  bool on_event(int fd);
+  void stop_serving();
+  int listen_control();
+  int start_loop();
+  int start_metrics();
   // A policy verified and loaded on a worker for a parked deploy. Shared by the parked
   // deploy and the worker's task; the worker writes err/loaded/fail, read by the main
   // thread only after the pool reports the task done.
@@ -184,6 +210,7 @@ class Daemon {
   // next request. A failed send closes the connection, logged.
   void flush_client(int fd);
   void serve_client(int fd);
+  Caller caller_of(const ucred& cred) const;
   // Sends `resp` on client `fd`; a failed send closes the connection.
   void answer(int fd, Response& resp);
   // Compiles `job` (a verification build, Hook::verify_wrapper()) and sets its object in
@@ -222,7 +249,40 @@ class Daemon {
   Response dispatch(const Caller& caller, proto::Message& req, bool resumed);
   // `enforce_quotas`: whether the application's quotas apply. Requests: unless the caller
   // is an admin. --config entries: always (the file's quotas bind its own entries too).
+  // The steps after the compile run as one transaction (deploy.cpp, deploy_txn.h).
   Response deploy(const Caller& caller, proto::Message& req, bool enforce_quotas);
+  // A deploy request's fields, checked.
+  struct DeployArgs {
+    std::string hook, app, source, name, source_name;
+    Hook* hi = nullptr;
+    std::map<std::string, uint64_t> params;
+    bool persist = false;
+  };
+  // One run of a deploy: what its steps hand on. Outlives the run's transaction, whose
+  // undo steps act on the targets it holds.
+  struct DeployRun {
+    DeployArgs args;
+    bool enforce_quotas = true;
+    std::unique_ptr<Deferred> resumed;  // set: the run after a park
+    LoadJob* loaded_job = nullptr;      // resumed from this load
+    std::unique_ptr<Deferred> parking;  // set: this run may park
+    CompileJob job, verify_job;
+    bool verify_build = false;
+    CompileResult cr;
+    std::unique_ptr<Target> target;
+    std::unique_ptr<Target> checked;  // a resumed load's own target, kept until the end
+    Policy* old = nullptr;            // the policy it replaces
+  };
+  std::optional<Response> check_deploy(const Caller& caller, const nlohmann::json& b, DeployArgs& a);
+  static std::string translate_pid(const Caller& caller, nlohmann::json& b);
+  std::optional<Response> find_replaced(const Caller& caller, DeployRun& run);
+  std::unique_ptr<Policy> new_policy(const Caller& caller, const DeployRun& run, pid_t owner, Response& resp);
+  LoadSpec load_spec(const DeployRun& run, const Policy& pol);
+  int take_loaded(DeployRun& run, Policy& pol, Response& resp);
+  Response park_load(DeployRun& run, const LoadSpec& spec);
+  int load_step(DeployRun& run, Policy& pol, DeployTxn& txn, Response& resp);
+  void register_step(std::unique_ptr<Policy>& pol, DeployTxn& txn);
+  Response run_deploy(const Caller& caller, DeployRun& run, pid_t owner);
   Response remove(const Caller& caller, const nlohmann::json& req);
   Response list(const Caller& caller);
   Response stats(const Caller& caller, const nlohmann::json& req);
@@ -266,6 +326,10 @@ class Daemon {
   // The state file: written after every change; read once at start to adopt.
   void save_state();
   void adopt_state();
+  int adopt_entry(const nlohmann::json& s, const nlohmann::json& apps, Policy& pol, std::string& err,
+                  std::string& malformed);
+  int adopt_gone(const nlohmann::json& gone);
+  void not_adopted(const Policy& pol, int r, int entry, const std::string& err, const std::string& malformed);
   // After every change: the state file and the metrics snapshot.
   void changed();
   // Serialises `p`'s entry of the state file (once, when it is deployed or adopted).
@@ -281,6 +345,7 @@ class Daemon {
   // `retry`: only the entries in config_waiting_, quietly (a retry that finds the process
   // still missing logs at debug level and changes no totals).
   void apply_config(bool retry = false);
+  bool apply_entry(const config::PlannedDeploy& d, bool retry);
   config::Quotas quotas_for(const std::string& app) const;
   void gc_app(const std::string& app);
   nlohmann::json describe(const Policy& p) const;
@@ -290,6 +355,8 @@ class Daemon {
   // "" if deploying `fp` for `app` stays within the application's quotas and those of the
   // uid that owns it, else which one not (naming the limit and where it is set).
   std::string check_quota(const std::string& app, const Policy* replaced, const LoadFootprint& fp) const;
+  std::string check_uid_quota(const std::string& app, const Policy* replaced, const LoadFootprint& fp,
+                              const MapUsage& pinned) const;
   uint64_t rate_for(uid_t uid) const;  // requests per second allowed to `uid`
   // Token bucket per uid; false: over the rate.
   bool admit_request(const Caller& caller);

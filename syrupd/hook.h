@@ -3,10 +3,12 @@
 // A Hook turns a deploy request into a Target: the place one policy is attached (a
 // socket group, an interface and ports, a process's threads) together with its
 // executors. The core owns the order of operations (compile, load, install, register,
-// retire what was replaced) and the rollback; a Target owns the hook-specific kernel
-// state. Invariants a Target keeps:
-//  - install() either attaches the new program (atomically replacing `old`'s, if given)
-//    or leaves the kernel exactly as it found it, `old` still running;
+// retire what was replaced) and the rollback (deploy_txn.h); a Target owns the
+// hook-specific kernel state. Invariants a Target keeps:
+//  - install() attaches the new program (atomically replacing `old`'s, if given) and
+//    pushes onto the deploy's transaction the undo of each change it makes, as it makes
+//    it: unwound (on its own failure, or a later step's), the kernel is as install found
+//    it, `old` still running;
 //  - uninstall() returns the hook to the kernel's default behaviour;
 //  - key() identifies the attachment point: at most one policy per key.
 #pragma once
@@ -26,6 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "deploy_txn.h"
 #include "loader.h"
 #include "protocol.h"
 
@@ -95,7 +98,23 @@ class Target {
     (void)spec, (void)old, (void)old_loaded;
     return 0;
   }
-  virtual int install(LoadedPolicy& p, const Target* old, std::string& err) = 0;
+  // A Target overrides one of the two installs. The one taking the transaction pushes
+  // the undo of each change onto `txn` (socket-select, XDP). The other is all or nothing
+  // (on failure the kernel is as it found it); by default it runs the first under a
+  // transaction of its own, and the first runs it and pushes uninstall() as its undo
+  // when it replaced nothing. (A hook that overrides only the second cannot take back a
+  // successful replacement; the steps after install fail only through fault injection.)
+  virtual int install(LoadedPolicy& p, const Target* old, DeployTxn& txn, std::string& err) {
+    if (int r = install(p, old, err)) return r;
+    if (!old) txn.on_undo("uninstall", [this, &p] { uninstall(p); });
+    return 0;
+  }
+  virtual int install(LoadedPolicy& p, const Target* old, std::string& err) {
+    DeployTxn txn;
+    if (int r = install(p, old, txn, err)) return r;
+    txn.commit();
+    return 0;
+  }
   virtual void uninstall(LoadedPolicy& p) = 0;
   // Hook-specific fields for `list`.
   virtual nlohmann::json describe() const = 0;

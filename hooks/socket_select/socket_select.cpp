@@ -478,8 +478,11 @@ class GroupTarget : public Target {
   bool ends_unannounced() const override { return true; }
 
   // After install() or adopt(): the executor map, to see which executors are open.
+  // Its program too (borrowed: the policy outlives its target's use of it), for a
+  // replacement's undo to put back.
   void watch(const LoadedPolicy& p) {
     map_.reset(fcntl(p.map_fd(SYR_EXECUTORS_MAP), F_DUPFD_CLOEXEC, 0));
+    prog_fd_ = p.prog_fd();
   }
 
   // A socket can be in one REUSEPORT_SOCKARRAY only: the new program shares the old
@@ -489,33 +492,35 @@ class GroupTarget : public Target {
     return 0;
   }
 
-  int install(LoadedPolicy& p, const Target* old, std::string& err) override {
+  int install(LoadedPolicy& p, const Target* old, DeployTxn& txn, std::string& err) override {
     auto* prev = static_cast<const GroupTarget*>(old);
     int map = p.map_fd(SYR_EXECUTORS_MAP);
     // Same sockets: the swap is the attach alone, one atomic pointer exchange. Other
     // sockets: until the attach, the old program may find a slot empty and leave that
     // datagram to the kernel's hash (never a drop).
-    bool refill = !prev || !same_sockets(prev->ex_, ex_);
-    auto undo = [&] {
-      if (!refill) return;
-      release(map, std::max(ex_.size(), prev ? prev->ex_.size() : 0));
-      if (!prev) return;
-      Executors back = prev->ex_.identity();
-      std::string ignored;
-      if (retake(back, ignored) == 0) fill(back, map, ignored);
-    };
-    if (refill) {
+    if (!prev || !same_sockets(prev->ex_, ex_)) {
+      // Undone: the (shared) map emptied, and the old group's sockets put back.
+      size_t n = std::max(ex_.size(), prev ? prev->ex_.size() : 0);
+      auto back = prev ? std::make_shared<Executors>(prev->ex_.identity()) : nullptr;
+      txn.on_undo("executor map of " + key(), [map, n, back] {
+        release(map, n);
+        std::string ignored;
+        if (back && retake(*back, ignored) == 0) fill(*back, map, ignored);
+      });
       if (prev) release(map, prev->ex_.size());
-      if (int r = fill(ex_, map, err)) {
-        undo();
-        return r;
-      }
+      if (int r = fill(ex_, map, err)) return r;
     }
-    if (int r = attach(ex_, p.prog_fd(), err)) {
-      undo();
-      return r;
-    }
-    ex_.sockets.clear();  // from now on the application's descriptors alone keep them
+    if (int r = attach(ex_, p.prog_fd(), err)) return r;
+    // From the commit on the application's descriptors alone keep the sockets; until
+    // then the undo holds them, to put the old program back (or none) through one.
+    auto held = std::make_shared<Executors>(ex_.identity());
+    held->sockets = std::move(ex_.sockets);
+    ex_.sockets.clear();
+    int prev_prog = prev ? prev->prog_fd_ : -1;
+    txn.on_undo("attach to " + key(), [held, prev_prog] {
+      std::string ignored;
+      prev_prog >= 0 ? attach(*held, prev_prog, ignored) : detach(*held, ignored);
+    });
     watch(p);
     return 0;
   }
@@ -553,6 +558,7 @@ class GroupTarget : public Target {
  private:
   Executors ex_;
   UniqueFd map_;
+  int prog_fd_ = -1;  // borrowed from its policy once installed or adopted (watch())
 };
 
 }  // namespace

@@ -425,63 +425,61 @@ class XdpTarget : public Target {
     return 0;
   }
 
-  int install(LoadedPolicy& p, const Target* old, std::string& err) override {
+  int install(LoadedPolicy& p, const Target* old, DeployTxn& txn, std::string& err) override {
     auto* prev = static_cast<const XdpTarget*>(old);
     if (int r = root_->ensure_attached(err)) return r;
     if (int r = fill_executors(p, err)) return r;
 
-    int apps = root_->map_fd("syr_xdp_apps"), ports = root_->map_fd("syr_xdp_ports");
+    std::shared_ptr<Root> root = root_;  // the undo steps hold what they act on
     slot_ = prev ? prev->slot_ : root_->alloc_slot();
     if (slot_ < 0) {
       err = "interface " + root_->ifname() + " has no free application slot (" +
             std::to_string(SYR_XDP_MAX_APPS) + " in use)";
       return -ENOSPC;
     }
+    if (!prev) txn.on_undo("slot " + std::to_string(slot_), [root, s = slot_] { root->free_slot(s); });
     uint32_t slot = static_cast<uint32_t>(slot_);
     int fd = p.prog_fd();
     // The swap: one prog-array update, atomic for every frame.
-    if (bpf_map_update_elem(apps, &slot, &fd, 0) < 0) {
+    if (bpf_map_update_elem(root_->map_fd("syr_xdp_apps"), &slot, &fd, 0) < 0) {
       int e = errno;
       err = "cannot install the policy in slot " + std::to_string(slot) + ": " + std::strerror(e);
-      if (!prev) root_->free_slot(slot_);
       return -e;
     }
+    txn.on_undo("program in slot " + std::to_string(slot), [root, slot, ofd = prev ? prev->prog_fd_ : -1] {
+      int apps = root->map_fd("syr_xdp_apps");
+      ofd >= 0 ? bpf_map_update_elem(apps, &slot, &ofd, 0) : bpf_map_delete_elem(apps, &slot);
+    });
     // Claims: add the new ports first, then drop the ones the old policy had and this
-    // one does not, so a port kept across the swap never goes unclaimed.
-    std::vector<Claim> added;
-    uint32_t owner = slot + 1, none = 0;
+    // one does not, so a port kept across the swap never goes unclaimed (nor in an undo).
     for (auto& c : ports_) {
-      auto k = c.key();
-      if (bpf_map_update_elem(ports, &k, &owner, 0) < 0) {
-        int e = errno;
-        err = "cannot claim " + c.str() + ": " + std::strerror(e);
-        for (auto& a : added) {
-          auto ak = a.key();
-          if (!prev || !prev->ports_.count(a)) {
-            bpf_map_update_elem(ports, &ak, &none, 0);
-            root_->claims().erase(a);
-          }
-        }
-        if (prev) {
-          int ofd = prev->prog_fd_;
-          bpf_map_update_elem(apps, &slot, &ofd, 0);
-        } else {
-          bpf_map_delete_elem(apps, &slot);
-          root_->free_slot(slot_);
-        }
-        return -e;
-      }
-      added.push_back(c);
-      root_->claims()[c] = app_;
+      if (int r = set_claim(*root_, c, slot + 1, app_, err)) return r;
+      if (!prev || !prev->ports_.count(c))
+        txn.on_undo("claim of " + c.str(), [root, c] { std::string e; set_claim(*root, c, 0, {}, e); });
     }
     if (prev)
       for (auto& c : prev->ports_)
         if (!ports_.count(c)) {
-          auto k = c.key();
-          bpf_map_update_elem(ports, &k, &none, 0);
-          root_->claims().erase(c);
+          std::string ignored;
+          set_claim(*root_, c, 0, {}, ignored);
+          txn.on_undo("release of " + c.str(),
+                      [root, c, slot, app = app_] { std::string e; set_claim(*root, c, slot + 1, app, e); });
         }
     prog_fd_ = fd;
+    return 0;
+  }
+
+  // Port `c` steered to slot owner-1 for application `app` (owner 0: unclaimed). 0 or
+  // -errno with `err`.
+  static int set_claim(Root& root, const Claim& c, uint32_t owner, const std::string& app, std::string& err) {
+    auto k = c.key();
+    if (bpf_map_update_elem(root.map_fd("syr_xdp_ports"), &k, &owner, 0) < 0) {
+      int e = errno;
+      err = "cannot claim " + c.str() + ": " + std::strerror(e);
+      return -e;
+    }
+    if (owner) root.claims()[c] = app;
+    else root.claims().erase(c);
     return 0;
   }
 

@@ -1,0 +1,305 @@
+// The request handlers other than deploy (deploy.cpp): ping, remove, list, stats,
+// map_open, map_dump, thread_tid, and the dispatch that routes a request to them.
+//
+// Invariants: a request of the wrong shape is answered, never ends syrupd (handle());
+// every refusal is one error naming the field or limit; another user's policy or
+// application is answered as one that does not exist; a map dump is one bounded page per
+// request.
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "daemon.h"
+#include "daemon_util.h"
+#include "log.h"
+#include "names.h"
+#include "pins.h"
+#include "proc.h"
+#include "syrup/abi.h"
+#include "text.h"
+
+namespace syrup {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string hex(const unsigned char* p, size_t n) {
+  static const char* h = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; i++) {
+    if (i) s += ' ';
+    s += h[p[i] >> 4];
+    s += h[p[i] & 15];
+  }
+  return s;
+}
+
+json as_number(const unsigned char* p, size_t n) {
+  switch (n) {
+    case 1: return p[0];
+    case 2: { uint16_t v; std::memcpy(&v, p, 2); return v; }
+    case 4: { uint32_t v; std::memcpy(&v, p, 4); return v; }
+    case 8: { uint64_t v; std::memcpy(&v, p, 8); return v; }
+  }
+  return nullptr;
+}
+
+// A page's cursor (hex bytes, spaces allowed) into `key`, which has the map's key size.
+bool parse_cursor(std::string c, std::vector<unsigned char>& key) {
+  std::erase(c, ' ');
+  bool good = c.size() == 2 * key.size() && std::all_of(c.begin(), c.end(), ::isxdigit);
+  for (size_t i = 0; good && i < key.size(); i++) key[i] = static_cast<unsigned char>(std::stoi(c.substr(2 * i, 2), nullptr, 16));
+  return good;
+}
+
+// One entry of a map_dump page: its key and value in hex, and as integers where they are
+// 1, 2, 4 or 8 bytes; a per-CPU map's `ncpu` values each (0: not per-CPU).
+json dump_entry(const std::vector<unsigned char>& key, const std::vector<unsigned char>& val, size_t ncpu,
+                size_t vstride, uint32_t value_size) {
+  json e = {{"key", hex(key.data(), key.size())}};
+  if (auto k = as_number(key.data(), key.size()); !k.is_null()) e["key_int"] = k;
+  if (ncpu) {
+    json per = json::array();
+    for (size_t c = 0; c < ncpu; c++) per.push_back(hex(&val[c * vstride], value_size));
+    e["values"] = per;
+  } else {
+    e["value"] = hex(val.data(), val.size());
+    if (auto v = as_number(val.data(), val.size()); !v.is_null()) e["value_int"] = v;
+  }
+  return e;
+}
+
+}  // namespace
+
+Daemon::Response Daemon::handle(const Caller& caller, proto::Message& req, bool resumed) {
+  Response r;
+  try {
+    r = dispatch(caller, req, resumed);
+  } catch (const std::exception& e) {  // a request of the wrong shape never ends syrupd
+    r = {proto::error_response(EINVAL, std::string("malformed request: ") + e.what())};
+  }
+  if (!r.park && !r.body.value("ok", false)) {
+    const json& op = req.body.is_object() && req.body.contains("op") ? req.body["op"] : json();
+    totals_.error(op.is_string() && std::ranges::count(kOps, op.get<std::string>()) ? op.get<std::string>() : "other",
+                  r.body.value("errno", EIO));
+  }
+  return r;
+}
+
+Daemon::Response Daemon::dispatch(const Caller& caller, proto::Message& req, bool resumed) {
+  const json& b = req.body;
+  std::string op = b.contains("op") && b["op"].is_string() ? b["op"].get<std::string>() : "";
+  log(LogLevel::kDebug, "pid %d uid %u: %s", caller.pid, caller.uid, op.c_str());
+  if (!resumed && !admit_request(caller))
+    return {proto::error_response(EAGAIN, "uid " + std::to_string(caller.uid) +
+                                              " is over its limit of requests per second (" +
+                                              std::to_string(rate_for(caller.uid)) + "); retry later")};
+  try {
+    if (op == "ping") return {ok({{"version", proto::kVersion}, {"pid", getpid()}})};
+    // SO_PEERCRED gives pid 0 for a process neither in syrupd's pid namespace nor in one
+    // below it: syrupd cannot find it in /proc, own policies by it, or check its threads
+    // and sockets.
+    if (caller.pid == 0)
+      return {proto::error_response(ESRCH, "syrupd cannot see the calling process: syrupd runs in a pid namespace "
+                                           "that does not contain the caller's; run syrupd in the host's pid "
+                                           "namespace")};
+    if (op == "deploy") return deploy(caller, req, !caller.admin());
+    if (op == "remove") return remove(caller, b);
+    if (op == "list") return list(caller);
+    if (op == "stats") return stats(caller, b);
+    if (op == "map_open") return map_open(caller, b);
+    if (op == "map_dump") return map_dump(caller, b);
+    if (op == "thread_tid") return thread_tid(caller, b);
+  } catch (const json::exception& e) {
+    return {proto::error_response(EINVAL, std::string("malformed request: ") + e.what())};
+  }
+  std::string known;
+  for (const auto& k : kOps) known += std::string(known.empty() ? "" : ", ") + k;
+  return {proto::error_response(EOPNOTSUPP, "unknown request '" + op + "' (known: " + known + ")")};
+}
+
+Daemon::Response Daemon::thread_tid(const Caller& caller, const json& req) {
+  if (!req.contains("tid") || !req["tid"].is_number_integer() || req["tid"].get<int64_t>() <= 0 ||
+      req["tid"].get<int64_t>() > INT32_MAX)
+    return {proto::error_response(EINVAL, "thread_tid needs a positive tid")};
+  pid_t tid = req["tid"].get<pid_t>();
+  uint64_t ns = pid_namespace(caller.pid);
+  bool same = ns != 0 && ns == pid_namespace(0);
+  pid_t found = 0;
+  if (!same)
+    found = thread_by_own_number(caller.pid, tid);
+  else if (access(("/proc/" + std::to_string(caller.pid) + "/task/" + std::to_string(tid)).c_str(), F_OK) == 0)
+    found = tid;
+  if (!found)
+    return {proto::error_response(ESRCH, "thread " + std::to_string(tid) + " is not a thread of process " +
+                                             std::to_string(caller.pid) + (same ? "" : " (as its pid namespace numbers them)"))};
+  return {ok({{"tid", found}, {"same_pid_namespace", same}})};
+}
+
+Daemon::Response Daemon::remove(const Caller& caller, const json& req) {
+  if (!req.contains("id") || !req["id"].is_number_integer())
+    return {proto::error_response(EINVAL, "remove needs a policy id")};
+  int64_t v;
+  if (std::string why = names::integer("id", req["id"], 1, INT32_MAX, v); !why.empty())
+    return {proto::error_response(EINVAL, why)};
+  int id = static_cast<int>(v);
+  auto it = policies_.find(id);
+  if (it == policies_.end() || !visible(caller, *it->second))
+    return {proto::error_response(ENOENT, no_policy(caller, id))};
+  remove_policy(id, true, ("removed by pid " + std::to_string(caller.pid)).c_str());
+  return {ok({{"id", id}})};
+}
+
+Daemon::Response Daemon::list(const Caller& caller) {
+  json arr = json::array();
+  for (auto& [id, p] : policies_)
+    if (visible(caller, *p)) arr.push_back(describe(*p));
+  return {ok({{"policies", arr}})};
+}
+
+Daemon::Response Daemon::stats(const Caller& caller, const json& req) {
+  json arr = json::array();
+  if (req.contains("id") && !req["id"].is_null()) {
+    int64_t v;
+    if (std::string why = names::integer("id", req["id"], 1, INT32_MAX, v); !why.empty())
+      return {proto::error_response(EINVAL, why)};
+    int id = static_cast<int>(v);
+    auto it = policies_.find(id);
+    if (it == policies_.end() || !visible(caller, *it->second))
+      return {proto::error_response(ENOENT, no_policy(caller, id))};
+    arr.push_back(policy_stats(*it->second));
+  } else {
+    for (auto& [id, p] : policies_)
+      if (visible(caller, *p)) arr.push_back(policy_stats(*p));
+  }
+  return {ok({{"stats", arr}})};
+}
+
+// The map `req` names ("app", "map"), opened for `caller`: its fd and info, or the error
+// to answer (bad names, no such application or map). Another user's application is
+// answered as one that does not exist. The pin is opened following no link (pins::obj_get)
+// and must be the very map (by id) a deployed policy of the application holds.
+std::optional<Daemon::Response> Daemon::open_app_map(const Caller& caller, const json& req, AppMap& out) {
+  out.app = req.value("app", std::string());
+  out.map = req.value("map", std::string());
+  for (auto [kind, v] : {std::pair{"application", &out.app}, std::pair{"map", &out.map}})
+    if (std::string why = names::check(kind, *v); !why.empty())
+      return Response{proto::error_response(EINVAL, why)};
+  if (!app_owner_.count(out.app) || !may_use_app(caller, out.app).empty())
+    return Response{proto::error_response(ENOENT, "no application '" + out.app + "' (it has no deployed policy)")};
+  uint32_t expected = 0;
+  for (auto& [id, p] : policies_) {
+    if (p->app != out.app || !p->loaded) continue;
+    auto& um = p->loaded->user_maps;
+    if (std::find(um.begin(), um.end(), out.map) == um.end()) continue;
+    bpf_map_info held{};
+    uint32_t hl = sizeof held;
+    // A map libbpf took over from its pin carries the kernel's name, its first 15 characters.
+    int fd = p->loaded->map_fd(out.map.c_str());
+    if (fd < 0) fd = p->loaded->map_fd(out.map.substr(0, BPF_OBJ_NAME_LEN - 1).c_str());
+    if (fd >= 0 && bpf_map_get_info_by_fd(fd, &held, &hl) == 0) expected = held.id;
+    break;
+  }
+  if (expected) {
+    out.fd.reset(pins::obj_get(pins::app_map(out.app, out.map)));
+    uint32_t len = sizeof out.info;
+    if (out.fd && (bpf_map_get_info_by_fd(out.fd.get(), &out.info, &len) != 0 || out.info.id != expected)) {
+      log(LogLevel::kWarn, "pin %s is map id %u, not the application's map id %u: not handed out",
+          pins::app_map(out.app, out.map).c_str(), out.info.id, expected);
+      out.fd.reset();
+    }
+  }
+  if (!out.fd) {
+    // Name the maps it has: a user guessing a map's name needs them.
+    std::vector<std::string> names = pins::app_map_names(out.app);
+    std::string has = names.empty() ? "it has none" : "it has " + join(names);
+    return Response{proto::error_response(ENOENT, "application '" + out.app + "' has no map '" + out.map + "' (" +
+                                                      has + "; maps exist while a deployed policy declares them)")};
+  }
+  return std::nullopt;
+}
+
+Daemon::Response Daemon::map_open(const Caller& caller, const json& req) {
+  AppMap m;
+  if (auto err = open_app_map(caller, req, m)) return std::move(*err);
+  const bpf_map_info& info = m.info;
+  Response r{ok({{"map", m.map},
+                 {"type", libbpf_bpf_map_type_str(static_cast<bpf_map_type>(info.type))},
+                 {"key_size", info.key_size},
+                 {"value_size", info.value_size},
+                 {"max_entries", info.max_entries},
+                 {"flags", info.map_flags}})};
+  r.fds.push_back(m.fd.get());
+  r.owned_fds.push_back(std::move(m.fd));
+  return r;
+}
+
+Daemon::Response Daemon::map_dump(const Caller& caller, const json& req) {
+  // One page per request: at most kDumpPageEntries entries and about kDumpPageBytes of
+  // answer, so that a dump of any size costs syrupd bounded memory and main-loop time per
+  // request; the answer's "cursor" continues it (docs/protocol.md, map_dump).
+  // 1024 entries of 4-byte keys and 8-byte values: about 3 ms of main loop.
+  constexpr size_t kDumpPageEntries = 1024, kDumpPageBytes = 256 << 10;
+  int64_t limit = 4096;
+  if (req.contains("limit"))
+    if (std::string why = names::integer("limit", req["limit"], 0, INT32_MAX, limit); !why.empty())
+      return {proto::error_response(EINVAL, why)};
+  AppMap m;
+  if (auto err = open_app_map(caller, req, m)) return std::move(*err);
+  const bpf_map_info& info = m.info;
+  const UniqueFd& fd = m.fd;
+  const std::string &app = m.app, &map = m.map;
+  bool percpu = info.type == BPF_MAP_TYPE_PERCPU_ARRAY || info.type == BPF_MAP_TYPE_PERCPU_HASH ||
+                info.type == BPF_MAP_TYPE_LRU_PERCPU_HASH;
+  size_t ncpu = percpu ? static_cast<size_t>(libbpf_num_possible_cpus()) : 1;
+  size_t vstride = percpu ? (info.value_size + 7) / 8 * 8 : info.value_size;
+  std::vector<unsigned char> key(info.key_size), next(info.key_size), val(vstride * ncpu);
+  bool first = true;
+  if (req.contains("cursor") && !req["cursor"].is_null()) {
+    // The last key of the previous page, as that page's "cursor" gave it.
+    std::string c = req["cursor"].is_string() ? req["cursor"].get<std::string>() : std::string();
+    if (!parse_cursor(c, key))
+      return {proto::error_response(EINVAL, "map_dump: cursor must be a key of map '" + map + "' (" +
+                                                std::to_string(key.size()) + " bytes in hex), as a page's cursor gives it")};
+    first = false;
+  }
+  size_t page = static_cast<size_t>(std::min<uint64_t>(static_cast<uint64_t>(limit), kDumpPageEntries));
+  size_t entry_bytes = 3 * key.size() + 3 * info.value_size * ncpu + 64, bytes = 0;
+  json entries = json::array();
+  bool more = false;
+  while (bpf_map_get_next_key(fd.get(), first ? nullptr : key.data(), next.data()) == 0) {
+    if (entries.size() >= page || bytes >= kDumpPageBytes) {
+      more = true;
+      break;
+    }
+    first = false;
+    key = next;
+    if (bpf_map_lookup_elem(fd.get(), key.data(), val.data()) != 0) continue;
+    entries.push_back(dump_entry(key, val, percpu ? ncpu : 0, vstride, info.value_size));
+    bytes += entry_bytes;
+  }
+  json resp = {{"app", app},
+               {"map", map},
+               {"type", libbpf_bpf_map_type_str(static_cast<bpf_map_type>(info.type))},
+               {"entries", entries},
+               {"truncated", more}};
+  // More entries follow, and the caller asked for more than this page: where to go on.
+  if (more && entries.size() < static_cast<size_t>(limit)) resp["cursor"] = hex(key.data(), key.size());
+  return {ok(resp)};
+}
+
+}  // namespace syrup

@@ -1,0 +1,330 @@
+// The policy registry: the deployed policies by id, the applications' owners, the list of
+// recently removed ids, who may see and act on what, and the quotas.
+//
+// Design: the registry is read and changed on the main thread only (workers ask it
+// through the control server), so it needs no locks.
+// Invariants:
+//  - every registered policy is loaded, pinned and attached;
+//  - at most one policy per target key; an application is owned by the uid that first
+//    deployed for it, and exists while it has a policy (or a load into it is in flight);
+//  - an application's map pins exist exactly while some policy of it declares the map, or
+//    a load into the application is in flight (gc_app);
+//  - a caller who may not see a policy or application is answered as if it did not exist
+//    ("no policy N", "no application"), in the same words either way;
+//  - gone_ keeps the last kGoneKept removals, shown to their uid and admins only.
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "daemon.h"
+#include "daemon_util.h"
+#include "log.h"
+#include "names.h"
+#include "pins.h"
+#include "proc.h"
+#include "syrup/abi.h"
+#include "text.h"
+
+namespace syrup {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+Hook* Daemon::hook_named(const std::string& name) const {
+  for (auto& h : hooks_)
+    if (h->name() == name) return h.get();
+  return nullptr;
+}
+
+Hook* Daemon::hook_watching(int fd) const {
+  for (auto& h : hooks_)
+    if (h->event_fd() == fd) return h.get();
+  return nullptr;
+}
+
+std::string Daemon::may_use_app(const Caller& caller, const std::string& app) const {
+  auto it = app_owner_.find(app);
+  if (it == app_owner_.end() || caller.admin() || it->second == caller.uid) return {};
+  // Whose it is stays unsaid: another user learns only that the name is taken.
+  return "application name '" + app + "' is taken by another user; choose another name";
+}
+
+bool Daemon::visible(const Caller& caller, const Policy& p) const {
+  return caller.admin() || p.uid == caller.uid || may_use_app(caller, p.app).empty();
+}
+
+std::string Daemon::no_policy(const Caller& caller, int id) const {
+  std::string text = "no policy " + std::to_string(id);
+  auto it = gone_.find(id);
+  if (it == gone_.end() || (!caller.admin() && it->second.uid != caller.uid)) return text;
+  const Gone& g = it->second;
+  return text + " (" + g.name + " of app '" + g.app + "' was removed: " + g.why + ")";
+}
+
+void Daemon::remember_gone(int id, Gone g) {
+  g.state_json = state_entry(json{{"id", id}, {"uid", g.uid}, {"app", g.app}, {"name", g.name}, {"why", g.why}});
+  gone_[id] = std::move(g);
+  if (gone_.size() > kGoneKept) gone_.erase(gone_.begin());
+}
+
+config::Quotas Daemon::quotas_for(const std::string& app) const {
+  if (const config::Tenant* t = config_.tenant(app)) return t->effective;
+  config::Quotas q;
+  q.policies = cfg_.quotas.policies;
+  q.maps = cfg_.quotas.maps;
+  q.map_bytes = cfg_.quotas.map_bytes;
+  q.insns = cfg_.quotas.insns;
+  q.source_bytes = cfg_.max_source_bytes;
+  q.requests_per_second = cfg_.quotas.requests_per_second;
+  return q;
+}
+
+std::string Daemon::check_quota(const std::string& app, const Policy* replaced, const LoadFootprint& fp) const {
+  config::Quotas cq = quotas_for(app);
+  Quotas q{config::Quotas::limit(cq.policies), config::Quotas::limit(cq.maps),
+           config::Quotas::limit(cq.map_bytes), config::Quotas::limit(cq.insns), 0};
+  size_t policies = 0, insns = fp.insns;
+  for (auto& [id, p] : policies_) {
+    if (p->app != app || p.get() == replaced) continue;
+    policies++;
+    bpf_prog_info info{};
+    uint32_t len = sizeof info;
+    if (bpf_prog_get_info_by_fd(p->loaded->prog_fd(), &info, &len) == 0) insns += info.xlated_prog_len / 8;
+  }
+  MapUsage pinned = pinned_map_usage(app);
+  size_t maps = fp.new_maps.size() + pinned.maps;
+  uint64_t bytes = fp.new_map_bytes + pinned.bytes;
+  const config::Tenant* tenant = config_.tenant(app);
+  auto over = [&](const char* what, uint64_t have, uint64_t limit) {
+    std::string flag = what == std::string("bytes of maps") ? "map_bytes" : what;
+    std::string where = " (syrupd --quota_" + flag + ")";
+    if (tenant) {
+      auto src = tenant->quota_sources.find(flag);
+      where = src == tenant->quota_sources.end()
+                  ? " (tenant quota " + flag + " in " + config_.path + ")"
+                  : " (" + src->second.key + " at " + config_.path + ":" + std::to_string(src->second.line) + ")";
+    }
+    return "application '" + app + "' would have " + std::to_string(have) + " " + what +
+           "; its quota is " + std::to_string(limit) + where;
+  };
+  if (policies + 1 > q.policies) return over("policies", policies + 1, q.policies);
+  if (maps > q.maps) return over("maps", maps, q.maps);
+  if (bytes > q.map_bytes) return over("bytes of maps", bytes, q.map_bytes);
+  if (insns > q.insns) return over("insns", insns, q.insns);
+
+  return check_uid_quota(app, replaced, fp, pinned);
+}
+
+// The same over every application of the uid that owns `app` (the caller, or a --config
+// tenant's uid): per-application quotas alone let one user make 20 applications of 32 MiB
+// of maps each. Root's applications are not bound. `pinned`: `app`'s own, counted already.
+std::string Daemon::check_uid_quota(const std::string& app, const Policy* replaced, const LoadFootprint& fp,
+                                    const MapUsage& pinned) const {
+  auto owner = app_owner_.find(app);
+  if (owner == app_owner_.end() || owner->second == 0) return {};
+  uid_t uid = owner->second;
+  struct Limit {
+    const char* key;   // the flag's suffix and the config key
+    const char* what;  // in the message
+    uint64_t limit;
+    std::string where;
+  };
+  Limit lim[] = {{"uid_policies", "policies", cfg_.quotas.uid_policies, {}},
+                 {"uid_maps", "maps", cfg_.quotas.uid_maps, {}},
+                 {"uid_map_bytes", "bytes of maps", cfg_.quotas.uid_map_bytes, {}},
+                 {"uid_insns", "insns", cfg_.quotas.uid_insns, {}}};
+  for (auto& l : lim) l.where = std::string(" (syrupd --quota_") + l.key + ")";
+  // A tenant of the file with this uid sets its own (the last one in the file that sets
+  // it, as for requests_per_second).
+  for (auto& t : config_.tenants) {
+    if (t.uid != uid) continue;
+    for (auto& l : lim) {
+      auto v = std::string(l.key) == "uid_policies" ? t.effective.uid_policies
+               : std::string(l.key) == "uid_maps"   ? t.effective.uid_maps
+               : std::string(l.key) == "uid_map_bytes" ? t.effective.uid_map_bytes
+                                                       : t.effective.uid_insns;
+      if (!v) continue;
+      l.limit = *v;
+      auto src = t.quota_sources.find(l.key);
+      l.where = src == t.quota_sources.end()
+                    ? " (tenant quota " + std::string(l.key) + " in " + config_.path + ")"
+                    : " (" + src->second.key + " at " + config_.path + ":" + std::to_string(src->second.line) + ")";
+    }
+  }
+  uint64_t have[4] = {1, fp.new_maps.size(), fp.new_map_bytes, fp.insns};
+  std::set<std::string> apps;
+  for (auto& [a, u] : app_owner_)
+    if (u == uid) apps.insert(a);
+  for (auto& [id, p] : policies_) {
+    if (!apps.count(p->app) || p.get() == replaced) continue;
+    have[0]++;
+    bpf_prog_info info{};
+    uint32_t len = sizeof info;
+    if (bpf_prog_get_info_by_fd(p->loaded->prog_fd(), &info, &len) == 0) have[3] += info.xlated_prog_len / 8;
+  }
+  for (auto& a : apps) {
+    MapUsage u = a == app ? pinned : pinned_map_usage(a);
+    have[1] += u.maps;
+    have[2] += u.bytes;
+  }
+  for (size_t i = 0; i < 4; i++)
+    if (lim[i].limit != config::kUnlimited && have[i] > lim[i].limit)
+      return "uid " + std::to_string(uid) + " would have " + std::to_string(have[i]) + " " + lim[i].what +
+             " over all its applications; its quota is " + std::to_string(lim[i].limit) + lim[i].where;
+  return {};
+}
+
+void Daemon::remove_policy(int id, bool detach_hook, const char* why) {
+  auto it = policies_.find(id);
+  if (it == policies_.end()) return;
+  Policy& p = *it->second;
+  // A replaced policy's attachment now belongs to its successor: only a real removal
+  // uninstalls.
+  if (detach_hook && p.loaded) p.target->uninstall(*p.loaded);
+  if (p.owner_pidfd) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, p.owner_pidfd.get(), nullptr);
+  if (p.loaded) p.loaded->unpin();
+  std::string app = p.app;
+  log(LogLevel::kInfo, "removed policy %d (%s) of app '%s': %s", id, p.name.c_str(), app.c_str(), why);
+  remember_gone(id, Gone{p.uid, app, p.name, why});
+  policies_.erase(it);
+  gc_app(app);
+  totals_.removals++;
+  changed();
+}
+
+void Daemon::gc_app(const std::string& app) {
+  // A worker is loading into the application's pins: collected once it is done.
+  if (loading_apps_.count(app)) return;
+  bool any = false;
+  std::map<std::string, bool> used;
+  for (auto& [id, p] : policies_) {
+    if (p->app != app) continue;
+    any = true;
+    for (auto& m : p->loaded->user_maps) used[m] = true;
+  }
+  for (const auto& name : pins::app_map_names(app))
+    if (!used.count(name)) unlink(pins::app_map(app, name).c_str());
+  if (!any) {
+    pins::remove_tree(pins::app_dir(app));
+    app_owner_.erase(app);
+  }
+}
+
+void Daemon::owner_exited(int pidfd) {
+  // An event fetched in one batch with a request or news that ended its policy is stale,
+  // and by the time it is handled its number may be a new policy's pidfd: only an exit
+  // the pidfd still shows ends policies.
+  if (!exited(pidfd)) return;
+  std::vector<int> ids;
+  for (auto& [id, p] : policies_)
+    if (p->owner_pidfd.get() == pidfd) ids.push_back(id);
+  for (int id : ids) end_policy(id, owner_exited_reason(*policies_[id]));
+  if (ids.empty()) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, pidfd, nullptr);
+}
+
+std::string Daemon::owner_exited_reason(const Policy& p) {
+  return "owner process " + std::to_string(p.owner_pid) + " exited";
+}
+
+std::string Daemon::why_ended(const Policy& p) {
+  return exited(p.owner_pidfd.get()) ? owner_exited_reason(p) : p.target->gone();
+}
+
+bool Daemon::some_end_unannounced() const {
+  return std::any_of(policies_.begin(), policies_.end(),
+                     [](const auto& e) { return e.second->target->ends_unannounced(); });
+}
+
+bool Daemon::remove_ended() {
+  std::vector<std::pair<int, std::string>> gone;
+  for (auto& [id, p] : policies_)
+    if (std::string why = why_ended(*p); !why.empty()) gone.emplace_back(id, std::move(why));
+  for (auto& [id, why] : gone) end_policy(id, why);
+  return !gone.empty();
+}
+
+void Daemon::follow_kernel() {
+  remove_ended();
+  // What the others save may have changed with the kernel (an interface's new name). Rare
+  // enough to serialise them all again.
+  for (auto& [id, p] : policies_) record(*p);
+  changed();
+}
+
+void Daemon::end_policy(int id, const std::string& why) {
+  // A --config entry's policy comes back on its process's successor, its process's new
+  // group, its interface made again.
+  if (const std::string& entry = policies_[id]->config_identity; !entry.empty()) {
+    if (config_waiting_.empty()) config_retry_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    config_waiting_.insert(entry);
+  }
+  remove_policy(id, true, why.c_str());
+}
+
+json Daemon::describe(const Policy& p) const {
+  bpf_prog_info info{};
+  uint32_t len = sizeof info;
+  bpf_prog_get_info_by_fd(p.loaded->prog_fd(), &info, &len);
+  json j = p.target->describe();
+  j.update(json{{"id", p.id},
+          {"app", p.app},
+          {"hook", p.hook},
+          {"name", p.name},
+          {"uid", p.uid},
+          {"owner_pid", p.owner_pid},
+          {"persist", p.owner_pid == 0},
+          {"target", p.target->key()},
+          {"executors", p.target->num_executors()},
+          {"params", p.params},
+          {"prog_id", info.id},
+          {"created", p.created},
+          {"pin", pins::policy_dir(p.app, p.id)}});
+  return j;
+}
+
+json Daemon::policy_stats(const Policy& p) const {
+  int fd = p.loaded->map_fd(SYR_STATS_MAP);
+  int ncpu = libbpf_num_possible_cpus();
+  std::vector<uint64_t> vals(static_cast<size_t>(ncpu > 0 ? ncpu : 1));
+  auto slot = [&](uint32_t k) {
+    uint64_t sum = 0;
+    if (bpf_map_lookup_elem(fd, &k, vals.data()) == 0)
+      for (auto v : vals) sum += v;
+    return sum;
+  };
+  json execs = json::array();
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < p.target->num_executors(); i++) {
+    uint64_t v = slot(SYR_STAT_EXECUTOR_BASE + i);
+    execs.push_back(v);
+    total += v;
+  }
+  uint64_t pass = slot(SYR_STAT_PASS), drop = slot(SYR_STAT_DROP), fb = slot(SYR_STAT_FALLBACK);
+  bpf_prog_info info{};
+  uint32_t len = sizeof info;
+  bpf_prog_get_info_by_fd(p.loaded->prog_fd(), &info, &len);
+  json st = {{"id", p.id},           {"app", p.app},      {"name", p.name},     {"hook", p.hook},
+             {"executors", execs},   {"pass", pass},      {"drop", drop},
+             {"fallback", fb},       {"decisions", total + pass + drop + fb},
+             {"run_cnt", info.run_cnt}, {"run_time_ns", info.run_time_ns}};
+  // What `list` shows of the executors' state: a hook's health (a thread policy the kernel
+  // ejected, a socket-select group that ended) and the socket-select executors still open.
+  json d = p.target->describe();
+  for (const char* k : {"status", "open_executors"})
+    if (d.is_object() && d.contains(k)) st[k] = d[k];
+  return st;
+}
+
+}  // namespace syrup

@@ -26,7 +26,9 @@ namespace syrup::test::security {
 // 62001 is the attacker, 62002 the victim.
 constexpr uid_t kMallory = 62001, kAlice = 62002;
 
-// as_user(uid, fn): harness.h.
+// Runs `fn` as an unprivileged uid in a child (harness.h), under the name tests of other
+// folders call it by: security::as_user(security::kMallory, ...).
+using syrup::test::as_user;
 
 // A UDP socket of `family` bound to `addr`:0 (v6only for AF_INET6); its port, 0 on failure.
 inline uint16_t bound_udp(UniqueFd& fd, int family, const char* addr, bool v6only = false) {

@@ -1,5 +1,6 @@
 #include "registry.h"
 #include "thread.h"
+#include "thread/request.h"
 
 #include <bpf/bpf.h>
 #include <fcntl.h>
@@ -456,18 +457,15 @@ int ThreadHook::make_target(const Caller& caller, proto::Message& req, std::uniq
     err = refused_;
     return -EOPNOTSUPP;
   }
-  const auto& b = req.body;
-  pid_t pid = caller.pid;
-  bool all = false;
-  if (b.contains("pid") && b["pid"].is_number_integer() && b["pid"].get<int>() != 0) {
-    pid = b["pid"].get<pid_t>();
-    all = true;
-    if (pid <= 0) {
-      err = "pid must be positive";
-      return -EINVAL;
-    }
-    if (int r = check_target_process(caller, pid, err)) return r;
+  ThreadRequest asked;
+  if (Bad bad; !parse(hook_fields(req.body), asked, bad)) {
+    err = bad.str();
+    return -EINVAL;
   }
+  pid_t pid = asked.pid ? asked.pid : caller.pid;
+  bool all = asked.pid != 0;  // another process: every thread of it
+  if (all)
+    if (int rc = check_target_process(caller, pid, err)) return rc;
   // Scheduling classes of another process's threads: syrupd does it, as root, for the
   // caller's own process only (checked above).
   Baseline base;

@@ -941,7 +941,7 @@ TEST_F(SocketSelect, AProcessWithGroupsOnSeveralAddressesOfThePortIsScheduledAtT
   auto fds = one.fds();
   syr_deploy_opts f{.sz = sizeof f, .app = "addrtest", .fds = fds.data(), .n_fds = fds.size(), .address = "127.0.0.1"};
   EXPECT_EQ(syr_deploy_policy(source_path("policies/pass.c").c_str(), SYR_HOOK_SOCKET_SELECT, &f), -EINVAL);
-  EXPECT_NE(std::string(syr_last_error()).find("address chooses among the sockets of a process (with pid)"),
+  EXPECT_NE(std::string(syr_last_error()).find("address: chooses among the sockets of a process (with pid)"),
             std::string::npos)
       << syr_last_error();
 }

@@ -655,7 +655,7 @@ int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_
   // The application (a deploy key, checked by syrupd before the hook is asked) names the
   // claims.
   const json& app_field = req.body.contains("app") ? req.body["app"] : json();
-  std::string app = app_field.is_string() ? app_field.get<std::string>() : std::string();
+  std::string app = app_field.is_string() ? std::string(app_field) : std::string();
   std::set<Claim> ports;
   for (uint16_t p : r.ports) ports.insert({static_cast<uint8_t>(r.protocol), p});
   std::vector<uint32_t> cpus = std::move(r.cpus);

@@ -5,7 +5,8 @@
 //  - load_string() returns 0 with no diagnostics, or -EINVAL with at least one, each
 //    naming the file and a line within it (or 0) and a message;
 //  - a valid Config has unique identities "<tenant>/<name>" of valid names, deploy
-//    requests of a known hook for its tenant, and 64-hex-digit hashes;
+//    requests of a known hook for its tenant, and 64-hex-digit hashes; the hook fields of
+//    each request pass the hook's parse() and are already in its canonical spelling;
 //  - plan() against nothing deploys every entry; against itself changes nothing.
 #include <cerrno>
 #include <cstdio>
@@ -71,6 +72,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       check(spec != nullptr, "a known hook");
       check(!spec || !spec->needs_process || e.target.kind != config::ProcessSelector::Kind::kNone,
             "socket-select and thread entries name a process");
+      if (spec) {
+        // What the loader sends is what the hook's parse() takes, already in its own
+        // spelling (the process, resolved at apply, stands in as pid 1).
+        nlohmann::json fields = syrup::hook_fields(e.request), canonical;
+        if (e.target.kind != config::ProcessSelector::Kind::kNone && fields.is_object()) fields["pid"] = 1;
+        syrup::Bad bad;
+        check(spec->check(fields, bad, &canonical), "an entry's request passes its hook's parse()");
+        fields.erase("pid");
+        check(canonical == fields, "an entry's request is in its hook's canonical spelling");
+      }
       applied.push_back({e.identity, e.hash, static_cast<int>(applied.size()) + 1});
     }
   }

@@ -18,6 +18,10 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "hook_request.h"
+
 namespace syrup {
 
 struct HookSpec {
@@ -35,6 +39,15 @@ struct HookSpec {
   const char* persist_refusal = "";
   // syrupctl's usage line for a deploy at this hook.
   const char* usage = "";
+  // Parses a request's hook fields (hook_fields(), hook_request.h) with the hook's parse(),
+  // as syrupd's make_target() does: false with `bad` if it refuses them. With
+  // `canonical`, writes the typed request back as fields (defaults spelled out, an
+  // address as inet_ntop() writes it; pid left out), which the config loader sends.
+  bool (*check)(const nlohmann::json& fields, Bad& bad, nlohmann::json* canonical) = nullptr;
+  // What two canonical requests at this hook would both schedule, so that only one
+  // policy can (the config loader refuses the second); empty if they are apart. For a
+  // hook that needs_process, the two name the same process, shown as `process`.
+  std::string (*same_target)(const nlohmann::json& a, const nlohmann::json& b, const std::string& process) = nullptr;
 };
 
 // Every hook of this build, in hooks.def's order.

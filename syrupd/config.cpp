@@ -191,6 +191,10 @@ class Parser {
   void quotas(const Field& f, const std::string& path, Quotas& out, std::map<std::string, QuotaSource>& where);
   void tenant(const YAML::Node& n, const std::string& path, const Config& cfg, Tenant& out);
   void policy(const YAML::Node& n, const std::string& path, const Tenant& t, std::vector<PolicyEntry>& out);
+  // The entry's keys of its hook, checked by the hook's parse() (hooks/hook_request.h) and
+  // added to its deploy request as the hook spells them.
+  void hook_request(const std::map<std::string, Field>& f, const std::string& path, const PolicyEntry& e,
+                    const HookSpec& spec, json& req);
   void cross_checks(Config& cfg);
 
   std::string file_, base_dir_;
@@ -460,6 +464,47 @@ void Parser::tenant(const YAML::Node& n, const std::string& path, const Config& 
   }
 }
 
+// A YAML value as the hook's parse() takes it from the protocol: plain integers (as
+// parse_uint() reads them, or negated) become numbers, other scalars strings, sequences
+// arrays and mappings objects (which no hook takes; nested deeper than 8, null).
+json yaml_to_json(const YAML::Node& n, int depth = 0) {
+  if (depth > 8 || n.IsNull() || !n.IsDefined()) return nullptr;
+  if (n.IsSequence() || n.IsMap()) {
+    json out = n.IsMap() ? json::object() : json::array();
+    for (auto it = n.begin(); it != n.end(); ++it)
+      if (n.IsMap()) out[it->first.IsScalar() ? it->first.Scalar() : "?"] = yaml_to_json(it->second, depth + 1);
+      else out.push_back(yaml_to_json(*it, depth + 1));
+    return out;
+  }
+  const std::string& text = n.Scalar();
+  uint64_t v;
+  if (is_plain(n) && parse_uint(text, v)) return v;
+  if (is_plain(n) && text.starts_with('-') && parse_uint(text.substr(1), v) && v <= INT64_MAX)
+    return -static_cast<int64_t>(v);
+  return text;
+}
+
+void Parser::hook_request(const std::map<std::string, Field>& f, const std::string& path, const PolicyEntry& e,
+                          const HookSpec& spec, json& req) {
+  json fields = json::object();
+  for (auto& [name, fld] : f)
+    if (std::ranges::count(spec.keys, name) && !std::ranges::count(kSelectorKeys, name))
+      fields[name] = yaml_to_json(fld.value);
+  // The process is found at apply time; what the hook asks of a request that names one
+  // (socket-select's port) is asked now, with a stand-in pid.
+  if (e.target.kind != ProcessSelector::Kind::kNone && std::ranges::count(spec.keys, "pid"))
+    fields["pid"] = e.target.kind == ProcessSelector::Kind::kPid ? e.target.pid : 1;
+  Bad bad;
+  json canonical;
+  if (!spec.check(fields, bad, &canonical)) {
+    auto it = f.find(bad.key);
+    if (it != f.end()) error(it->second, sub(path, bad.key), bad.why);
+    else error(e.line, sub(path, bad.key), bad.why);
+    return;
+  }
+  req.update(canonical);
+}
+
 void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& t, std::vector<PolicyEntry>& out) {
   PolicyEntry e;
   e.tenant = t.name;
@@ -622,87 +667,11 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
   json req = {{"op", "deploy"}, {"hook", e.hook}, {"app", t.name}, {"name", e.name},
               {"source_name", e.path}, {"source", source}, {"params", params}, {"persist", persist}};
 
-  // Ports.
-  std::set<uint64_t> ports;
-  auto pit = f.find("port");
-  if (pit != f.end() && used("port")) {
-    uint64_t p;
-    if (uint_of(pit->second, sub(path, "port"), 1, 65535, p, "a port in 1..65535")) ports.insert(p);
-  }
-  if (auto it = f.find("ports"); it != f.end() && used("ports")) {
-    bool ok = it->second.value.IsSequence() && it->second.value.size() > 0;
-    for (size_t i = 0; ok && i < it->second.value.size(); i++) {
-      uint64_t p;
-      const YAML::Node& v = it->second.value[i];
-      ok = is_plain(v) && parse_uint(v.Scalar(), p) && p >= 1 && p <= 65535;
-      if (ok && !ports.insert(p).second) {
-        error(v, sub(path, "ports"), "port " + std::to_string(p) + " is listed twice");
-      }
-    }
-    if (!ok) error(it->second, sub(path, "ports"), "expected a list of ports in 1..65535");
-  }
-  if (e.hook == "socket-select") {
-    if (pit == f.end()) error(e.line, sub(path, "port"), "required key is missing");
-    else if (!ports.empty()) req["port"] = *ports.begin();
-  } else if (e.hook == "xdp") {
-    if (ports.empty() && pit == f.end() && !f.count("ports"))
-      error(e.line, sub(path, "ports"), "the xdp hook needs the ports it schedules: port or ports");
-    req["ports"] = json(std::vector<uint64_t>(ports.begin(), ports.end()));
-  }
-  if (auto it = f.find("protocol"); it != f.end() && used("protocol")) {
-    std::string proto;
-    if (it->second.value.IsScalar()) proto = it->second.value.Scalar();
-    if (proto != "udp" && proto != "tcp") error(it->second, sub(path, "protocol"), "expected udp or tcp");
-    else req["protocol"] = proto;
-  } else if (e.hook == "xdp") {
-    req["protocol"] = "udp";  // the hook's default, spelled out so the target is explicit
-  }
-  if (auto it = f.find("address"); it != f.end() && used("address")) {
-    std::string a;
-    if (!it->second.value.IsScalar() || names::canonical_address(it->second.value.Scalar(), a))
-      error(it->second, sub(path, "address"), "expected an IPv4 or IPv6 address (e.g. 127.0.0.1, ::)");
-    else req["address"] = a;
-  }
-  if (e.hook == "xdp") {
-    if (auto it = f.find("ifname"); it == f.end()) {
-      error(e.line, sub(path, "ifname"), "required key is missing");
-    } else {
-      std::string ifn = it->second.value.IsScalar() ? it->second.value.Scalar() : "";
-      bool ok = !ifn.empty() && ifn.size() <= 15 && ifn != "." && ifn != "..";
-      for (char c : ifn) ok &= c != '/' && c != ':' && !std::isspace(static_cast<unsigned char>(c)) && c > 0x20 && c < 0x7f;
-      if (!ok) error(it->second, sub(path, "ifname"), "expected an interface name (1..15 characters, no '/', ':' or spaces)");
-      else req["ifname"] = ifn;
-    }
-    if (auto it = f.find("cpus"); it != f.end()) {
-      std::vector<uint64_t> cpus;
-      std::set<uint64_t> seen;
-      const YAML::Node& v = it->second.value;
-      bool ok = v.IsSequence() && v.size() > 0, dup = false;
-      for (size_t i = 0; ok && !dup && i < v.size(); i++) {
-        // A CPU number, or a range "A-B".
-        uint64_t a = 0, b = 0;
-        std::string s = v[i].IsScalar() ? v[i].Scalar() : std::string();
-        auto dash = s.find('-');
-        if (is_plain(v[i]) && dash == std::string::npos)
-          ok = parse_uint(s, a) && (b = a, true);
-        else
-          ok = v[i].IsScalar() && dash != std::string::npos && parse_uint(s.substr(0, dash), a) &&
-               parse_uint(s.substr(dash + 1), b) && a <= b;
-        ok = ok && b < 4096;
-        for (uint64_t c = a; ok && c <= b; c++) {
-          if (!seen.insert(c).second) {
-            error(v[i], sub(path, "cpus"), "CPU " + std::to_string(c) + " is listed twice");
-            dup = true;
-            break;
-          }
-          cpus.push_back(c);
-        }
-      }
-      if (!ok) error(it->second, sub(path, "cpus"), "expected a list of CPU numbers (0..4095) or ranges such as 0-3");
-      else if (!dup && cpus.size() > 256) error(it->second, sub(path, "cpus"), "at most 256 executors per policy");
-      else if (!dup) req["cpus"] = cpus;
-    }
-  }
+  // The hook's own keys: its parse() checks them (a process that schedules nothing is
+  // already refused above, and the hook's keys are not checked on top of that).
+  if (const HookSpec* spec = hook_keys ? find_hook(e.hook) : nullptr;
+      spec && (!spec->needs_process || e.target.kind != ProcessSelector::Kind::kNone))
+    hook_request(f, path, e, *spec, req);
 
   if (errs_.size() != before) return;
   e.identity = t.name + "/" + e.name;
@@ -717,27 +686,12 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
 }
 
 // Whether two entries would be deployed to one target (at most one policy each), and if
-// so, what they share.
+// so, what they share: the hook's spec says, given the same process if it needs one.
 std::string same_target(const PolicyEntry& a, const PolicyEntry& b) {
-  if (a.hook != b.hook) return {};
-  const json &ra = a.request, &rb = b.request;
-  if (a.hook == "xdp") {
-    if (ra["ifname"] != rb["ifname"] || ra["protocol"] != rb["protocol"]) return {};
-    for (auto& p : ra["ports"])
-      for (auto& q : rb["ports"])
-        if (p == q)
-          return "xdp " + ra["protocol"].get<std::string>() + " port " + p.dump() + " on " +
-                 ra["ifname"].get<std::string>();
-    return {};
-  }
-  if (a.target.kind == ProcessSelector::Kind::kNone || !(a.target == b.target)) return {};
-  if (a.hook == "thread") return "the threads of " + a.target.str();
-  if (ra.value("port", 0) != rb.value("port", 0)) return {};
-  std::string pa = ra.value("protocol", std::string()), pb = rb.value("protocol", std::string());
-  if (!pa.empty() && !pb.empty() && pa != pb) return {};
-  std::string aa = ra.value("address", std::string()), ab = rb.value("address", std::string());
-  if (!aa.empty() && !ab.empty() && aa != ab) return {};
-  return "the socket group of " + a.target.str() + " on port " + std::to_string(ra.value("port", 0));
+  const HookSpec* s = find_hook(a.hook);
+  if (a.hook != b.hook || !s || !s->same_target) return {};
+  if (s->needs_process && (a.target.kind == ProcessSelector::Kind::kNone || !(a.target == b.target))) return {};
+  return s->same_target(a.request, b.request, a.target.str());
 }
 
 void Parser::cross_checks(Config& cfg) {

@@ -25,6 +25,7 @@
 #include "log.h"
 #include "names.h"
 #include "proc.h"
+#include "hook_request.h"
 #include "registry.h"
 #include "syrup/abi.h"
 
@@ -59,21 +60,6 @@ std::optional<std::string> check_params(const json& b, std::map<std::string, uin
   return std::nullopt;
 }
 
-// The integer and string fields every hook reads, checked once for type and range: a hook
-// then takes them as they are (4294976396 is refused, not read as port 9100). A hook's own
-// rule (socket-select's pid > 0, a port required) comes on top. "" or why not.
-std::string check_common_fields(const json& b) {
-  int64_t v;
-  for (auto [k, lo, hi] : {std::tuple{"pid", int64_t{0}, names::kMaxPid}, {"port", int64_t{0}, names::kMaxPort}})
-    if (b.contains(k) && !b[k].is_null())
-      if (std::string why = names::integer(k, b[k], lo, hi, v); !why.empty()) return why;
-  for (const char* k : {"ifname", "protocol", "address"})
-    if (b.contains(k) && !b[k].is_string()) return std::string(k) + " must be a string";
-  if (b.contains("ifname"))
-    return names::check("interface", b["ifname"].get<std::string>(), names::Kind::kInterface);
-  return {};
-}
-
 }  // namespace
 
 std::optional<Daemon::Response> Daemon::check_deploy(const Caller& caller, const json& b, DeployArgs& a) {
@@ -106,7 +92,10 @@ std::optional<Daemon::Response> Daemon::check_deploy(const Caller& caller, const
                             " hook: the policy ends with the process it schedules; " + why +
                             ". Deploy it again from the new process, or list it in syrupd's --config, which follows "
                             "the process");
-  if (std::string why = check_common_fields(b); !why.empty()) return fail(EINVAL, why);
+  // The hook's fields, in the words its parse() gives every entry point (hooks/<id>/request.h),
+  // before anything is compiled; the hook parses them again into its typed request.
+  if (const HookSpec* spec = find_hook(a.hook); spec && spec->check)
+    if (Bad bad; !spec->check(hook_fields(b), bad, nullptr)) return fail(EINVAL, bad.str());
   return std::nullopt;
 }
 

@@ -31,7 +31,7 @@ rc=$?
 set -e
 echo "$err"
 [ $rc -eq 1 ] || { echo "validate_cli_test: exit $rc, expected 1" >&2; exit 1; }
-[ "$(echo "$err" | head -1)" = "bad.yaml:8: tenants[0].policies[0].ports: expected a list of ports in 1..65535" ]
+[ "$(echo "$err" | head -1)" = "bad.yaml:8: tenants[0].policies[0].ports: must be a list of ports, each an integer in 1..65535, got 70000" ]
 set +e
 "$ctl" validate > /dev/null 2>&1
 rc=$?

@@ -33,8 +33,8 @@
 DEFINE_string(socket, "", "syrupd's control socket (default: $SYRUP_SOCKET or /run/syrup/syrupd.sock)");
 DEFINE_bool(json, false, "print syrupd's answer as JSON, for scripts");
 DEFINE_string(hook, "socket-select", "deploy: the hook (syrupctl --help lists them)");
-DEFINE_int32(pid, 0, "deploy: the process whose sockets (or, --hook thread, threads) to schedule");
-DEFINE_int32(port, 0, "deploy: the port its SO_REUSEPORT sockets are bound to");
+DEFINE_int64(pid, 0, "deploy: the process whose sockets (or, --hook thread, threads) to schedule");
+DEFINE_int64(port, 0, "deploy: the port its SO_REUSEPORT sockets are bound to");
 DEFINE_string(protocol, "", "deploy: udp or tcp (default: udp if the process has both)");
 DEFINE_string(address, "",
               "deploy --hook socket-select: the address the group's sockets are bound to, when the process "
@@ -129,8 +129,8 @@ std::string process_name(int pid) {
 }
 
 // The ranges of syrupctl's integer flags (cli::parse_flags checks them): what syrupd takes.
-const std::vector<syrup::cli::IntRange> kRanges = {
-    {"port", 1, syrup::names::kMaxPort}, {"pid", 1, syrup::names::kMaxPid}, {"limit", 0, INT32_MAX}};
+// (--pid, --port and the other fields of a deploy are its hook's: hook_fields() checks them.)
+const std::vector<syrup::cli::IntRange> kRanges = {{"limit", 0, INT32_MAX}};
 
 // Why `name`, given as `flag`, is not a valid `what` name, or empty.
 std::string bad_name(const char* flag, const char* what, const std::string& name, syrup::names::Kind k) {
@@ -138,13 +138,43 @@ std::string bad_name(const char* flag, const char* what, const std::string& name
   return why.empty() ? why : std::string(flag) + ": " + why;
 }
 
+bool given(const char* flag) { return !gflags::GetCommandLineFlagInfoOrDie(flag).is_default; }
+
+// The deploy's hook fields from the flags given, as the protocol spells them, checked by
+// the hook's parse() (hooks/hook_request.h): a bad value is refused in syrupd's words,
+// naming its flag. On success `out` holds them as syrupd takes them. Why not, or empty.
+std::string hook_fields(const syrup::HookSpec& spec, nlohmann::json& out) {
+  nlohmann::json f = nlohmann::json::object();
+  if (given("pid")) f["pid"] = FLAGS_pid;
+  if (given("port")) f["port"] = FLAGS_port;
+  for (auto [key, v] : {std::pair{"protocol", &FLAGS_protocol}, {"address", &FLAGS_address}, {"ifname", &FLAGS_ifname}})
+    if (given(key)) f[key] = *v;
+  if (given("cpus")) {
+    // CPU numbers as numbers (so a huge one is quoted as given), anything else as text.
+    f["cpus"] = nlohmann::json::array();
+    std::stringstream cs(FLAGS_cpus);
+    for (std::string c; std::getline(cs, c, ',');) {
+      int64_t v;
+      if (syrup::cli::integer_in(c, 0, INT64_MAX, v)) f["cpus"].push_back(v);
+      else f["cpus"].push_back(c);
+    }
+  }
+  syrup::Bad bad;
+  if (!spec.check(f, bad, &out)) return "--" + bad.key + ": " + bad.why;
+  if (f.contains("pid")) out["pid"] = f["pid"];
+  // syrupd takes cores 0 .. min(possible CPUs, 256) - 1, in its words.
+  long ncpu = std::min(sysconf(_SC_NPROCESSORS_CONF), 256L);
+  for (auto& c : out.value("cpus", nlohmann::json::array()))
+    if (c.get<int64_t>() >= ncpu)
+      return "--cpus: must be cores 0.." + std::to_string(ncpu - 1) + " (this machine's), got " + c.dump();
+  return {};
+}
+
 int cmd_deploy(const std::vector<std::string>& args) {
   if (args.size() != 1) return usage("deploy takes exactly one POLICY.c");
   using syrup::names::Kind;
-  for (auto [flag, what, v, k] : {std::tuple{"--app", "application", &FLAGS_app, Kind::kPinned},
-                                  {"--ifname", "interface", &FLAGS_ifname, Kind::kInterface}})
-    if (!v->empty())
-      if (std::string why = bad_name(flag, what, *v, k); !why.empty()) return usage(why);
+  if (!FLAGS_app.empty())
+    if (std::string why = bad_name("--app", "application", FLAGS_app, Kind::kPinned); !why.empty()) return usage(why);
   if (std::string why = bad_name("POLICY.c", "source", args[0], Kind::kDisplay); !why.empty()) return usage(why);
   // Closed sets, checked before syrupd is asked: a typo is a usage error naming the flag.
   auto one_of = [](const char* flag, const std::string& v, const std::vector<const char*>& known) {
@@ -159,21 +189,16 @@ int cmd_deploy(const std::vector<std::string>& args) {
   for (const syrup::HookSpec* s : syrup::hook_specs()) hooks.push_back(s->name);
   if (std::string why = one_of("--hook", FLAGS_hook, hooks); !why.empty())
     return usage(why);
-  if (!FLAGS_protocol.empty())
-    if (std::string why = one_of("--protocol", FLAGS_protocol, {"udp", "tcp"}); !why.empty()) return usage(why);
-  if (!FLAGS_address.empty()) {
-    unsigned char a[sizeof(in6_addr)];
-    if (inet_pton(AF_INET, FLAGS_address.c_str(), a) != 1 && inet_pton(AF_INET6, FLAGS_address.c_str(), a) != 1)
-      return usage("--address takes an IPv4 or IPv6 address, got '" + syrup::names::printable(FLAGS_address) + "'");
-  }
   bool thread_hook = FLAGS_hook == "thread";  // --pid alone: every thread of the process
   bool xdp_hook = FLAGS_hook == "xdp";  // --pid optional: without it the policy persists
-  if (thread_hook && FLAGS_pid <= 0) return usage("deploy --hook thread needs --pid PID");
-  if (xdp_hook && (FLAGS_ifname.empty() || FLAGS_port <= 0 || FLAGS_port > 65535))
+  if (thread_hook && !given("pid")) return usage("deploy --hook thread needs --pid PID");
+  if (xdp_hook && (!given("ifname") || !given("port")))
     return usage("deploy --hook xdp needs --ifname IF and --port PORT");
-  if (!thread_hook && !xdp_hook && (FLAGS_pid <= 0 || FLAGS_port <= 0 || FLAGS_port > 65535))
+  if (!thread_hook && !xdp_hook && (!given("pid") || !given("port")))
     return usage("deploy from the command line needs --pid PID and --port PORT "
                  "(applications deploy with libsyrup and pass their sockets)");
+  nlohmann::json fields;
+  if (std::string why = hook_fields(*syrup::find_hook(FLAGS_hook), fields); !why.empty()) return usage(why);
   std::ifstream in(args[0], std::ios::binary);
   if (!in) {
     std::fprintf(stderr, "syrupctl: cannot read policy file %s: %s\n", args[0].c_str(), std::strerror(errno));
@@ -220,32 +245,9 @@ int cmd_deploy(const std::vector<std::string>& args) {
                         {"name", args[0]},
                         {"source_name", args[0]},
                         {"source", ss.str()},
-                        {"port", FLAGS_port},
                         {"params", params},
                         {"persist", FLAGS_persist || FLAGS_pid <= 0}};
-  if (FLAGS_pid > 0) req["pid"] = FLAGS_pid;
-  if (!FLAGS_protocol.empty()) req["protocol"] = FLAGS_protocol;
-  if (!FLAGS_address.empty()) {
-    if (thread_hook || xdp_hook) return usage("--address is for --hook socket-select");
-    req["address"] = FLAGS_address;
-  }
-  if (xdp_hook) {
-    req["ifname"] = FLAGS_ifname;
-    if (!FLAGS_cpus.empty()) {
-      std::vector<int> cpus;
-      std::stringstream cs(FLAGS_cpus);
-      // syrupd takes cores 0 .. min(possible CPUs, 256) - 1.
-      long ncpu = std::min(sysconf(_SC_NPROCESSORS_CONF), 256L);
-      for (std::string c; std::getline(cs, c, ',');) {
-        int64_t v;
-        if (!syrup::cli::integer_in(c, 0, ncpu - 1, v))
-          return usage("--cpus takes CPU[,CPU...] with each CPU an integer in 0.." + std::to_string(ncpu - 1) +
-                       ", got '" + syrup::names::printable(FLAGS_cpus) + "'");
-        cpus.push_back(static_cast<int>(v));
-      }
-      req["cpus"] = cpus;
-    }
-  }
+  req.update(fields);
   nlohmann::json out;
   if (int r = call(req, out)) return r;
   if (FLAGS_json) {

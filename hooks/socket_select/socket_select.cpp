@@ -1,5 +1,6 @@
 #include "registry.h"
 #include "socket_select.h"
+#include "socket_select/request.h"
 #include "pins.h"
 
 #include <arpa/inet.h>
@@ -565,40 +566,19 @@ class GroupTarget : public Target {
 
 int SocketSelectHook::make_target(const Caller& caller, proto::Message& req,
                                   std::unique_ptr<Target>& out, pid_t& owner, std::string& err) {
-  const auto& b = req.body;
+  SocketSelectRequest r;
+  if (Bad bad; !parse(hook_fields(req.body), r, bad)) {
+    err = bad.str();
+    return -EINVAL;
+  }
   Executors ex;
   owner = caller.pid;
-  if (b.contains("pid")) {
-    pid_t pid = b["pid"].get<pid_t>();
-    int port = b.value("port", 0);
-    if (pid <= 0) {
-      err = "pid must be positive";
-      return -EINVAL;
-    }
-    if (port <= 0 || port > 65535) {
-      err = "port must be in 1..65535";
-      return -EINVAL;
-    }
-    std::string proto_s = b.value("protocol", std::string());
-    int proto = proto_s == "tcp" ? IPPROTO_TCP : proto_s == "udp" ? IPPROTO_UDP : 0;
-    if (!proto_s.empty() && !proto) {
-      err = "protocol must be 'udp' or 'tcp'";
-      return -EINVAL;
-    }
-    std::string address;
-    if (b.contains("address") &&
-        (!b["address"].is_string() || names::canonical_address(b["address"].get<std::string>(), address))) {
-      err = "address must be an IPv4 or IPv6 address, as the sockets are bound (e.g. 127.0.0.1, ::, 0.0.0.0)";
-      return -EINVAL;
-    }
-    if (int r = check_target_process(caller, pid, err)) return r;
-    if (int r = from_pid(pid, static_cast<uint16_t>(port), proto, address, ex, err)) return r;
-    owner = pid;  // the scheduled process, not the tool that asked
-  } else if (b.contains("address")) {
-    err = "address chooses among the sockets of a process (with pid); passed sockets are their group already";
-    return -EINVAL;
-  } else if (int r = from_fds(std::move(req.fds), ex, err)) {
-    return r;
+  if (r.pid) {
+    if (int rc = check_target_process(caller, r.pid, err)) return rc;
+    if (int rc = from_pid(r.pid, r.port, r.protocol, r.address, ex, err)) return rc;
+    owner = r.pid;  // the scheduled process, not the tool that asked
+  } else if (int rc = from_fds(std::move(req.fds), ex, err)) {
+    return rc;
   }
   ex.holder = owner;
   out = std::make_unique<GroupTarget>(std::move(ex));

@@ -1,8 +1,30 @@
 // The socket-select hook's spec (hooks/registry.h): datagram or connection -> socket of
 // an SO_REUSEPORT group.
 #include "registry.h"
+#include "socket_select/request.h"
 
 namespace syrup {
+namespace {
+
+bool check(const nlohmann::json& fields, Bad& bad, nlohmann::json* canonical) {
+  socket_select::SocketSelectRequest r;
+  if (!socket_select::parse(fields, r, bad)) return false;
+  if (canonical) *canonical = socket_select::to_json(r);
+  return true;
+}
+
+// One group per process, port, protocol and address; an unnamed protocol or address may
+// be either, so it meets every one.
+std::string same_target(const nlohmann::json& a, const nlohmann::json& b, const std::string& process) {
+  if (a.value("port", 0) != b.value("port", 0)) return {};
+  for (const char* k : {"protocol", "address"}) {
+    std::string x = a.value(k, std::string()), y = b.value(k, std::string());
+    if (!x.empty() && !y.empty() && x != y) return {};
+  }
+  return "the socket group of " + process + " on port " + std::to_string(a.value("port", 0));
+}
+
+}  // namespace
 
 extern const HookSpec socket_select_spec = {
     .id = "socket_select",
@@ -16,6 +38,8 @@ extern const HookSpec socket_select_spec = {
         "one would schedule nothing, and a new server's sockets form a new group that needs a deploy of its own",
     .usage = "syrupctl deploy --hook socket-select --pid PID --port PORT [--protocol udp|tcp]\n"
              "                  [--address ADDR] [--app NAME] [--params K=V,...] POLICY.c",
+    .check = check,
+    .same_target = same_target,
 };
 
 }  // namespace syrup

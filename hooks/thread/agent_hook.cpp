@@ -421,7 +421,7 @@ bool ThreadAgentHook::refresh() {
   return read(news_->fd.get(), &n, sizeof n) == sizeof n && n > 0;
 }
 
-int ThreadAgentHook::make_process_target(ThreadRequest rq, std::unique_ptr<Target>& out, std::string&) {
+int ThreadAgentHook::make_process_target(ProcessThreads rq, std::unique_ptr<Target>& out, std::string&) {
   out = std::make_unique<AgentTarget>(rq.pid, rq.all, std::move(rq.base), news_, agent_cpus_);
   return 0;
 }

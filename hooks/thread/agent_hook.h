@@ -63,7 +63,7 @@ class ThreadAgentHook : public ThreadHookBase {
   void shutdown() override { news_->leaving.store(true); }
 
  protected:
-  int make_process_target(ThreadRequest rq, std::unique_ptr<Target>& out, std::string& err) override;
+  int make_process_target(ProcessThreads rq, std::unique_ptr<Target>& out, std::string& err) override;
   // Takes over the running agent, or, if it is gone, restores the threads and reports
   // the target failed.
   int adopt_target(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,

@@ -891,7 +891,7 @@ ThreadScxHook::ThreadScxHook(Compiler& compiler) {
 
 ThreadScxHook::~ThreadScxHook() = default;
 
-int ThreadScxHook::make_process_target(ThreadRequest rq, std::unique_ptr<Target>& out, std::string& err) {
+int ThreadScxHook::make_process_target(ProcessThreads rq, std::unique_ptr<Target>& out, std::string& err) {
   if (int r = scx_->ensure_root(err)) return r;
   out = std::make_unique<ScxTarget>(scx_, rq.pid, rq.all, std::move(rq.base));
   return 0;

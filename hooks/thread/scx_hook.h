@@ -89,7 +89,7 @@ class ThreadScxHook : public ThreadHookBase {
 
  protected:
   // Loads and checks the root first.
-  int make_process_target(ThreadRequest rq, std::unique_ptr<Target>& out, std::string& err) override;
+  int make_process_target(ProcessThreads rq, std::unique_ptr<Target>& out, std::string& err) override;
   // Takes over the slot in the pinned root scheduler.
   int adopt_target(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
                    std::string& err) override;

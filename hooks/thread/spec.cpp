@@ -1,7 +1,23 @@
 // The thread hook's spec (hooks/registry.h): thread -> core.
 #include "registry.h"
+#include "thread/request.h"
 
 namespace syrup {
+namespace {
+
+bool check(const nlohmann::json& fields, Bad& bad, nlohmann::json* canonical) {
+  thread::ThreadRequest r;
+  if (!thread::parse(fields, r, bad)) return false;
+  if (canonical) *canonical = nlohmann::json::object();
+  return true;
+}
+
+// A process's threads take one policy.
+std::string same_target(const nlohmann::json&, const nlohmann::json&, const std::string& process) {
+  return "the threads of " + process;
+}
+
+}  // namespace
 
 extern const HookSpec thread_spec = {
     .id = "thread",
@@ -12,6 +28,8 @@ extern const HookSpec thread_spec = {
     .needs_process = true,
     .persist_refusal = "a persisting thread policy would hold on to the exited process's threads",
     .usage = "syrupctl deploy --hook thread --pid PID [--app NAME] [--params K=V,...] POLICY.c",
+    .check = check,
+    .same_target = same_target,
 };
 
 }  // namespace syrup

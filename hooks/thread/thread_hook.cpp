@@ -1,6 +1,7 @@
 // What the thread hook's two backends share, and the one place that picks a backend
 // (thread_hook.h).
 #include "thread_hook.h"
+#include "thread/request.h"
 
 #include <signal.h>
 #include <sys/syscall.h>
@@ -28,17 +29,16 @@ namespace {
 constexpr int kStopTimeoutMs = 1000;
 
 // Parses and checks the request's body: which process, and whether all its threads.
-int parse_request(const Caller& caller, const nlohmann::json& b, ThreadRequest& rq, std::string& err) {
-  rq.pid = caller.pid;
-  if (b.contains("pid") && b["pid"].is_number_integer() && b["pid"].get<int>() != 0) {
-    rq.pid = b["pid"].get<pid_t>();
-    rq.all = true;
-    if (rq.pid <= 0) {
-      err = "pid must be positive";
-      return -EINVAL;
-    }
-    if (int r = check_target_process(caller, rq.pid, err)) return r;
+int parse_request(const Caller& caller, const nlohmann::json& b, ProcessThreads& rq, std::string& err) {
+  ThreadRequest asked;
+  if (Bad bad; !parse(hook_fields(b), asked, bad)) {
+    err = bad.str();
+    return -EINVAL;
   }
+  rq.pid = asked.pid ? asked.pid : caller.pid;
+  rq.all = asked.pid != 0;  // another process: every thread of it
+  if (rq.all)
+    if (int r = check_target_process(caller, rq.pid, err)) return r;
   // Scheduling classes of another process's threads: syrupd does it, as root, for the
   // caller's own process only (checked above).
   if (int r = capture_baseline(rq.pid, rq.base)) {
@@ -101,7 +101,7 @@ int ThreadHookBase::make_target(const Caller& caller, proto::Message& req, std::
     err = refused_;
     return -EOPNOTSUPP;
   }
-  ThreadRequest rq;
+  ProcessThreads rq;
   if (int r = parse_request(caller, req.body, rq, err)) return r;
   owner = rq.pid;
   return make_process_target(std::move(rq), out, err);

@@ -30,7 +30,7 @@
 namespace syrup::thread {
 
 // What a thread deploy request asks for, checked.
-struct ThreadRequest {
+struct ProcessThreads {
   pid_t pid = 0;     // the process whose threads are scheduled (the policy's owner)
   bool all = false;  // --pid: every thread, not only registered ones
   Baseline base;     // how its threads ran before
@@ -59,7 +59,7 @@ class ThreadHookBase : public Hook {
   // Why thread policies cannot run here ("" if they can): syrupd outside the machine's
   // first pid namespace numbers threads otherwise than the kernel's hooks do.
   const std::string& refused() const { return refused_; }
-  virtual int make_process_target(ThreadRequest rq, std::unique_ptr<Target>& out, std::string& err) = 0;
+  virtual int make_process_target(ProcessThreads rq, std::unique_ptr<Target>& out, std::string& err) = 0;
   virtual int adopt_target(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
                            std::string& err) = 0;
 

@@ -1,7 +1,28 @@
 // The XDP hook's spec (hooks/registry.h): packet -> core or AF_XDP socket.
 #include "registry.h"
+#include "xdp/request.h"
 
 namespace syrup {
+namespace {
+
+bool check(const nlohmann::json& fields, Bad& bad, nlohmann::json* canonical) {
+  xdp::XdpRequest r;
+  if (!xdp::parse(fields, r, bad)) return false;
+  if (canonical) *canonical = xdp::to_json(r);
+  return true;
+}
+
+// A port of a protocol on an interface takes one policy, whichever process asks.
+std::string same_target(const nlohmann::json& a, const nlohmann::json& b, const std::string&) {
+  if (a.value("ifname", "") != b.value("ifname", "") || a.value("protocol", "") != b.value("protocol", ""))
+    return {};
+  for (auto& p : a.value("ports", nlohmann::json::array()))
+    for (auto& q : b.value("ports", nlohmann::json::array()))
+      if (p == q) return "xdp " + a.value("protocol", "") + " port " + p.dump() + " on " + a.value("ifname", "");
+  return {};
+}
+
+}  // namespace
 
 extern const HookSpec xdp_spec = {
     .id = "xdp",
@@ -13,6 +34,8 @@ extern const HookSpec xdp_spec = {
     .persist_refusal = "",
     .usage = "syrupctl deploy --hook xdp --ifname IF --port PORT [--cpus C,...] [--pid PID [--persist]]\n"
              "                  [--app NAME] [--params K=V,...] POLICY.c",
+    .check = check,
+    .same_target = same_target,
 };
 
 }  // namespace syrup

@@ -1,5 +1,6 @@
 #include "registry.h"
 #include "xdp.h"
+#include "xdp/request.h"
 
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
@@ -643,67 +644,33 @@ int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_
                          pid_t& owner, std::string& err) {
   static bool print_set = (libxdp_set_print(libxdp_print), true);
   (void)print_set;
-  const auto& b = req.body;
-  std::string ifname = b.value("ifname", std::string());
-  std::string app = b.value("app", std::string());
-  if (ifname.empty() || ifname.size() >= IFNAMSIZ) {
-    err = "the xdp hook needs an interface (ifname)";
+  XdpRequest r;
+  if (Bad bad; !parse(hook_fields(req.body), r, bad)) {
+    err = bad.str();
     return -EINVAL;
   }
-  std::string proto_s = b.value("protocol", std::string("udp"));
-  if (proto_s != "udp" && proto_s != "tcp") {
-    err = "protocol must be 'udp' or 'tcp'";
-    return -EINVAL;
-  }
-  uint8_t proto = proto_s == "tcp" ? IPPROTO_TCP : IPPROTO_UDP;
+  const std::string& ifname = r.ifname;
+  // The application (a deploy key, checked by syrupd before the hook is asked) names the
+  // claims.
+  const json& app_field = req.body.contains("app") ? req.body["app"] : json();
+  std::string app = app_field.is_string() ? std::string(app_field) : std::string();
   std::set<Claim> ports;
-  if (b.contains("ports") && !b["ports"].is_array()) {
-    err = "ports must be an array of ports";
-    return -EINVAL;
-  }
-  json pj = b.contains("ports") ? b["ports"] : json::array();
-  if (b.contains("port")) pj.push_back(b["port"]);
-  for (auto& p : pj) {
-    int64_t v;
-    if (std::string why = names::integer("port", p, 1, names::kMaxPort, v); !why.empty()) {
-      err = why;
-      return -EINVAL;
-    }
-    ports.insert({proto, static_cast<uint16_t>(v)});
-  }
-  if (ports.empty()) {
-    err = "the xdp hook needs the port(s) whose packets the policy schedules";
-    return -EINVAL;
-  }
-  std::vector<uint32_t> cpus;
+  for (uint16_t p : r.ports) ports.insert({static_cast<uint8_t>(r.protocol), p});
+  std::vector<uint32_t> cpus = std::move(r.cpus);
   std::vector<UniqueFd> xsks = std::move(req.fds);
-  if (b.contains("cpus")) {
-    if (!xsks.empty()) {
-      err = "executors are either cores (cpus) or AF_XDP sockets (fds), not both";
-      return -EINVAL;
-    }
-    // The CPUMAP is keyed by core number and has SYR_MAX_EXECUTORS entries.
-    int ncpu = std::min(libbpf_num_possible_cpus(), SYR_MAX_EXECUTORS);
-    if (!b["cpus"].is_array()) {
-      err = "cpus must be an array of cores";
-      return -EINVAL;
-    }
-    for (auto& c : b["cpus"]) {
-      int64_t v;
-      if (std::string why = names::integer("cpus", c, 0, ncpu - 1, v); !why.empty()) {
-        err = "cpus must be cores 0.." + std::to_string(ncpu - 1) + ": " + why;
-        return -EINVAL;
-      }
-      cpus.push_back(static_cast<uint32_t>(v));
-    }
-    if (cpus.empty()) {
-      err = "cpus is empty: name at least one core (or leave it out for every core)";
-      return -EINVAL;
-    }
-  } else if (xsks.empty()) {
-    for (int c = 0; c < std::min(libbpf_num_possible_cpus(), SYR_MAX_EXECUTORS); c++)
-      cpus.push_back(static_cast<uint32_t>(c));
+  // The CPUMAP is keyed by core number and has SYR_MAX_EXECUTORS entries.
+  int ncpu = std::min(libbpf_num_possible_cpus(), SYR_MAX_EXECUTORS);
+  if (!cpus.empty() && !xsks.empty()) {
+    err = "executors are either cores (cpus) or AF_XDP sockets (fds), not both";
+    return -EINVAL;
   }
+  for (uint32_t c : cpus)
+    if (c >= static_cast<uint32_t>(ncpu)) {
+      err = "cpus: must be cores 0.." + std::to_string(ncpu - 1) + " (this machine's), got " + std::to_string(c);
+      return -EINVAL;
+    }
+  if (cpus.empty() && xsks.empty())
+    for (int c = 0; c < ncpu; c++) cpus.push_back(static_cast<uint32_t>(c));
   if (cpus.size() > SYR_MAX_EXECUTORS || xsks.size() > SYR_MAX_EXECUTORS) {
     err = "at most " + std::to_string(SYR_MAX_EXECUTORS) + " executors per policy";
     return -E2BIG;
@@ -711,9 +678,9 @@ int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_
   // Only what the caller owns: root may claim any port; others, ports a socket of the
   // deploying process is bound to.
   owner = caller.pid;
-  if (b.contains("pid")) {
-    owner = b["pid"].get<pid_t>();
-    if (int r = check_target_process(caller, owner, err)) return r;
+  if (r.pid) {
+    owner = r.pid;
+    if (int rc = check_target_process(caller, owner, err)) return rc;
   }
   if (!caller.admin()) {
     // The caller's own process, or its --pid.

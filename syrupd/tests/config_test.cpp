@@ -358,22 +358,26 @@ TEST(ConfigErrors, PolicyFiles) {
 
 TEST(ConfigErrors, PortsAndTargets) {
   const std::string xdp = kPolicyHead + "  - hook: xdp\n    policy: a.c\n    ifname: eth0\n";  // keys from line 8
+  // The hook's parse() words (hooks/xdp/request.h), as syrupd and syrupctl say them.
   EXPECT_EQ(only_error(xdp + "    ports: [9000, 70000]\n"),
-            "syrup.yaml:8: tenants[0].policies[0].ports: expected a list of ports in 1..65535");
+            "syrup.yaml:8: tenants[0].policies[0].ports: must be a list of ports, each an integer in 1..65535, got 70000");
   EXPECT_EQ(only_error(xdp + "    ports: 9000\n"),
-            "syrup.yaml:8: tenants[0].policies[0].ports: expected a list of ports in 1..65535");
+            "syrup.yaml:8: tenants[0].policies[0].ports: must be a list of ports, each an integer in 1..65535, got 9000");
+  EXPECT_EQ(only_error(xdp + "    ports: [9000, '9001']\n"),
+            "syrup.yaml:8: tenants[0].policies[0].ports: must be a list of ports, each an integer in 1..65535, got \"9001\"");
   EXPECT_EQ(only_error(xdp + "    ports: [9000, 9000]\n"),
             "syrup.yaml:8: tenants[0].policies[0].ports: port 9000 is listed twice");
   EXPECT_EQ(only_error(xdp), "syrup.yaml:5: tenants[0].policies[0].ports: the xdp hook needs the ports it schedules: port or ports");
-  EXPECT_EQ(only_error(xdp + "    port: 0\n"), "syrup.yaml:8: tenants[0].policies[0].port: expected a port in 1..65535");
+  EXPECT_EQ(only_error(xdp + "    port: 0\n"), "syrup.yaml:8: tenants[0].policies[0].port: must be an integer in 1..65535, got 0");
   EXPECT_EQ(only_error(xdp + "    port: 1\n    protocol: sctp\n"),
-            "syrup.yaml:9: tenants[0].policies[0].protocol: expected udp or tcp");
+            "syrup.yaml:9: tenants[0].policies[0].protocol: must be udp or tcp, got \"sctp\"");
   EXPECT_EQ(only_error(xdp + "    port: 1\n    cpus: [0, 1-0]\n"),
-            "syrup.yaml:9: tenants[0].policies[0].cpus: expected a list of CPU numbers (0..4095) or ranges such as 0-3");
+            "syrup.yaml:9: tenants[0].policies[0].cpus: must be a list of CPU numbers (0..4095) or ranges such as 0-3, got \"1-0\"");
   EXPECT_EQ(only_error(xdp + "    port: 1\n    cpus: [0-2, 2]\n"),
             "syrup.yaml:9: tenants[0].policies[0].cpus: CPU 2 is listed twice");
   EXPECT_EQ(only_error(kPolicyHead + "  - hook: xdp\n    policy: a.c\n    ifname: a/b\n    port: 1\n"),
-            "syrup.yaml:7: tenants[0].policies[0].ifname: expected an interface name (1..15 characters, no '/', ':' or spaces)");
+            "syrup.yaml:7: tenants[0].policies[0].ifname: must be an interface name (1..15 characters, no '/', ':', spaces or "
+            "control characters), got \"a/b\"");
   EXPECT_EQ(only_error(kPolicyHead + "  - hook: xdp\n    policy: a.c\n    port: 1\n"),
             "syrup.yaml:5: tenants[0].policies[0].ifname: required key is missing");
 
@@ -472,7 +476,8 @@ TEST(ConfigErrors, SameTargetTwice) {
             "syrup.yaml:6: tenants[0].policies[1]: same target as tenants[0].policies[0] (line 5): the socket group "
             "of process srv on port 9; a target has at most one policy");
   EXPECT_EQ(only_error(kPolicyHead + "  - {hook: socket-select, policy: a.c, process: srv, port: 9, address: localhost}\n"),
-            "syrup.yaml:5: tenants[0].policies[0].address: expected an IPv4 or IPv6 address (e.g. 127.0.0.1, ::)");
+            "syrup.yaml:5: tenants[0].policies[0].address: must be an IPv4 or IPv6 address as the sockets are bound (e.g. "
+            "127.0.0.1, ::, 0.0.0.0), got \"localhost\"");
   EXPECT_EQ(only_error(kPolicyHead + "  - {hook: thread, policy: a.c, pidfile: /run/x.pid}\n"
                                      "  - {hook: thread, policy: b.c, pidfile: /run/x.pid}\n"),
             "syrup.yaml:6: tenants[0].policies[1]: same target as tenants[0].policies[0] (line 5): the threads of "

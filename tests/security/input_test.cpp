@@ -5,11 +5,14 @@
 // Before the change port 4294967296+9100 was taken as 9100, a newline went into the log
 // and `list`, and a 50 MB source ended in "Message too long" (exit 3, "unreachable").
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "client.h"
@@ -69,7 +72,7 @@ TEST_F(Input, NumbersOutOfRangeAreRefusedNamingTheFieldNotCut) {
     EXPECT_NE(j[k].value("error", std::string()).find(text), std::string::npos) << k << ": " << j[k].dump();
   };
   refused("port", "port must be an integer in 0..65535, got 4294976396");
-  refused("xdp_ports", "port must be an integer in 1..65535, got 4294976396");
+  refused("xdp_ports", "ports: must be a list of ports, each an integer in 1..65535, got 4294976396");
   refused("xdp_cpus", "got 4294967296");
   refused("pid", "pid must be an integer in 0..4194304, got 42949");
   refused("remove", "id must be an integer in 1..2147483647, got 4294967297");
@@ -124,9 +127,10 @@ TEST_F(Input, SyrupctlRefusesNumbersOutOfRangeNamingTheFlagAndRange) {
     std::string args, says;
   } cases[] = {
       {"deploy --hook xdp --ifname lo --port " + std::to_string(kBigPort) + " /dev/null",
-       "--port takes an integer in 1..65535, got '4294976396'"},
-      {"deploy --pid -5 --port 9100 /dev/null", "--pid takes an integer in 1..4194304, got '-5'"},
-      {"deploy --hook xdp --ifname lo --port 9100 --cpus 0,4294967296 /dev/null", "--cpus takes CPU[,CPU...]"},
+       "--port: must be an integer in 1..65535, got 4294976396"},
+      {"deploy --pid -5 --port 9100 /dev/null", "--pid: must be an integer in 1..4194304, got -5"},
+      {"deploy --hook xdp --ifname lo --port 9100 --cpus 0,4294967296 /dev/null",
+       "--cpus: must be a list of CPU numbers (0..4095) or ranges such as 0-3, got 4294967296"},
       {"deploy --pid 1 --port 9100 --params k=-1 /dev/null", "the value of 'k' must be an integer in 0.."},
       {"map dump --app a --limit -1 m", "--limit takes an integer in 0..2147483647, got '-1'"},
       {"remove 4294967297", "an integer in 1..2147483647"},
@@ -192,6 +196,102 @@ TEST_F(Input, AnOversizeSourceGetsASizeErrorBeforeSendingAndSyrupdNamesTheFrameS
   EXPECT_NE(f.value("error", std::string()).find("frame of 52428800 bytes is larger than the limit of 4194304 bytes"),
             std::string::npos)
       << f.dump();
+}
+
+// A hook's fields are parsed by one function (hooks/<id>/request.h) wherever they come
+// from: the protocol, a --config file and syrupctl's flags refuse the same bad value in
+// the same words, each naming the key its own way (field, YAML path, flag).
+TEST_F(Input, HookFieldsAreRefusedInTheSameWordsByEveryEntryPoint) {
+  char tmpl[] = "/tmp/syrup-fields-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl;
+  std::ofstream(dir + "/p.c") << "#include <syrup/policy.h>\nSYR_POLICY(struct syr_input *in) { return SYR_PASS; }\n";
+  // The attacker reads the files (validate runs as it).
+  ASSERT_EQ(chmod(tmpl, 0755), 0);
+  std::string pid = std::to_string(getpid()), ctl = build_bin("syrupctl") + " ";
+  struct Case {
+    json fields;             // the protocol's hook fields, beside hook
+    std::string flags;       // syrupctl deploy's
+    std::string yaml;        // the policy entry's keys in a --config file
+    std::string key, words;  // what every entry point says
+  } cases[] = {
+      {{{"hook", "socket-select"}, {"pid", getpid()}, {"port", 9100}, {"protocol", "sctp"}},
+       "--pid " + pid + " --port 9100 --protocol sctp", "hook: socket-select\n    pid: 1\n    port: 9100\n    protocol: sctp\n",
+       "protocol", "must be udp or tcp, got \"sctp\""},
+      {{{"hook", "socket-select"}, {"pid", getpid()}, {"port", 9100}, {"address", "localhost"}},
+       "--pid " + pid + " --port 9100 --address localhost",
+       "hook: socket-select\n    pid: 1\n    port: 9100\n    address: localhost\n", "address",
+       "must be an IPv4 or IPv6 address as the sockets are bound (e.g. 127.0.0.1, ::, 0.0.0.0), got \"localhost\""},
+      {{{"hook", "xdp"}, {"ifname", "lo"}, {"port", 9100}, {"cpus", {4096}}}, "--hook xdp --ifname lo --port 9100 --cpus 4096",
+       "hook: xdp\n    ifname: lo\n    port: 9100\n    cpus: [4096]\n", "cpus",
+       "must be a list of CPU numbers (0..4095) or ranges such as 0-3, got 4096"},
+      {{{"hook", "thread"}, {"pid", getpid()}, {"port", 9100}}, "--hook thread --pid " + pid + " --port 9100",
+       "hook: thread\n    pid: 1\n    port: 9100\n", "port", ""},
+  };
+  for (auto& c : cases) {
+    std::string entry = c.yaml;
+    for (size_t at = 0; (at = entry.find("\n    ", at)) != std::string::npos; at += 9) entry.insert(at + 1, "    ");
+    std::ofstream(dir + "/syrup.yaml") << "tenants:\n  - name: mallory\n    uid: " << kMallory
+                                       << "\n    policies:\n      - policy: p.c\n        " << entry;
+    json r = as_user(kMallory, [&] {
+      json req = deploy_req(c.fields);
+      std::string ctl_out, yaml_out;
+      int ctl_rc = run_cmd(ctl + "deploy " + c.flags + " " + dir + "/p.c", ctl_out);
+      int yaml_rc = run_cmd(ctl + "validate " + dir + "/syrup.yaml", yaml_out);
+      return json{{"proto", raw(req)}, {"ctl_rc", ctl_rc}, {"ctl", ctl_out}, {"yaml_rc", yaml_rc}, {"yaml", yaml_out}};
+    });
+    std::string words = c.words;
+    if (words.empty()) {  // the thread hook's own list of keys
+      words = "is not a key of the thread hook (its keys: pid)";
+      // In a --config file a key of another hook is the loader's to name, with the file's keys.
+      EXPECT_NE(r["yaml"].get<std::string>().find("port: not used by the thread hook"), std::string::npos) << r.dump();
+    } else {
+      EXPECT_NE(r["yaml"].get<std::string>().find("tenants[0].policies[0]." + c.key + ": " + words), std::string::npos)
+          << r.dump();
+    }
+    EXPECT_EQ(r["yaml_rc"], 1) << r.dump();
+    EXPECT_EQ(r["proto"].value("errno", 0), EINVAL) << r.dump();
+    EXPECT_EQ(r["proto"].value("error", std::string()), c.key + ": " + words) << r.dump();
+    EXPECT_EQ(r["ctl_rc"], 2) << r.dump();
+    EXPECT_NE(r["ctl"].get<std::string>().find("--" + c.key + ": " + words), std::string::npos) << r.dump();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Fields of any shape from an unprivileged caller: wrong types, numbers past 64 bits,
+// nested objects, a list of 100000 ports. Each is one clear error; syrupd keeps serving.
+TEST_F(Input, MalformedHookFieldsGetAClearErrorAndSyrupdKeepsServing) {
+  json nested = json::array({1});
+  for (int i = 0; i < 100; i++) nested = json::array({nested});
+  json many = json::array();
+  for (int i = 0; i < 100000; i++) many.push_back(1 + i % 60000);
+  json object = json::object();
+  object["a"]["b"] = nested;
+  struct Case {
+    json fields;
+    std::string says;
+  } cases[] = {
+      {{{"hook", "xdp"}, {"ifname", "lo"}, {"port", 9100}, {"cpus", nested}},
+       "cpus: must be a list of CPU numbers (0..4095) or ranges such as 0-3, got [[[[[[[[[[[[[["},
+      {{{"hook", "xdp"}, {"ifname", "lo"}, {"ports", many}}, "ports: port 1 is listed twice"},
+      {{{"hook", "xdp"}, {"ifname", "lo"}, {"ports", json::array({object})}},
+       "ports: must be a list of ports, each an integer in 1..65535, got {\"a\":{\"b\":" + std::string(30, '[') + "..."},
+      {{{"hook", "xdp"}, {"ifname", "lo"}, {"ports", {1e300}}},
+       "ports: must be a list of ports, each an integer in 1..65535, got 1e+300"},
+      {{{"hook", "xdp"}, {"ifname", "lo"}, {"port", 9100}, {"protocol", "udp"}, {"cpus", {"0-99999999999999999999"}}},
+       "cpus: must be a list of CPU numbers (0..4095) or ranges such as 0-3, got \"0-99999999999999999999\""},
+      {{{"hook", "socket-select"}, {"pid", getpid()}}, "port: required key is missing"},
+      {{{"hook", "thread"}, {"pid", getpid()}, {"sched", {{"policy", nested}}}},
+       "sched: is not a key of the thread hook (its keys: pid)"},
+  };
+  for (auto& c : cases) {
+    json r = as_user(kMallory, [&] { return json{{"deploy", raw(deploy_req(c.fields))}, {"ping", raw({{"op", "ping"}})}}; });
+    EXPECT_EQ(r["deploy"].value("errno", 0), EINVAL) << r.dump().substr(0, 2000);
+    EXPECT_EQ(r["deploy"].value("error", std::string()).substr(0, c.says.size()), c.says) << r.dump().substr(0, 2000);
+    EXPECT_EQ(r["ping"].value("ok", false), true) << r.dump().substr(0, 2000);
+  }
+  EXPECT_GT(d_.pid(), 0);
+  EXPECT_EQ(kill(d_.pid(), 0), 0) << "syrupd is gone";
 }
 
 }  // namespace

@@ -552,11 +552,11 @@ TEST_F(SocketSelect, AProcessWithGroupsOnSeveralAddressesOfThePortIsScheduledAtT
       << out;
   // syrupctl refuses a name where an address belongs before asking; syrupd does too.
   EXPECT_EQ(run_cmd(deploy + " --address localhost", out), 2) << out;
-  EXPECT_NE(out.find("--address takes an IPv4 or IPv6 address, got 'localhost'"), std::string::npos) << out;
+  EXPECT_NE(out.find("--address: must be an IPv4 or IPv6 address as the sockets are bound"), std::string::npos) << out;
   {
     syr_deploy_opts bad{.sz = sizeof bad, .app = "addrtest", .pid = getpid(), .port = one.port(), .address = "localhost"};
     EXPECT_EQ(syr_deploy_policy(source_path("policies/round_robin.c").c_str(), SYR_HOOK_SOCKET_SELECT, &bad), -EINVAL);
-    EXPECT_NE(std::string(syr_last_error()).find("address must be an IPv4 or IPv6 address"), std::string::npos)
+    EXPECT_NE(std::string(syr_last_error()).find("address: must be an IPv4 or IPv6 address as the sockets are bound"), std::string::npos)
         << syr_last_error();
   }
 
@@ -581,7 +581,7 @@ TEST_F(SocketSelect, AProcessWithGroupsOnSeveralAddressesOfThePortIsScheduledAtT
   auto fds = one.fds();
   syr_deploy_opts f{.sz = sizeof f, .app = "addrtest", .fds = fds.data(), .n_fds = fds.size(), .address = "127.0.0.1"};
   EXPECT_EQ(syr_deploy_policy(source_path("policies/pass.c").c_str(), SYR_HOOK_SOCKET_SELECT, &f), -EINVAL);
-  EXPECT_NE(std::string(syr_last_error()).find("address chooses among the sockets of a process (with pid)"),
+  EXPECT_NE(std::string(syr_last_error()).find("address: chooses among the sockets of a process (with pid)"),
             std::string::npos)
       << syr_last_error();
 }

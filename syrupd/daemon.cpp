@@ -36,6 +36,7 @@
 #include "names.h"
 #include "pins.h"
 #include "text.h"
+#include "socket_lookup/socket_lookup.h"
 #include "socket_select.h"
 #include "xdp.h"
 #include "thread.h"
@@ -73,7 +74,7 @@ json ok(json extra = json::object()) {
 }
 
 // Hooks this syrupd knows of; a name with no backend is reserved for one to come.
-constexpr const char* kHookNames[] = {"socket-select", "xdp", "thread"};
+constexpr const char* kHookNames[] = {"socket-select", "xdp", "thread", "socket-lookup"};
 
 int ensure_bpffs() {
   struct statfs sf;
@@ -166,6 +167,7 @@ int Daemon::init(const DaemonConfig& cfg) {
   }
   pins::set_root(cfg_.bpffs_root);
   hooks_.push_back(std::make_unique<socket_select::SocketSelectHook>());
+  hooks_.push_back(std::make_unique<socket_lookup::SocketLookupHook>());
   hooks_.push_back(std::make_unique<xdp::XdpHook>(compiler_));
   hooks_.push_back(std::make_unique<thread::ThreadHook>(compiler_, cfg_.agent_cpus));
 
@@ -913,7 +915,7 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
     bool known = std::find(std::begin(kHookNames), std::end(kHookNames), hook) != std::end(kHookNames);
     return {known ? proto::error_response(EOPNOTSUPP, "the " + hook + " hook is not available in this syrupd yet")
                   : proto::error_response(EINVAL, "unknown hook '" + names::printable(hook) +
-                                                      "' (known: socket-select, xdp, thread)")};
+                                                      "' (known: socket-select, xdp, thread, socket-lookup)")};
   }
   if (std::string why = names::check("application", app); !why.empty())
     return {proto::error_response(EINVAL, why)};

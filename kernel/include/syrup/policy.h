@@ -35,7 +35,8 @@
 #include <bpf/bpf_endian.h>
 #include <syrup/abi.h>
 
-#if !defined(SYR_HOOK_SOCKET_SELECT) && !defined(SYR_HOOK_XDP) && !defined(SYR_HOOK_THREAD)
+#if !defined(SYR_HOOK_SOCKET_SELECT) && !defined(SYR_HOOK_XDP) && !defined(SYR_HOOK_THREAD) && \
+    !defined(SYR_HOOK_SOCKET_LOOKUP)
 #error "a Syrup policy is compiled by syrupd for one hook (SYR_HOOK_* is not defined)"
 #endif
 
@@ -51,6 +52,11 @@ struct syr_input {
 	void *ctx;      /* the hook's context; used by syr_read() */
 	__u32 l4_off;   /* XDP: offset of the L4 header in the frame (0 elsewhere) */
 };
+
+#if defined(SYR_HOOK_SOCKET_LOOKUP)
+/* The socket-lookup hook's own accessors (local and remote address and port). */
+#include <socket_lookup/policy_input.h>
+#endif
 
 /* What a thread-hook policy matches; the thread hook's section below says how. Every
  * hook knows the type, so a thread policy deployed at a packet hook fails with the one

@@ -31,9 +31,10 @@
 
 DEFINE_string(socket, "", "syrupd's control socket (default: $SYRUP_SOCKET or /run/syrup/syrupd.sock)");
 DEFINE_bool(json, false, "print syrupd's answer as JSON, for scripts");
-DEFINE_string(hook, "socket-select", "deploy: the hook (socket-select, xdp, thread)");
+DEFINE_string(hook, "socket-select", "deploy: the hook (socket-select, xdp, thread, socket-lookup)");
 DEFINE_int32(pid, 0, "deploy: the process whose sockets (or, --hook thread, threads) to schedule");
-DEFINE_int32(port, 0, "deploy: the port its SO_REUSEPORT sockets are bound to");
+DEFINE_int32(port, 0, "deploy: the port its SO_REUSEPORT sockets are bound to (socket-lookup: the first port steered)");
+DEFINE_int32(port_end, 0, "deploy --hook socket-lookup: the last port steered (default: --port alone)");
 DEFINE_string(protocol, "", "deploy: udp or tcp (default: udp if the process has both)");
 DEFINE_string(address, "",
               "deploy --hook socket-select: the address the group's sockets are bound to, when the process "
@@ -63,6 +64,8 @@ const char* kUsage =
     "  syrupctl deploy --hook xdp --ifname IF --port PORT [--cpus C,...] [--pid PID [--persist]]\n"
     "                  [--app NAME] [--params K=V,...] POLICY.c\n"
     "  syrupctl deploy --hook thread --pid PID [--app NAME] [--params K=V,...] POLICY.c\n"
+    "  syrupctl deploy --hook socket-lookup --pid PID --protocol tcp|udp --port LO [--port_end HI]\n"
+    "                  [--address ADDR] [--app NAME] [--params K=V,...] POLICY.c\n"
     "  syrupctl remove ID\n"
     "  syrupctl list\n"
     "  syrupctl stats [ID] [--by tenant|hook]\n"
@@ -126,7 +129,7 @@ std::string process_name(int pid) {
 
 // The ranges of syrupctl's integer flags (cli::parse_flags checks them): what syrupd takes.
 const std::vector<syrup::cli::IntRange> kRanges = {
-    {"port", 1, syrup::names::kMaxPort}, {"pid", 1, syrup::names::kMaxPid}, {"limit", 0, INT32_MAX}};
+    {"port", 1, syrup::names::kMaxPort}, {"port_end", 1, syrup::names::kMaxPort}, {"pid", 1, syrup::names::kMaxPid}, {"limit", 0, INT32_MAX}};
 
 // Why `name`, given as `flag`, is not a valid `what` name, or empty.
 std::string bad_name(const char* flag, const char* what, const std::string& name, syrup::names::Kind k) {
@@ -151,7 +154,7 @@ int cmd_deploy(const std::vector<std::string>& args) {
     }
     return std::string(flag) + " takes one of " + list + ", got '" + syrup::names::printable(v) + "'";
   };
-  if (std::string why = one_of("--hook", FLAGS_hook, {"socket-select", "xdp", "thread"}); !why.empty())
+  if (std::string why = one_of("--hook", FLAGS_hook, {"socket-select", "xdp", "thread", "socket-lookup"}); !why.empty())
     return usage(why);
   if (!FLAGS_protocol.empty())
     if (std::string why = one_of("--protocol", FLAGS_protocol, {"udp", "tcp"}); !why.empty()) return usage(why);
@@ -218,6 +221,7 @@ int cmd_deploy(const std::vector<std::string>& args) {
                         {"params", params},
                         {"persist", FLAGS_persist || FLAGS_pid <= 0}};
   if (FLAGS_pid > 0) req["pid"] = FLAGS_pid;
+  if (FLAGS_port_end > 0) req["port_end"] = FLAGS_port_end;
   if (!FLAGS_protocol.empty()) req["protocol"] = FLAGS_protocol;
   if (!FLAGS_address.empty()) {
     if (thread_hook || xdp_hook) return usage("--address is for --hook socket-select");

@@ -260,6 +260,36 @@ TEST_F(SocketLookup, BlueGreenFlipUnderSteadyConnectsRefusesNone) {
   syr_map_munmap(&active);
 }
 
+// syrupctl --pid: the executors are the process's listening sockets in ascending fd
+// order (the unmodified process is a child holding two listeners; this test holds the
+// same sockets to see where connections land).
+TEST_F(SocketLookup, DeployByPidTakesTheListenersInFdOrder) {
+  UniqueFd first = bound(SOCK_STREAM, 7901), second = bound(SOCK_STREAM, 7902);
+  UniqueFd udp = bound(SOCK_DGRAM, 7903);  // another protocol: not an executor
+  ASSERT_TRUE(first && second && udp);
+  ASSERT_LT(first.get(), second.get());
+  ChildProcess server(0, [] {
+    for (;;) pause();
+  });
+  ASSERT_GT(server.pid(), 0);
+  std::string out;
+  ASSERT_EQ(run_cmd(build_bin("syrupctl") + " --json deploy --hook socket-lookup --app pidtest --pid " +
+                        std::to_string(server.pid()) + " --protocol tcp --port 7910 --port_end 7911 " +
+                        source_path(kByPort),
+                    out),
+            0)
+      << out;
+  ids_.push_back(nlohmann::json::parse(out)["id"].get<int>());
+  ASSERT_TRUE(connect_to(7910));
+  EXPECT_TRUE(accepts(first.get()));
+  ASSERT_TRUE(connect_to(7911));
+  EXPECT_TRUE(accepts(second.get()));
+  // A bad hook-specific value exits 2 naming the flag, before syrupd is asked.
+  EXPECT_NE(run_cmd(build_bin("syrupctl") + " deploy --hook socket-lookup --pid 1 --protocol tcp --port 1 "
+                        "--port_end 70000 x.c", out), 0);
+  EXPECT_NE(out.find("--port_end"), std::string::npos) << out;
+}
+
 // A restarted syrupd adopts the policy: its link and SOCKMAP stay in the kernel while no
 // syrupd runs, connections keep landing, and the adopted policy can be removed.
 TEST(SocketLookupRestart, SigkillAndRestartAdoptsThePolicy) {

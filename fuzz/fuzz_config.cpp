@@ -13,6 +13,7 @@
 #include <set>
 
 #include "config.h"
+#include "registry.h"
 
 #define SYRUP_FUZZ_TARGET "fuzz_config"
 #include "fuzz_check.h"
@@ -66,8 +67,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       check(e.request.value("op", "") == "deploy" && e.request.value("app", "") == t.name &&
                 e.request.value("hook", "") == e.hook,
             "the request deploys the entry's hook for its tenant");
-      check(e.hook == "socket-select" || e.hook == "xdp" || e.hook == "thread", "a known hook");
-      check(e.hook == "xdp" || e.target.kind != config::ProcessSelector::Kind::kNone,
+      const syrup::HookSpec* spec = syrup::find_hook(e.hook);
+      check(spec != nullptr, "a known hook");
+      check(!spec || !spec->needs_process || e.target.kind != config::ProcessSelector::Kind::kNone,
             "socket-select and thread entries name a process");
       applied.push_back({e.identity, e.hash, static_cast<int>(applied.size()) + 1});
     }

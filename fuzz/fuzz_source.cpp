@@ -112,7 +112,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   job.source = rest.substr(nl + 1);
   if (data[0] & 1) {
     job.hook_define = "SYR_HOOK_SOCKET_SELECT";
-    job.wrapper = "socket_select.bpf.h";
+    job.wrapper = "socket_select/wrapper.bpf.h";
   }
   syrup::CompileResult r = g_compiler->compile(job);
   check(!holds_canary(r.diagnostics), "no diagnostic shows a file outside the headers");

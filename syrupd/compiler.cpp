@@ -39,6 +39,12 @@ std::vector<std::string> clang_flags(const CompilerConfig& c, const std::string&
           "-fno-color-diagnostics", "-fno-crash-diagnostics"};
 }
 
+// The hook's part of <syrup/policy.h>: policy_input.h beside its wrapper
+// (kernel/hooks/<hook>/).
+std::string policy_input(const std::string& wrapper) {
+  return fs::path(wrapper).parent_path() / "policy_input.h";
+}
+
 // The whole file; "" (and *ok false) when it cannot be opened.
 std::string read_file(const fs::path& p, bool* ok = nullptr) {
   std::ifstream in(p, std::ios::binary);
@@ -224,7 +230,8 @@ std::string Compiler::object_path(const CompileJob& job, const std::string& id, 
   if (shown.empty()) shown = "policy.c";
   std::string tu = job.wrapper.empty()
                        ? "#line 1 \"" + shown + "\"\n" + job.source
-                       : "#include <syrup/policy.h>\n#line 1 \"" + shown + "\"\n" + job.source +
+                       : "#define SYR_HOOK_POLICY_INPUT \"" + policy_input(job.wrapper) +
+                             "\"\n#include <syrup/policy.h>\n#line 1 \"" + shown + "\"\n" + job.source +
                              "\n#include \"" + job.wrapper + "\"\n";
   std::string key = sha256_hex(id + '\0' + job.hook_define + '\0' + tu);
   if (tu_out) *tu_out = std::move(tu);

@@ -21,6 +21,7 @@
 
 #include "digest.h"
 #include "names.h"
+#include "registry.h"
 #include "text.h"
 
 namespace syrup::config {
@@ -29,7 +30,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kHooks[] = {"socket-select", "xdp", "thread"};
 constexpr int kVersion = 1;
 
 // Keys of each level of the file. A policy entry's keys depend on its hook.
@@ -41,11 +41,15 @@ const std::vector<std::string> kQuotaKeys = {"policies",     "maps",     "map_by
                                              "uid_policies", "uid_maps", "uid_map_bytes", "uid_insns"};
 const std::vector<std::string> kCommonPolicyKeys = {"name", "hook", "policy", "params", "persist"};
 const std::vector<std::string> kSelectorKeys = {"process", "pid", "pidfile"};
-const std::map<std::string, std::vector<std::string>> kHookKeys = {
-    {"socket-select", {"process", "pid", "pidfile", "port", "protocol", "address"}},
-    {"xdp", {"ifname", "port", "ports", "protocol", "cpus", "process", "pid", "pidfile"}},
-    {"thread", {"process", "pid", "pidfile"}},
-};
+// Each hook's keys, from the hook registry (hooks/registry.h).
+const std::map<std::string, std::vector<std::string>>& keys_by_hook() {
+  static const auto keys = [] {
+    std::map<std::string, std::vector<std::string>> m;
+    for (const HookSpec* s : hook_specs()) m[s->name] = s->keys;
+    return m;
+  }();
+  return keys;
+}
 
 std::string sub(const std::string& path, const std::string& key) {
   return path.empty() ? key : path + "." + key;
@@ -473,11 +477,11 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
   if (hit == f.end()) {
     error(e.line, sub(path, "hook"), "required key is missing");
   } else if (!hit->second.value.IsScalar()) {
-    error(hit->second, sub(path, "hook"), "expected socket-select, xdp or thread");
+    error(hit->second, sub(path, "hook"), "expected one of " + hook_names());
   } else {
     e.hook = hit->second.value.Scalar();
-    if (auto k = kHookKeys.find(e.hook); k != kHookKeys.end()) hook_keys = &k->second;
-    else error(hit->second, sub(path, "hook"), "unknown hook '" + e.hook + "' (known: socket-select, xdp, thread)");
+    if (auto k = keys_by_hook().find(e.hook); k != keys_by_hook().end()) hook_keys = &k->second;
+    else error(hit->second, sub(path, "hook"), "unknown hook '" + e.hook + "' (known: " + hook_names() + ")");
   }
   std::vector<std::string> all = kCommonPolicyKeys;
   if (hook_keys) {
@@ -486,20 +490,20 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
       bool common = std::find(kCommonPolicyKeys.begin(), kCommonPolicyKeys.end(), name) != kCommonPolicyKeys.end();
       bool of_hook = std::find(hook_keys->begin(), hook_keys->end(), name) != hook_keys->end();
       bool of_other = false;
-      for (auto& [h, keys] : kHookKeys) of_other |= std::find(keys.begin(), keys.end(), name) != keys.end();
+      for (auto& [h, keys] : keys_by_hook()) of_other |= std::find(keys.begin(), keys.end(), name) != keys.end();
       if (!common && !of_hook && of_other)
         error(fld.key, sub(path, name), "not used by the " + e.hook + " hook (its keys: " + join(all) + ")");
     }
     std::map<std::string, Field> unknown;
     for (auto& [name, fld] : f) {
       bool known = std::find(all.begin(), all.end(), name) != all.end();
-      for (auto& [h, keys] : kHookKeys) known |= std::find(keys.begin(), keys.end(), name) != keys.end();
+      for (auto& [h, keys] : keys_by_hook()) known |= std::find(keys.begin(), keys.end(), name) != keys.end();
       if (!known) unknown.emplace(name, fld);
     }
     unknown_keys(unknown, path, all);
   } else {
     std::vector<std::string> any = kCommonPolicyKeys;
-    for (auto& [h, keys] : kHookKeys)
+    for (auto& [h, keys] : keys_by_hook())
       for (auto& k : keys)
         if (std::find(any.begin(), any.end(), k) == any.end()) any.push_back(k);
     unknown_keys(f, path, any);
@@ -611,7 +615,7 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
       e.target.kind = ProcessSelector::Kind::kProcess;
       e.target.process = p;
     }
-  } else if (!sel && (e.hook == "socket-select" || e.hook == "thread")) {
+  } else if (!sel && find_hook(e.hook) && find_hook(e.hook)->needs_process) {
     error(e.line, sub(path, "process"), "the " + e.hook + " hook needs the process it schedules: process, pid or pidfile");
   }
 
@@ -1008,11 +1012,8 @@ int resolve_group(const std::string& group, gid_t& out, std::string& err) {
 }
 
 std::string persist_refusal(const std::string& hook) {
-  if (hook == "thread") return "a persisting thread policy would hold on to the exited process's threads";
-  if (hook == "socket-select")
-    return "a socket-select policy's executors are the process's sockets, which close with it: a persisting "
-           "one would schedule nothing, and a new server's sockets form a new group that needs a deploy of its own";
-  return {};
+  const HookSpec* s = find_hook(hook);
+  return s ? s->persist_refusal : "";
 }
 
 bool parse_size(const std::string& s, uint64_t& out) {

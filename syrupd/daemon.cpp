@@ -36,10 +36,7 @@
 #include "names.h"
 #include "pins.h"
 #include "text.h"
-#include "socket_lookup/socket_lookup.h"
-#include "socket_select.h"
-#include "xdp.h"
-#include "thread.h"
+#include "registry.h"
 #include "syrup/abi.h"
 
 namespace syrup {
@@ -72,9 +69,6 @@ json ok(json extra = json::object()) {
   extra["ok"] = true;
   return extra;
 }
-
-// Hooks this syrupd knows of; a name with no backend is reserved for one to come.
-constexpr const char* kHookNames[] = {"socket-select", "xdp", "thread", "socket-lookup"};
 
 int ensure_bpffs() {
   struct statfs sf;
@@ -166,10 +160,7 @@ int Daemon::init(const DaemonConfig& cfg) {
     return r;
   }
   pins::set_root(cfg_.bpffs_root);
-  hooks_.push_back(std::make_unique<socket_select::SocketSelectHook>());
-  hooks_.push_back(std::make_unique<socket_lookup::SocketLookupHook>());
-  hooks_.push_back(std::make_unique<xdp::XdpHook>(compiler_));
-  hooks_.push_back(std::make_unique<thread::ThreadHook>(compiler_, cfg_.agent_cpus));
+  hooks_ = make_hooks({compiler_, cfg_.agent_cpus});
 
   // One daemon per control socket: the lock is held for the daemon's lifetime.
   fs::path sock(cfg_.socket_path);
@@ -907,16 +898,20 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
     return b.contains(k) && b[k].is_string() ? b[k].get<std::string>() : std::string();
   };
   std::string hook = str("hook"), app = str("app"), source = str("source");
+  // libsyrup names the hook by its enum syr_hook value, syrupctl and --config by name.
+  if (b.contains("hook_id")) {
+    const HookSpec* s = b["hook_id"].is_number_integer() ? find_hook(b["hook_id"].get<int>()) : nullptr;
+    if (!s)
+      return {proto::error_response(EINVAL, "unknown hook " + names::printable(b["hook_id"].dump()) +
+                                                " (known: " + hook_names() + ")")};
+    hook = s->name;
+  }
   std::string name, source_name;
   policy_names(b, name, source_name);
 
   Hook* hi = hook_named(hook);
-  if (!hi) {
-    bool known = std::find(std::begin(kHookNames), std::end(kHookNames), hook) != std::end(kHookNames);
-    return {known ? proto::error_response(EOPNOTSUPP, "the " + hook + " hook is not available in this syrupd yet")
-                  : proto::error_response(EINVAL, "unknown hook '" + names::printable(hook) +
-                                                      "' (known: socket-select, xdp, thread, socket-lookup)")};
-  }
+  if (!hi)
+    return {proto::error_response(EINVAL, "unknown hook '" + names::printable(hook) + "' (known: " + hook_names() + ")")};
   if (std::string why = names::check("application", app); !why.empty())
     return {proto::error_response(EINVAL, why)};
   // The names a policy is shown and logged by: text, but never a control character.

@@ -273,7 +273,7 @@ uint64_t caps_for(bpf_prog_type type) {
     case BPF_PROG_TYPE_XDP:
       // Without CAP_PERFMON the verifier refuses packet-pointer arithmetic with a
       // variable offset, so the XDP wrapper reads inputs through bpf_xdp_load_bytes()
-      // and syr_ptr() copies (kernel/hooks/xdp.bpf.h, <syrup/policy.h>).
+      // and syr_ptr() copies (kernel/hooks/xdp/wrapper.bpf.h, <syrup/policy.h>).
       return bit(CAP_BPF) | bit(CAP_NET_ADMIN);
     case BPF_PROG_TYPE_SYSCALL:
       return bit(CAP_BPF);

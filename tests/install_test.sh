@@ -9,7 +9,7 @@ prefix=$(mktemp -d /tmp/syrup-install-XXXXXX)
 trap 'rm -rf "$prefix"' EXIT
 cmake --install "$build" --prefix "$prefix" >/dev/null
 for f in bin/syrupd bin/syrupctl include/syrup/syrup.h include/syrup/policy.h include/syrup/abi.h \
-         share/syrup/kernel/include/syrup/policy.h share/syrup/kernel/hooks/socket_select.bpf.h \
+         share/syrup/kernel/include/syrup/policy.h share/syrup/kernel/hooks/socket_select/wrapper.bpf.h \
          share/syrup/policies/round_robin.c; do
   [ -e "$prefix/$f" ] || { echo "install_test: $f was not installed" >&2; exit 1; }
 done

@@ -1065,7 +1065,7 @@ TEST_F(SocketSelectBadInput, UnknownHookMissingFileUnknownParamAndUnreachableDae
   auto fds = group_->fds();
   syr_deploy_opts o{.sz = sizeof o, .app = "socktest", .fds = fds.data(), .n_fds = fds.size()};
   EXPECT_EQ(syr_deploy_policy(source_path("policies/pass.c").c_str(), static_cast<syr_hook>(42), &o), -EINVAL);
-  EXPECT_STREQ(syr_last_error(), "unknown hook 42");
+  EXPECT_STREQ(syr_last_error(), "unknown hook 42 (known: socket-select, xdp, thread)");
 
   EXPECT_EQ(syr_deploy_policy("/nonexistent/policy.c", SYR_HOOK_SOCKET_SELECT, &o), -ENOENT);
   EXPECT_NE(std::string(syr_last_error()).find("cannot read policy file /nonexistent/policy.c"), std::string::npos);

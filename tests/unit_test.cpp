@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "client.h"
 #include "compiler.h"
@@ -20,6 +21,8 @@
 #include "names.h"
 #include "pins.h"
 #include "protocol.h"
+#include "registry.h"
+#include "syrup/syrup.h"
 #include "thread_agent.h"
 
 namespace syrup {
@@ -34,6 +37,39 @@ struct Pair {
   }
   UniqueFd a, b;
 };
+
+// The hook registry (hooks/hooks.def) is the only list of hooks: names, folder ids and
+// libsyrup enum values are unique, and the enum values libsyrup's header declares are the
+// registry's.
+TEST(HookRegistry, NamesIdsAndEnumValuesAreUniqueAndMatchTheCHeader) {
+  std::set<std::string> names, ids;
+  std::set<int> abi;
+  for (const syrup::HookSpec* s : syrup::hook_specs()) {
+    EXPECT_TRUE(names.insert(s->name).second) << s->name;
+    EXPECT_TRUE(ids.insert(s->id).second) << s->id;
+    EXPECT_TRUE(abi.insert(s->abi_id).second) << s->name;
+    EXPECT_EQ(syrup::find_hook(s->name), s);
+    EXPECT_EQ(syrup::find_hook(s->abi_id), s);
+    EXPECT_FALSE(std::string(s->usage).empty()) << s->name;
+    EXPECT_FALSE(s->keys.empty()) << s->name;
+  }
+  EXPECT_EQ(syrup::find_hook(SYR_HOOK_SOCKET_SELECT)->name, std::string("socket-select"));
+  EXPECT_EQ(syrup::find_hook(SYR_HOOK_XDP)->name, std::string("xdp"));
+  EXPECT_EQ(syrup::find_hook(SYR_HOOK_THREAD)->name, std::string("thread"));
+  EXPECT_EQ(syrup::find_hook("sched"), nullptr);
+  EXPECT_EQ(syrup::find_hook(42), nullptr);
+  EXPECT_EQ(syrup::hook_names().substr(0, 20), "socket-select, xdp, ");
+}
+
+// Every hook's kernel folder has the two files the compiler names from its wrapper: the
+// wrapper and the policy header's part for that hook.
+TEST(HookRegistry, EveryHookHasItsKernelFolder) {
+  for (const syrup::HookSpec* s : syrup::hook_specs()) {
+    std::string dir = std::string(SYRUP_SOURCE_DIR) + "/kernel/hooks/" + s->id;
+    EXPECT_TRUE(std::filesystem::exists(dir + "/policy_input.h")) << dir;
+    EXPECT_TRUE(std::filesystem::exists(std::string(SYRUP_SOURCE_DIR) + "/hooks/" + s->id + "/spec.cpp")) << s->id;
+  }
+}
 
 TEST(Protocol, RoundTripsJsonAndFileDescriptors) {
   Pair p;
@@ -245,7 +281,7 @@ TEST(Compiler, ClangVersionIsRunOncePerBinary) {
   cfg.clang = dir + "/clang";
   cfg.kernel_dir = std::string(SYRUP_SOURCE_DIR) + "/kernel";
   cfg.cache_dir = dir + "/cache";
-  CompileJob job{"int x;", "p.c", "SYR_HOOK_SOCKET_SELECT", "socket_select.bpf.h"};
+  CompileJob job{"int x;", "p.c", "SYR_HOOK_SOCKET_SELECT", "socket_select/wrapper.bpf.h"};
   std::string first_key;
   // Starts a compiler as syrupd does; true when it took the version from the cache.
   auto start = [&](std::string* key = nullptr) {
@@ -300,7 +336,7 @@ struct KernelCopy {
 // A socket-select policy that returns `n`: one source, and so one cache object, per `n`.
 CompileJob returning(int n) {
   return {"SYR_POLICY(struct syr_input *in) { return " + std::to_string(n) + "; }", "p.c", "SYR_HOOK_SOCKET_SELECT",
-          "socket_select.bpf.h"};
+          "socket_select/wrapper.bpf.h"};
 }
 const CompileJob kReturnsZero = returning(0);
 

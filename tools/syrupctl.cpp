@@ -28,10 +28,11 @@
 #include "config.h"
 #include "names.h"
 #include "protocol.h"
+#include "registry.h"
 
 DEFINE_string(socket, "", "syrupd's control socket (default: $SYRUP_SOCKET or /run/syrup/syrupd.sock)");
 DEFINE_bool(json, false, "print syrupd's answer as JSON, for scripts");
-DEFINE_string(hook, "socket-select", "deploy: the hook (socket-select, xdp, thread, socket-lookup)");
+DEFINE_string(hook, "socket-select", "deploy: the hook (syrupctl --help lists them)");
 DEFINE_int32(pid, 0, "deploy: the process whose sockets (or, --hook thread, threads) to schedule");
 DEFINE_int32(port, 0, "deploy: the port its SO_REUSEPORT sockets are bound to (socket-lookup: the first port steered)");
 DEFINE_int32(port_end, 0, "deploy --hook socket-lookup: the last port steered (default: --port alone)");
@@ -56,25 +57,26 @@ namespace {
 
 constexpr int kExitFailed = 1, kExitUsage = 2, kExitUnreachable = 3;
 
-const char* kUsage =
-    "control the Syrup daemon.\n\n"
-    "Usage:\n"
-    "  syrupctl deploy --hook socket-select --pid PID --port PORT [--protocol udp|tcp]\n"
-    "                  [--address ADDR] [--app NAME] [--params K=V,...] POLICY.c\n"
-    "  syrupctl deploy --hook xdp --ifname IF --port PORT [--cpus C,...] [--pid PID [--persist]]\n"
-    "                  [--app NAME] [--params K=V,...] POLICY.c\n"
-    "  syrupctl deploy --hook thread --pid PID [--app NAME] [--params K=V,...] POLICY.c\n"
-    "  syrupctl deploy --hook socket-lookup --pid PID --protocol tcp|udp --port LO [--port_end HI]\n"
-    "                  [--address ADDR] [--app NAME] [--params K=V,...] POLICY.c\n"
-    "  syrupctl remove ID\n"
-    "  syrupctl list\n"
-    "  syrupctl stats [ID] [--by tenant|hook]\n"
-    "  syrupctl map dump --app APP MAP\n"
-    "  syrupctl ping\n"
-    "  syrupctl validate [--max_source_bytes N] FILE\n"
-    "                                check a syrupd --config file (no syrupd needed)\n\n"
-    "Global: --json (machine-readable output), --socket PATH.\n"
-    "Exit codes: 0 ok, 1 syrupd refused or failed, 2 usage, 3 syrupd unreachable.";
+// The deploy lines come from the hook registry (hooks/registry.h), one per hook.
+std::string usage_text() {
+  std::string deploys, hooks;
+  for (const syrup::HookSpec* s : syrup::hook_specs()) {
+    deploys += std::string("  ") + s->usage + "\n";
+    hooks += std::string("  ") + s->name + std::string(16 - std::min<size_t>(15, strlen(s->name)), ' ') + s->summary + "\n";
+  }
+  return "control the Syrup daemon.\n\n"
+         "Usage:\n" + deploys +
+         "  syrupctl remove ID\n"
+         "  syrupctl list\n"
+         "  syrupctl stats [ID] [--by tenant|hook]\n"
+         "  syrupctl map dump --app APP MAP\n"
+         "  syrupctl ping\n"
+         "  syrupctl validate [--max_source_bytes N] FILE\n"
+         "                                check a syrupd --config file (no syrupd needed)\n\n"
+         "Global: --json (machine-readable output), --socket PATH.\n"
+         "Exit codes: 0 ok, 1 syrupd refused or failed, 2 usage, 3 syrupd unreachable.\n\n"
+         "Hooks (--hook):\n" + hooks;
+}
 
 int usage(const std::string& why) {
   std::fprintf(stderr, "syrupctl: %s\n(see syrupctl --help)\n", why.c_str());
@@ -146,7 +148,7 @@ int cmd_deploy(const std::vector<std::string>& args) {
       if (std::string why = bad_name(flag, what, *v, k); !why.empty()) return usage(why);
   if (std::string why = bad_name("POLICY.c", "source", args[0], Kind::kDisplay); !why.empty()) return usage(why);
   // Closed sets, checked before syrupd is asked: a typo is a usage error naming the flag.
-  auto one_of = [](const char* flag, const std::string& v, std::initializer_list<const char*> known) {
+  auto one_of = [](const char* flag, const std::string& v, const std::vector<const char*>& known) {
     std::string list;
     for (const char* k : known) {
       if (v == k) return std::string();
@@ -154,7 +156,9 @@ int cmd_deploy(const std::vector<std::string>& args) {
     }
     return std::string(flag) + " takes one of " + list + ", got '" + syrup::names::printable(v) + "'";
   };
-  if (std::string why = one_of("--hook", FLAGS_hook, {"socket-select", "xdp", "thread", "socket-lookup"}); !why.empty())
+  std::vector<const char*> hooks;
+  for (const syrup::HookSpec* s : syrup::hook_specs()) hooks.push_back(s->name);
+  if (std::string why = one_of("--hook", FLAGS_hook, hooks); !why.empty())
     return usage(why);
   if (!FLAGS_protocol.empty())
     if (std::string why = one_of("--protocol", FLAGS_protocol, {"udp", "tcp"}); !why.empty()) return usage(why);
@@ -497,7 +501,8 @@ int cmd_ping(const std::vector<std::string>&) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  syrup::cli::parse_flags(&argc, &argv, kUsage, "0.1.0", kRanges);
+  static const std::string kUsage = usage_text();
+  syrup::cli::parse_flags(&argc, &argv, kUsage.c_str(), "0.1.0", kRanges);
   if (argc < 2) return usage("missing command (deploy, remove, list, stats, map, ping, validate)");
   std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);

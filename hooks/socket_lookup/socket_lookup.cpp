@@ -19,6 +19,7 @@
 
 #include "names.h"
 #include "pins.h"
+#include "registry.h"
 #include "socket_select.h"
 
 DEFINE_string(socket_lookup_ports, "",
@@ -476,3 +477,10 @@ void SocketLookupHook::release_leftover(std::string_view, const std::string& pol
 }
 
 }  // namespace syrup::socket_lookup
+
+namespace syrup {
+// hooks/registry.h
+std::unique_ptr<Hook> make_socket_lookup_hook(const HookContext&) {
+  return std::make_unique<socket_lookup::SocketLookupHook>();
+}
+}  // namespace syrup

@@ -45,16 +45,6 @@ std::string default_app() {
   return syrup::names::application_from(program_invocation_short_name);
 }
 
-const char* hook_name(enum syr_hook hook) {
-  switch (hook) {
-    case SYR_HOOK_SOCKET_SELECT: return "socket-select";
-    case SYR_HOOK_XDP: return "xdp";
-    case SYR_HOOK_THREAD: return "thread";
-    case SYR_HOOK_SOCKET_LOOKUP: return "socket-lookup";
-  }
-  return nullptr;
-}
-
 // One request/response with syrupd; the response's fds are returned through `resp`.
 int rpc(const nlohmann::json& req, syrup::Message& resp, std::span<const int> fds = {}) {
   syrup::Client c;
@@ -97,8 +87,6 @@ int syr_deploy_policy_source(const char* source, size_t len, const char* name,
   if (!source) return fail(-EINVAL, "policy source is NULL");
   if (opts && opts->sz < offsetof(syr_deploy_opts, app))
     return fail(-EINVAL, "syr_deploy_opts.sz is not set (use sizeof(struct syr_deploy_opts))");
-  const char* hn = hook_name(hook);
-  if (!hn) return fail(-EINVAL, "unknown hook " + std::to_string(static_cast<int>(hook)));
 
   // What syrupd would refuse is refused here, in its words, before a connection: a source
   // larger than a request frame could not even be sent (syrupd's own --max_source_bytes,
@@ -112,7 +100,9 @@ int syr_deploy_policy_source(const char* source, size_t len, const char* name,
   const char* shown = OPT(opts, name, nullptr);
   nlohmann::json req = {
       {"op", "deploy"},
-      {"hook", hn},
+      // By its enum value: syrupd's hook registry names it, so a hook added to syrupd
+      // needs no table here.
+      {"hook_id", static_cast<int>(hook)},
       {"app", app && *app ? std::string(app) : default_app()},
       {"name", shown && *shown ? shown : (name ? name : "policy.c")},
       {"source_name", name ? name : "policy.c"},

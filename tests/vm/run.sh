@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The sched_ext VM test: boots a Debian sched_ext kernel under qemu TCG with this build's
 # syrupd, libsyrup and tests on a disk (scripts/vm/guest-image.sh), and runs the thread
-# hook's sched_ext test suite (tests/thread_scx_test.cpp) inside it: a real syrupd that
+# hook's sched_ext test suite (hooks/thread/hooks/thread/tests/thread_scx_test.cpp) inside it: a real syrupd that
 # detects sched_ext, owns the root scheduler and compiles policies with clang in the
 # guest. Exit: 0 PASS, 1 FAIL, 77 SKIP (ctest SKIP_RETURN_CODE) with the reason.
 #   tests/vm/run.sh BUILD_DIR [--bench] [--filter GTEST_FILTER]

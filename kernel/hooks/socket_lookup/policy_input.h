@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
- * What a policy at the socket-lookup hook sees (included by <syrup/policy.h> when the
- * policy is compiled for this hook, before the policy's own code).
+ * The socket-lookup hook's part of <syrup/policy.h> (syrupd names it in
+ * SYR_HOOK_POLICY_INPUT): what a policy at this hook sees.
  *
  * The input is a new TCP connection (its SYN) or a UDP datagram for which the kernel is
  * about to look up a local socket. It carries no payload: struct syr_input's `len` is 0
@@ -16,6 +16,15 @@
  */
 #ifndef SYRUP_SOCKET_LOOKUP_POLICY_INPUT_H
 #define SYRUP_SOCKET_LOOKUP_POLICY_INPUT_H
+
+#define SYR_POLICY_WANTS(fn) SYR_POLICY_WANTS_INPUT(fn)
+#define SYR_POLICY_WRONG_HOOK SYR_POLICY_WRONG_HOOK_INPUT
+
+/* No payload: syr_read() finds every offset outside the input before it gets here. */
+static __always_inline int syr_hook_read(const struct syr_input *in, __u32 off, void *dst, __u32 len)
+{
+	return -1;
+}
 
 #define syr_lookup_ctx(in) ((const struct bpf_sk_lookup *)(in)->ctx)
 

@@ -35,9 +35,10 @@
 #include <bpf/bpf_endian.h>
 #include <syrup/abi.h>
 
-#if !defined(SYR_HOOK_SOCKET_SELECT) && !defined(SYR_HOOK_XDP) && !defined(SYR_HOOK_THREAD) && \
-    !defined(SYR_HOOK_SOCKET_LOOKUP)
-#error "a Syrup policy is compiled by syrupd for one hook (SYR_HOOK_* is not defined)"
+/* syrupd names the hook's part of this header (kernel/hooks/<hook>/policy_input.h):
+ * what a policy at that hook is handed and how its input is read. */
+#ifndef SYR_HOOK_POLICY_INPUT
+#error "a Syrup policy is compiled by syrupd for one hook (SYR_HOOK_POLICY_INPUT is not defined)"
 #endif
 
 /* What a packet-hook policy matches. Offset 0 is the first byte of the L4 header
@@ -52,11 +53,6 @@ struct syr_input {
 	void *ctx;      /* the hook's context; used by syr_read() */
 	__u32 l4_off;   /* XDP: offset of the L4 header in the frame (0 elsewhere) */
 };
-
-#if defined(SYR_HOOK_SOCKET_LOOKUP)
-/* The socket-lookup hook's own accessors (local and remote address and port). */
-#include <socket_lookup/policy_input.h>
-#endif
 
 /* What a thread-hook policy matches; the thread hook's section below says how. Every
  * hook knows the type, so a thread policy deployed at a packet hook fails with the one
@@ -89,20 +85,19 @@ struct syr_thread {
  * socket-select and XDP hooks, SYR_POLICY(struct syr_thread *t) { ... } at the thread
  * hook. A policy whose parameter is not what its hook passes fails to compile with a
  * static assertion that names the hook to deploy it at, before its body is compiled. */
-#if defined(SYR_HOOK_THREAD)
-#define SYR_POLICY_WANTS(fn)                                                         \
-	(__builtin_types_compatible_p(fn, __u32(struct syr_thread *)))
-#define SYR_POLICY_WRONG_HOOK                                                        \
-	"the thread hook's policy is SYR_POLICY(struct syr_thread *t); one that takes " \
-	"struct syr_input * schedules packets: deploy it with --hook socket-select or --hook xdp"
-#else
-#define SYR_POLICY_WANTS(fn)                                                         \
+/* The two kinds of matching function a hook's part (policy_input.h) picks from as its
+ * SYR_POLICY_WANTS and SYR_POLICY_WRONG_HOOK. */
+#define SYR_POLICY_WANTS_INPUT(fn)                                                   \
 	(__builtin_types_compatible_p(fn, __u32(struct syr_input *)) ||                \
 	 __builtin_types_compatible_p(fn, __u32(const struct syr_input *)))
-#define SYR_POLICY_WRONG_HOOK                                                        \
+#define SYR_POLICY_WRONG_HOOK_INPUT                                                  \
 	"a packet hook's policy is SYR_POLICY(struct syr_input *in); one that takes "  \
 	"struct syr_thread * schedules threads: deploy it with --hook thread"
-#endif
+#define SYR_POLICY_WANTS_THREAD(fn)                                                  \
+	(__builtin_types_compatible_p(fn, __u32(struct syr_thread *)))
+#define SYR_POLICY_WRONG_HOOK_THREAD                                                 \
+	"the thread hook's policy is SYR_POLICY(struct syr_thread *t); one that takes " \
+	"struct syr_input * schedules packets: deploy it with --hook socket-select or --hook xdp"
 #define SYR_POLICY(...)                                                              \
 	typedef __u32 syr_policy_fn(__VA_ARGS__);                                      \
 	enum { syr_policy_fits_the_hook = SYR_POLICY_WANTS(syr_policy_fn) };           \
@@ -147,70 +142,19 @@ const volatile __u32 syr_num_executors = 1;
 		__uint(max_entries, entries);                                          \
 	} name SEC(".maps")
 
-#if defined(SYR_HOOK_THREAD)
-/*
- * ---- The thread hook -------------------------------------------------------------
- *
- * A thread policy matches one runnable thread of the application to a core and gives it
- * an ordering key:
- *
- *     SYR_POLICY(struct syr_thread *t)
- *     {
- *         t->key = prio[t->executor] ? 0 : t->runnable_ns;  // lower key runs first
- *         return SYR_PASS;                                   // any core
- *     }
- *
- * It is called when a thread of the application becomes runnable (wakeup, new thread,
- * preempted or its slice ended) and again while it waits, so a hint written since takes
- * effect without an event: in the user-space agent every re-decision period (5 ms); in
- * sched_ext at every scheduling decision on a core (each queued thread of the
- * application is asked again, with reason SYR_THREAD_TICK). It returns a core in
- * [0, t->nr_cpus) or SYR_PASS (no preference: the thread runs on whichever core frees up
- * first). Among the application's runnable threads bound for one core (or to none), the
- * one with the lowest key runs first; ties go to the thread already running, then to
- * the lower tid. A core past nr_cpus counts as a fallback and is treated as SYR_PASS.
- * Other applications and the rest of the system are never ordered by this key: the
- * agent keeps them in the kernel's normal scheduler, ahead of the application's waiting
- * threads; sched_ext (partial mode) leaves every other thread in the fair class, which
- * the kernel runs ahead of all sched_ext threads, and gives applications with a thread
- * policy equal shares of the cores among themselves. A thread kept waiting longer than
- * the starvation guard (syrupd's SYRUP_SCX_STARVE_MS, 1 s) runs next whatever its key,
- * so one application's policy cannot make the kernel eject the scheduler of all (the
- * agent's waiting threads are SCHED_IDLE: they too get a sliver).
- *
- * The same source compiles unchanged for both backends: sched_ext (syrupd's root
- * scheduler tail-calls the application's enqueue and dispatch programs, which call it)
- * and the user-space agent (syrupd's agent runs it with BPF_PROG_TEST_RUN). Only the
- * fields of struct syr_thread (above, beside struct syr_input) are the contract.
- */
-
-/* Maps every thread policy of an application shares with libsyrup:
- *  - syrup_threads: tid -> executor index (syr_thread_register(), or syrupd for --pid);
- *  - syrup_cs: per executor index, the depth of the critical section it is in
- *    (syr_cs_enter()/syr_cs_exit() in libsyrup, a plain store into the mapped array). */
-SYR_HASH(syrup_threads, __u32, __u32, 4096);
-SYR_ARRAY(syrup_cs, __u64, SYR_MAX_EXECUTORS);
-
-/* Whether `t` is inside a critical section marked with syr_cs_enter(). */
-static __always_inline int syr_thread_in_cs(const struct syr_thread *t)
+/* Bounds: whether [off, off+len) lies inside the input. */
+static __always_inline int syr_input_has(const struct syr_input *in, __u32 off, __u32 len)
 {
-	__u32 e = t->executor;
-	__u64 *d;
-
-	if (e >= SYR_MAX_EXECUTORS)
-		return 0;
-	d = bpf_map_lookup_elem(&syrup_cs, &e);
-	return d && *d > 0;
+	return off <= in->len && len <= in->len - off;
 }
 
-/* A __u64 hint of the thread's executor in a mapped SYR_ARRAY (0 if none). */
-#define syr_thread_hint(map, t)                                                      \
-	({                                                                             \
-		__u32 __e = (t)->executor;                                             \
-		__u64 *__h = __e == SYR_NO_EXECUTOR ? (void *)0 : bpf_map_lookup_elem(&(map), &__e); \
-		__h ? *__h : 0;                                                        \
-	})
-#else
+/* The hook's part: SYR_POLICY_WANTS(fn) and SYR_POLICY_WRONG_HOOK (which matching
+ * functions fit the hook, and the one error for those that do not), syr_hook_read()
+ * (reads of bytes already checked against in->len), and, where the hook has them, its
+ * own syr_ptr() and thread helpers (SYR_HOOK_THREAD_HELPERS). */
+#include SYR_HOOK_POLICY_INPUT
+
+#ifndef SYR_HOOK_THREAD_HELPERS
 /* At a packet hook the thread helpers exist only so that a thread policy deployed here
  * by mistake fails with SYR_POLICY's one error; a packet policy that calls them gets an
  * error of its own. */
@@ -222,22 +166,14 @@ static __always_inline int syr_thread_in_cs(const struct syr_thread *t)
 	})
 #define syr_thread_in_cs(t) SYR_THREAD_ONLY("syr_thread_in_cs()")
 #define syr_thread_hint(map, t) SYR_THREAD_ONLY("syr_thread_hint()")
-#endif /* SYR_HOOK_THREAD */
+#endif /* !SYR_HOOK_THREAD_HELPERS */
 
 /* Bounds-checked reads: 0 on success, -1 when [off, off+len) is outside the input. */
 static __always_inline int syr_read(const struct syr_input *in, __u32 off, void *dst, __u32 len)
 {
-	if (off > in->len || len > in->len - off)
+	if (!syr_input_has(in, off, len))
 		return -1;
-#if defined(SYR_HOOK_SOCKET_SELECT)
-	/* In sk_reuseport programs this helper reads relative to the L4 header and
-	 * handles non-linear data. */
-	return bpf_skb_load_bytes(in->ctx, off, dst, len) ? -1 : 0;
-#elif defined(SYR_HOOK_XDP)
-	return bpf_xdp_load_bytes(in->ctx, in->l4_off + off, dst, len) ? -1 : 0;
-#else
-	return -1;
-#endif
+	return syr_hook_read(in, off, dst, len);
 }
 
 #define SYR_DEFINE_READ(bits)                                                        \
@@ -252,39 +188,7 @@ SYR_DEFINE_READ(32)
 SYR_DEFINE_READ(64)
 #undef SYR_DEFINE_READ
 
-#if defined(SYR_HOOK_XDP)
-/* At the XDP hook the L4 header lies at an offset the root program parsed, and tenant
- * policies are verified as unprivileged code, which may add only constants to a packet
- * pointer (the verifier's Spectre v1 masking has no bound for packet pointers). So
- * syr_ptr() copies the bytes into a per-CPU scratch area, at the same offset, and points
- * there: reads see the packet, writes change only the copy. */
-#define SYR_XDP_SCRATCH_BYTES 512
-struct syr_xdp_scratch {
-	__u8 bytes[SYR_XDP_SCRATCH_BYTES];
-};
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct syr_xdp_scratch);
-} syr_xdp_scratch SEC(".maps");
-
-static __always_inline void *syr_xdp_ptr(const struct syr_input *in, __u32 off, __u32 len)
-{
-	__u32 zero = 0;
-	struct syr_xdp_scratch *s = bpf_map_lookup_elem(&syr_xdp_scratch, &zero);
-
-	if (!s || len > SYR_XDP_SCRATCH_BYTES || off > SYR_XDP_SCRATCH_BYTES - len)
-		return (void *)0;
-	if (syr_read(in, off, s->bytes + off, len))
-		return (void *)0;
-	return s->bytes + off;
-}
-
-/* A pointer to `len` readable bytes at `off` (a copy, see above), or NULL. `len` must be
- * a constant; off + len at most SYR_XDP_SCRATCH_BYTES. */
-#define syr_ptr(in, off, len) syr_xdp_ptr(in, off, len)
-#else
+#ifndef syr_ptr
 /* A pointer to `len` directly readable bytes at `off`, or NULL. Cheaper than syr_read()
  * but only covers the linear part of the packet. `len` must be a constant. */
 #define syr_ptr(in, off, len)                                                         \

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
- * What the XDP root program (kernel/hooks/xdp_root.bpf.c) and the XDP policy wrapper
- * (kernel/hooks/xdp.bpf.h) share, and what syrupd writes into their maps.
+ * What the XDP root program (kernel/hooks/xdp/root.bpf.c) and the XDP policy wrapper
+ * (kernel/hooks/xdp/wrapper.bpf.h) share, and what syrupd writes into their maps.
  * See docs/policy-abi.md ("The XDP hook").
  */
 #ifndef SYRUP_XDP_ABI_H

@@ -155,7 +155,7 @@ class SocketSelectHook : public Hook {
  public:
   const char* name() const override { return "socket-select"; }
   const char* compile_define() const override { return "SYR_HOOK_SOCKET_SELECT"; }
-  const char* wrapper() const override { return "socket_select.bpf.h"; }
+  const char* wrapper() const override { return "socket_select/wrapper.bpf.h"; }
   std::vector<std::string> system_maps() const override { return {SYR_EXECUTORS_MAP, SYR_STATS_MAP}; }
   // The common helpers, the packet read and the wrapper's socket pick; no kernel
   // functions.

@@ -64,12 +64,12 @@ class ThreadHook : public Hook {
   const char* name() const override { return "thread"; }
   const char* compile_define() const override { return "SYR_HOOK_THREAD"; }
   const char* wrapper() const override {
-    return backend_ == Backend::kSchedExt ? "thread_scx.bpf.h" : "thread_agent.bpf.h";
+    return backend_ == Backend::kSchedExt ? "thread/scx_wrapper.bpf.h" : "thread/agent_wrapper.bpf.h";
   }
   // sched_ext's struct_ops are verified with CAP_PERFMON: the policy is verified first as
   // the agent's BPF_PROG_TYPE_SYSCALL program, with CAP_BPF alone.
   const char* verify_wrapper() const override {
-    return backend_ == Backend::kSchedExt ? "thread_agent.bpf.h" : nullptr;
+    return backend_ == Backend::kSchedExt ? "thread/agent_wrapper.bpf.h" : nullptr;
   }
   // Agent: syr_executors holds the agent's batch of threads (the executors are the cores).
   std::vector<std::string> system_maps() const override;

@@ -1,5 +1,5 @@
 // The thread hook's sched_ext backend (user side): syrupd owns ONE partial-mode sched_ext
-// scheduler, the root (kernel/hooks/thread_scx_root.bpf.c), shared by every application
+// scheduler, the root (kernel/hooks/thread/scx_root.bpf.c), shared by every application
 // with a thread policy.
 //
 // Design:

@@ -40,7 +40,7 @@ class XdpHook : public Hook {
   explicit XdpHook(Compiler& compiler) : compiler_(compiler) {}
   const char* name() const override { return "xdp"; }
   const char* compile_define() const override { return "SYR_HOOK_XDP"; }
-  const char* wrapper() const override { return "xdp.bpf.h"; }
+  const char* wrapper() const override { return "xdp/wrapper.bpf.h"; }
   std::vector<std::string> system_maps() const override {
     return {SYR_XDP_META_MAP, SYR_XDP_CPUS_MAP, SYR_XDP_XSKS_MAP, SYR_XDP_EXEC_CPU_MAP, SYR_STATS_MAP,
             "syr_xdp_scratch"};

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
- * What syrupd's sched_ext root scheduler (thread_scx_root.bpf.c) and each application's
+ * What syrupd's sched_ext root scheduler (thread/scx_root.bpf.c) and each application's
  * thread policy program (thread_scx.bpf.h) share: kernel types, kfuncs, constants and
  * the maps the root creates and every application program reuses (syrupd passes their
  * fds with bpf_map__reuse_fd before load).
@@ -9,7 +9,7 @@
  * (libbpf matches struct_ops members and fields by name), so both compile with syrupd's
  * ordinary policy flags against any kernel with sched_ext (checked on Debian 7.3).
  *
- * Layout of the scheduler (see thread_scx_root.bpf.c for the full design):
+ * Layout of the scheduler (see thread/scx_root.bpf.c for the full design):
  *  - one DSQ per application slot, SYR_SCX_APP_DSQ(slot), ordered by enqueue time;
  *  - syr_scx_procs: scheduled process (tgid) -> slot; written by syrupd;
  *  - syr_scx_enq / syr_scx_disp: prog arrays, slot -> that application's enqueue and

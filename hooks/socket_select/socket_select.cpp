@@ -1,3 +1,4 @@
+#include "registry.h"
 #include "socket_select.h"
 #include "pins.h"
 
@@ -652,3 +653,10 @@ void SocketSelectHook::release_leftover(std::string_view, const std::string& pol
 }
 
 }  // namespace syrup::socket_select
+
+namespace syrup {
+// hooks/registry.h
+std::unique_ptr<Hook> make_socket_select_hook(const HookContext&) {
+  return std::make_unique<socket_select::SocketSelectHook>();
+}
+}  // namespace syrup

@@ -63,7 +63,7 @@ struct Conf {
   uint64_t active, min_vtime;
 };
 
-// The root's struct_ops image as libbpf holds it before load (thread_scx_root.bpf.c's
+// The root's struct_ops image as libbpf holds it before load (thread/scx_root.bpf.c's
 // struct sched_ext_ops: nine callbacks, flags, timeout_ms, name).
 struct RootOps {
   uint64_t callbacks[9];
@@ -545,7 +545,7 @@ int ScxBackend::ensure_root(std::string& err) {
   std::lock_guard lk(mu_);
   if (obj_ || adopted_) return 0;
   std::string object_path;
-  if (int e = compiler_.compile_own("thread_scx_root.bpf.c", "the sched_ext root scheduler", object_path, err))
+  if (int e = compiler_.compile_own("thread/scx_root.bpf.c", "the sched_ext root scheduler", object_path, err))
     return e;
   LIBBPF_OPTS(bpf_object_open_opts, oo, .object_name = "syr_scx_root");
   bpf_object* obj = bpf_object__open_file(object_path.c_str(), &oo);

@@ -2,7 +2,7 @@
 /*
  * The thread hook wrapper for the sched_ext backend: included by syrupd after the policy
  * source, it turns the policy's syr_schedule() into the three programs syrupd's root
- * scheduler (thread_scx_root.bpf.c) tail-calls for this application's threads:
+ * scheduler (thread/scx_root.bpf.c) tail-calls for this application's threads:
  *
  *  - syr_app_select(p, prev_cpu): the wakeup's core, and its direct path (below);
  *  - syr_app_enqueue(p): asks the policy for p's core and key, queues p in the
@@ -32,7 +32,7 @@
 #define SYRUP_HOOK_THREAD_SCX_H
 
 #include "hook_stats.bpf.h"
-#include "thread_scx_common.h"
+#include "scx_common.h"
 
 const volatile __u32 syr_scx_slot = 0;
 const volatile __u64 syr_scx_starve_ns = 1000000000ULL;

@@ -23,7 +23,7 @@
 
 #include "sched_attr.h"
 #include "syrup/abi.h"
-#include "thread_events.h"
+#include "thread/events.h"
 #include "thread_tracer.skel.h"
 
 namespace syrup::thread {

@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   // The agent outlives a syrupd that crashes or exits keeping its policies: it runs in its
   // own session (syrupd starts it with setsid), has no parent-death signal, and ignores
   // SIGPIPE (syrupd's stderr may be a pipe nobody reads any more). A restarted syrupd
-  // adopts it (hooks/thread.cpp: its pid, and the heartbeat pipe's read end the agent
+  // adopts it (hooks/thread/thread.cpp: its pid, and the heartbeat pipe's read end the agent
   // keeps open as fd 5, taken with pidfd_getfd) or, if it is gone, restores the threads.
   signal(SIGPIPE, SIG_IGN);
   syrup::thread::AgentOptions o;

@@ -44,7 +44,7 @@
 #include <bpf/bpf_helpers.h>
 #include <syrup/abi.h>
 
-#include "thread_scx_common.h"
+#include "scx_common.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);

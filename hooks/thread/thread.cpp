@@ -1,3 +1,4 @@
+#include "registry.h"
 #include "thread.h"
 
 #include <bpf/bpf.h>
@@ -540,3 +541,10 @@ void ThreadHook::shutdown() {
 }
 
 }  // namespace syrup::thread
+
+namespace syrup {
+// hooks/registry.h
+std::unique_ptr<Hook> make_thread_hook(const HookContext& ctx) {
+  return std::make_unique<thread::ThreadHook>(ctx.compiler, ctx.agent_cpus);
+}
+}  // namespace syrup

@@ -1,3 +1,4 @@
+#include "registry.h"
 #include "xdp.h"
 
 #include <bpf/bpf.h>
@@ -65,7 +66,7 @@ struct Claim {
 // `claims` on the interface of index `ifindex`, or empty.
 //
 // The root program matches a frame by (protocol, destination port) alone, IPv4 and IPv6
-// alike and whatever the destination address (kernel/hooks/xdp_root.bpf.c), so a claim
+// alike and whatever the destination address (kernel/hooks/xdp/root.bpf.c), so a claim
 // takes every frame of that port on the interface. A caller may have that only when its
 // own sockets would receive all of those frames anyway: sockets of `pid` in syrupd's
 // network namespace, where the interfaces are (one bound in a container's namespace holds
@@ -174,7 +175,7 @@ class Root {
       return -ENODEV;
     }
     std::string object_path;
-    if (int e = compiler.compile_own("xdp_root.bpf.c", "the XDP root program", object_path, err)) return e;
+    if (int e = compiler.compile_own("xdp/root.bpf.c", "the XDP root program", object_path, err)) return e;
     r->obj_ = bpf_object__open_file(object_path.c_str(), nullptr);
     if (!r->obj_) {
       int e = -errno;
@@ -818,3 +819,8 @@ void XdpHook::recover() {
 }
 
 }  // namespace syrup::xdp
+
+namespace syrup {
+// hooks/registry.h
+std::unique_ptr<Hook> make_xdp_hook(const HookContext& ctx) { return std::make_unique<xdp::XdpHook>(ctx.compiler); }
+}  // namespace syrup

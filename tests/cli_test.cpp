@@ -130,7 +130,7 @@ TEST(Cli, SyrupctlNamesTheFlagAndItsValuesAndSpeaksJsonWhenUnreachable) {
     const char* args;
     const char* says;
   } cases[] = {
-      {"deploy --hook sockselect --pid 1 --port 9000 p.c", "--hook takes one of socket-select, xdp, thread, got 'sockselect'"},
+      {"deploy --hook sockselect --pid 1 --port 9000 p.c", "--hook takes one of socket-select, xdp, thread, socket-lookup, got 'sockselect'"},
       {"deploy --protocol sctp --pid 1 --port 9000 p.c", "--protocol takes one of udp, tcp, got 'sctp'"},
       {"deploy --address 300.1.2.3 --pid 1 --port 9000 p.c", "--address takes an IPv4 or IPv6 address, got '300.1.2.3'"},
       {"deploy --port 70000 --pid 1 p.c", "--port takes an integer in 1..65535, got '70000'"},

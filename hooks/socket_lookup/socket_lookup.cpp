@@ -17,6 +17,7 @@
 #include <bpf/bpf.h>
 #include <gflags/gflags.h>
 
+#include "inet_diag.h"
 #include "names.h"
 #include "pins.h"
 #include "registry.h"
@@ -87,7 +88,6 @@ struct Sockets {
   std::vector<UniqueFd> fds;
   std::vector<uint64_t> inodes;
   std::vector<int> source_fds;  // --pid: fd numbers in the process, for messages
-  std::vector<uid_t> owners;    // the uid each socket was made by
   uint64_t netns = 0;
 };
 
@@ -119,7 +119,6 @@ int add(Sockets& s, UniqueFd fd, int protocol, const std::string& which, std::st
   struct stat st;
   if (fstat(fd.get(), &st) < 0) return -errno;
   s.inodes.push_back(st.st_ino);
-  s.owners.push_back(st.st_uid);
   s.fds.push_back(std::move(fd));
   return 0;
 }
@@ -222,20 +221,32 @@ std::string not_yours(const Claim& c) {
          "and no other application may steer it";
 }
 
-// Whether `caller` may claim `c` with executors `s`, and no other application holds an
-// overlapping claim. 0, -EPERM or -EBUSY with `err`.
-int may_claim(const Caller& caller, const Claim& c, const Sockets& s, const std::string& app, const Claims& claims,
-              std::string& err) {
+// Whether every socket bound to `port` of `protocol` in namespace `netns_fd` is `uid`'s,
+// and one is among the executors `s`: a port shared with another user's socket
+// (SO_REUSEADDR lets UDP sockets of any users share one) is not the caller's to steer.
+bool holds_port(uid_t uid, int netns_fd, int protocol, uint16_t port, const Sockets& s) {
+  std::vector<inet_diag::InetSock> all;
+  std::string ignored;
+  if (inet_diag::netns_sockets(netns_fd, all, ignored)) return false;
+  bool own = false;
+  for (const auto& k : all) {
+    if (k.protocol != protocol || k.port != port) continue;
+    if (k.uid != uid) return false;
+    for (uint64_t ino : s.inodes) own |= ino == k.inode;
+  }
+  return own;
+}
+
+// Whether `caller` may claim `c` with executors `s` in namespace `netns_fd`, and no other
+// application holds an overlapping claim. 0, -EPERM or -EBUSY with `err`.
+int may_claim(const Caller& caller, const Claim& c, const Sockets& s, int netns_fd, const std::string& app,
+              const Claims& claims, std::string& err) {
   bool granted = caller.admin();
   std::vector<Grant> grants;
   std::string ignored;
   if (!granted && parse_grants(FLAGS_socket_lookup_ports, grants, ignored) == 0)
     for (const Grant& g : grants) granted |= g.uid == caller.uid && g.lo <= c.lo && c.hi <= g.hi;
-  if (!granted && c.lo == c.hi)
-    for (size_t i = 0; i < s.fds.size() && !granted; i++) {
-      ss::SockInfo si;
-      granted = s.owners[i] == caller.uid && ss::describe(s.fds[i].get(), si) == 0 && si.port == c.lo;
-    }
+  if (!granted && c.lo == c.hi) granted = holds_port(caller.uid, netns_fd, c.protocol, c.lo, s);
   bool same_app = false;
   const std::string* holder = claims.conflict(c, app, same_app);
   if (!granted || (holder && !caller.admin() && !same_app)) {
@@ -424,14 +435,15 @@ int SocketLookupHook::make_target(const Caller& caller, proto::Message& req, std
     return r;
   }
   claim.netns = sockets.netns;
-  if (int r = may_claim(caller, claim, sockets, app, *claims_, err)) return r;
-  auto t = std::make_unique<LookupTarget>(claims_, claim, app);
-  t->netns.reset(ioctl(sockets.fds[0].get(), SIOCGSKNS));
-  if (!t->netns) {
+  UniqueFd netns(ioctl(sockets.fds[0].get(), SIOCGSKNS));
+  if (!netns) {
     int e = errno;
     err = std::string("cannot open the executors' network namespace: ") + std::strerror(e);
     return -e;
   }
+  if (int r = may_claim(caller, claim, sockets, netns.get(), app, *claims_, err)) return r;
+  auto t = std::make_unique<LookupTarget>(claims_, claim, app);
+  t->netns = std::move(netns);
   t->sockets = std::move(sockets);
   t->holder = owner;
   out = std::move(t);

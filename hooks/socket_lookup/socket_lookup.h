@@ -14,9 +14,9 @@
 // Invariants:
 //  - a claim (namespace, protocol, port range) overlaps no other application's claim; a
 //    caller who is not an admin claims only a range an admin granted its uid
-//    (--socket_lookup_ports) or a single port one of its executors, a socket of its own
-//    uid, is bound to; refusals of both kinds read the same, so no one learns whose a
-//    port is;
+//    (--socket_lookup_ports) or a single port one of its executors is bound to and no
+//    other uid's socket is (SO_REUSEADDR shares UDP ports across users); refusals of
+//    both kinds read the same, so no one learns whose a port is;
 //  - all executors are in the claim's namespace and of its protocol: TCP listeners or
 //    unconnected bound UDP sockets; for --pid, the process's such sockets in ascending
 //    fd order;

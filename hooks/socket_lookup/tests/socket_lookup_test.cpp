@@ -394,6 +394,50 @@ TEST_F(SocketLookup, OverlappingClaimIsRefusedInTheWordsOfAnUngrantedOne) {
   EXPECT_TRUE(outside->result().contains("id")) << outside->result().dump();
 }
 
+// SO_REUSEADDR lets UDP sockets of two users share a port: holding a socket on it then
+// is not enough, since the policy would take the other user's datagrams. Mallory's claim
+// of a port alice shares is refused; of one she alone holds, accepted.
+TEST_F(SocketLookup, APortSharedWithAnotherUsersSocketIsNotTheCallers) {
+  auto reuse_udp = [](uint16_t port) {
+    UniqueFd fd(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    int on = 1;
+    setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) ? UniqueFd() : std::move(fd);
+  };
+  security::HeldUser alice(kAlice, [&] {
+    static UniqueFd s;
+    s = reuse_udp(7065);
+    return nlohmann::json{{"bound", static_cast<bool>(s)}};
+  });
+  ASSERT_EQ(alice.result()["bound"], true) << alice.result().dump();
+  auto mallory_claims = [&](uint16_t port) {
+    return as_user(kMallory, [&] {
+      UniqueFd s = reuse_udp(port);
+      if (!s) return nlohmann::json{{"error", "cannot bind " + std::to_string(port)}};
+      int fd = s.get();
+      syr_deploy_opts o{};
+      o.sz = sizeof o;
+      o.app = "mallory-app";
+      o.fds = &fd;
+      o.n_fds = 1;
+      o.protocol = "udp";
+      o.port = port;
+      int id = syr_deploy_policy(source_path(kByPort).c_str(), SYR_HOOK_SOCKET_LOOKUP, &o);
+      return id > 0 ? nlohmann::json{{"id", id}} : nlohmann::json{{"rc", id}, {"error", syr_last_error()}};
+    });
+  };
+  nlohmann::json shared = mallory_claims(7065), alone = mallory_claims(7066);
+  ASSERT_TRUE(shared.contains("rc")) << shared.dump();
+  EXPECT_EQ(shared["rc"], -EPERM);
+  EXPECT_NE(shared["error"].get<std::string>().find("cannot be steered by the caller"), std::string::npos)
+      << shared.dump();
+  EXPECT_TRUE(alone.contains("id")) << alone.dump();
+}
+
 TEST_F(SocketLookup, PolicyCallingAHelperOutsideTheAllowlistIsRefused) {
   UniqueFd s = bound(SOCK_STREAM, 7701);
   ASSERT_TRUE(s);

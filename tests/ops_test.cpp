@@ -25,6 +25,7 @@
 #include "http_client.h"
 #include "http_endpoint.h"
 #include "metrics.h"
+#include "registry.h"
 
 namespace syrup {
 namespace {
@@ -352,7 +353,7 @@ TEST(ConfigErrors, Hooks) {
   EXPECT_EQ(only_error(kPolicyHead + "  - policy: a.c\n    pid: 1\n"),
             "syrup.yaml:5: tenants[0].policies[0].hook: required key is missing");
   EXPECT_EQ(only_error(kPolicyHead + "  - hook: sched\n    policy: a.c\n"),
-            "syrup.yaml:5: tenants[0].policies[0].hook: unknown hook 'sched' (known: socket-select, xdp, thread)");
+            "syrup.yaml:5: tenants[0].policies[0].hook: unknown hook 'sched' (known: " + syrup::hook_names() + ")");
   EXPECT_EQ(only_error(kPolicyHead + "  - hook: thread\n    pid: 1\n"),
             "syrup.yaml:5: tenants[0].policies[0].policy: required key is missing");
   EXPECT_EQ(only_error(kPolicyHead + "  - 3\n"),

@@ -470,9 +470,13 @@ int SocketLookupHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::u
   UniqueFd link(pins::obj_get(pin));
   bpf_link_info info{};
   uint32_t len = sizeof info;
+  bpf_prog_info prog{};
+  uint32_t prog_len = sizeof prog;
   if (!link || bpf_link_get_info_by_fd(link.get(), &info, &len) < 0 || info.type != BPF_LINK_TYPE_NETNS ||
-      info.netns.netns_ino != c.netns) {
-    err = "its link " + pin + " is gone or no longer attached to net:[" + std::to_string(c.netns) + "]";
+      info.netns.netns_ino != c.netns || bpf_prog_get_info_by_fd(p.prog_fd(), &prog, &prog_len) < 0 ||
+      info.prog_id != prog.id) {
+    err = "its link " + pin + " is gone, runs another program, or is no longer attached to net:[" +
+          std::to_string(c.netns) + "]";
     return -ENOENT;
   }
   auto t = std::make_unique<LookupTarget>(claims_, c, p.app);

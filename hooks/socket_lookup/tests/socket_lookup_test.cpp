@@ -290,6 +290,30 @@ TEST_F(SocketLookup, DeployByPidTakesTheListenersInFdOrder) {
   EXPECT_NE(out.find("--port_end"), std::string::npos) << out;
 }
 
+// The same application deploying to the same claim replaces its policy in the link
+// (bpf_link_update): the new executor order takes effect, one policy is listed, and
+// removing it leaves the ports to the kernel (the old link pin did not keep it alive).
+TEST_F(SocketLookup, RedeployReplacesThePolicyInItsLink) {
+  UniqueFd a = bound(SOCK_STREAM, 7961), b = bound(SOCK_STREAM, 7962);
+  ASSERT_TRUE(a && b);
+  int first = deploy(kByPort, {a.get(), b.get()}, "tcp", 7950, 7951, "replace");
+  ASSERT_GT(first, 0) << syr_last_error();
+  ASSERT_TRUE(connect_to(7950));
+  EXPECT_TRUE(accepts(a.get()));
+  int second = deploy(kByPort, {b.get(), a.get()}, "tcp", 7950, 7951, "replace");
+  ASSERT_GT(second, 0) << syr_last_error();
+  ASSERT_TRUE(connect_to(7950));
+  EXPECT_TRUE(accepts(b.get()));
+  EXPECT_FALSE(accepts(a.get(), 0));
+  size_t mine = 0;
+  for (const auto& p : list_policies())
+    if (p.value("app", std::string()) == "replace") mine++;
+  EXPECT_EQ(mine, 1u);
+  ASSERT_EQ(syr_remove_policy(second), 0) << syr_last_error();
+  ids_.clear();
+  EXPECT_FALSE(connect_to(7950)) << "a link outlived the removed policy";
+}
+
 // A restarted syrupd adopts the policy: its link and SOCKMAP stay in the kernel while no
 // syrupd runs, connections keep landing, and the adopted policy can be removed.
 TEST(SocketLookupRestart, SigkillAndRestartAdoptsThePolicy) {

@@ -16,7 +16,7 @@ BOOKWORM_PKGS=(
   libelf-dev zlib1g-dev
   libxdp-dev xdp-tools bpftool
   libyaml-cpp-dev libgflags-dev libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libssl-dev libcpp-httplib-dev
+  nlohmann-json3-dev libssl-dev libcpp-httplib-dev libsystemd-dev
   iproute2 procps ethtool
   qemu-system-x86 busybox-static cpio zstd python3 e2fsprogs xz-utils
   librocksdb-dev python3-matplotlib

@@ -318,6 +318,7 @@ int Daemon::init(const DaemonConfig& cfg) {
 }
 
 int Daemon::run() {
+  if (cfg_.on_ready) cfg_.on_ready(policies_.size());
   epoll_event evs[32];
   for (;;) {
     int timeout = sweep_clients();
@@ -385,6 +386,7 @@ int Daemon::run() {
     }
     if (stop) break;
   }
+  if (cfg_.on_stopping) cfg_.on_stopping();
   // Parked deploys are answered, not left hanging: their compiles are stopped, their
   // loads refused at the quota check or undone when the kernel returns.
   {

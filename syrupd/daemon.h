@@ -35,6 +35,7 @@
 
 #include <chrono>
 #include <ctime>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -119,6 +120,12 @@ struct DaemonConfig {
   // --load_timeout_s: a parked load not done by then is answered ETIMEDOUT; the kernel's
   // verifier cannot be interrupted, so its worker finishes and syrupd undoes the load.
   unsigned load_timeout_s = 30;
+  // Told by run() once the previous syrupd's policies are adopted and the --config file is
+  // applied, just before the first request is served (with how many policies there are),
+  // and when it stops serving. main() tells systemd (sd_notify: READY=1, STOPPING=1); a
+  // service manager that starts syrupd's clients after it relies on the order.
+  std::function<void(size_t policies)> on_ready;
+  std::function<void()> on_stopping;
 };
 
 class Daemon {

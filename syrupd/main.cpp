@@ -3,6 +3,7 @@
 #include <gflags/gflags.h>
 #include <grp.h>
 #include <sys/stat.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -220,6 +221,15 @@ int main(int argc, char** argv) {
   cfg.compiler.memory_bytes = FLAGS_compile_memory_mb << 20;
   cfg.compiler.cpu_seconds = FLAGS_compile_cpu_seconds;
   cfg.compiler.allow_unconfined = FLAGS_allow_unconfined_compiler;
+
+  // systemd (Type=notify): ready once adoption and the config are done, so units ordered
+  // after syrupd find their policies in place. Without NOTIFY_SOCKET these do nothing.
+  // The notify socket stays in the environment for STOPPING=1; processes syrupd starts
+  // inherit it, but systemd's default NotifyAccess=main takes messages from syrupd only.
+  cfg.on_ready = [](size_t policies) {
+    sd_notifyf(0, "READY=1\nSTATUS=serving; %zu policies at start", policies);
+  };
+  cfg.on_stopping = [] { sd_notify(0, "STOPPING=1\nSTATUS=shutting down"); };
 
   syrup::Daemon d;
   if (int r = d.init(cfg); r) return 1;

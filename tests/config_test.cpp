@@ -5,8 +5,10 @@
 #include <bpf/libbpf.h>
 #include <gtest/gtest.h>
 #include <net/if.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,23 +37,15 @@ struct TempFile {
   ~TempFile() { unlink(path.c_str()); }
 };
 
-uint32_t attached_xdp_prog(const std::string& ifname) {
-  LIBBPF_OPTS(bpf_xdp_query_opts, q);
-  int ifindex = static_cast<int>(if_nametoindex(ifname.c_str()));
-  if (!ifindex || bpf_xdp_query(ifindex, 0, &q)) return 0;
-  return q.prog_id;
-}
-
 // Sends `n` datagrams from the peer of `net` to the host's `port` and checks that all
 // arrive and that application `app`'s XDP policy (tests/policies/xdp_count.c) counted
 // exactly them in its `seen` map.
 void expect_xdp_policy_counts(TestNet& net, uint16_t port, const char* app, int n) {
-  UniqueFd srv(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  UniqueFd srv(udp_server(net.host_ip, port));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   inet_pton(AF_INET, net.host_ip.c_str(), &a.sin_addr);
   a.sin_port = htons(port);
-  ASSERT_EQ(bind(srv.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
   UniqueFd peer(net.peer_udp());
   uint32_t payload[4] = {1, 0, 0, 0};
   for (int i = 0; i < n; i++)
@@ -545,6 +539,111 @@ TEST(Config, XdpEntryWaitsForItsInterfaceAndFollowsItWhenItIsMadeAgain) {
   expect_xdp_policy_counts(*net, kXdpPort, "edge", 10);
   EXPECT_EQ(d.stop(), 0);
   EXPECT_EQ(attached_xdp_prog(net->host_if), 0u) << "syrupd left an XDP program attached";
+}
+
+
+// systemd's end of sd_notify: a Unix datagram socket at NOTIFY_SOCKET that, as systemd
+// does, receives each message with its sender's credentials (NotifyAccess=main, the
+// default, takes only the main process's).
+class NotifySocket {
+ public:
+  explicit NotifySocket(const std::string& path) : path_(path) {
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+    fd_.reset(socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    int one = 1;
+    ok_ = fd_ && bind(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+          setsockopt(fd_.get(), SOL_SOCKET, SO_PASSCRED, &one, sizeof one) == 0;
+  }
+  ~NotifySocket() { unlink(path_.c_str()); }
+  bool ok() const { return ok_; }
+  // The next message within `ms` and its sender's pid; "" and -1 when none came.
+  std::pair<std::string, pid_t> next(int ms) {
+    pollfd p{fd_.get(), POLLIN, 0};
+    if (poll(&p, 1, ms) != 1) return {"", -1};
+    char buf[4096];
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(ucred))];
+    iovec iov{buf, sizeof buf};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    ssize_t n = recvmsg(fd_.get(), &m, 0);
+    if (n < 0) return {"", -1};
+    pid_t pid = -1;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS)
+        pid = reinterpret_cast<ucred*>(CMSG_DATA(c))->pid;
+    return {std::string(buf, static_cast<size_t>(n)), pid};
+  }
+
+ private:
+  std::string path_;
+  UniqueFd fd_;
+  bool ok_ = false;
+};
+
+// Type=notify (packaging/systemd): syrupd says READY=1 only once the previous syrupd's
+// policies are adopted and the --config file is applied, from its own pid, and STOPPING=1
+// when it shuts down. The config's new entry compiles at start (not in the cache), so a
+// READY sent before adoption or the config would be read while the log still lacks them.
+TEST(Config, TellsSystemdItIsReadyOnlyOnceAdoptedAndApplied) {
+  SYRUP_REQUIRE_ROOT();
+  UdpGroup g1(2), g2(2);
+  TempFile yaml("notify.yaml");
+  auto write_yaml = [&](bool second) {
+    std::ofstream f(yaml.path, std::ios::trunc);
+    f << "version: 1\ntenants:\n  - name: notifyapp\n    uid: 0\n    policies:\n";
+    f << "      - name: rr\n        hook: socket-select\n        policy: " << source_path("policies/round_robin.c")
+      << "\n        pid: " << getpid() << "\n        port: " << g1.port() << "\n";
+    if (second)
+      f << "      - name: pass\n        hook: socket-select\n        policy: " << source_path("policies/pass.c")
+        << "\n        pid: " << getpid() << "\n        port: " << g2.port() << "\n";
+  };
+  write_yaml(false);
+  Daemon d;
+  d.start("", {"--config=" + yaml.path});
+  ASSERT_EQ(listed_names(), std::vector<std::string>{"notifyapp/rr"}) << d.log();
+  d.crash();  // rr stays deployed, in the state file, for the next syrupd to adopt
+
+  write_yaml(true);
+  std::string logf = (fs::path(d.socket()).parent_path() / "syrupd.log").string();
+  std::string notify_path = "/tmp/syrup-config-test-" + std::to_string(getpid()) + ".notify";
+  NotifySocket notify(notify_path);
+  ASSERT_TRUE(notify.ok()) << strerror(errno);
+  // The log as syrupd had written it when READY=1 arrived (read at once, on a thread of
+  // its own: start() returns only once syrupd answers requests).
+  std::pair<std::string, pid_t> ready;
+  std::string log_at_ready;
+  std::thread watcher([&] {
+    ready = notify.next(30000);
+    log_at_ready = read_text(logf);
+  });
+  const char* outer = getenv("NOTIFY_SOCKET");  // a test run under systemd has one
+  std::string outer_socket = outer ? outer : "";
+  setenv("NOTIFY_SOCKET", notify_path.c_str(), 1);
+  d.start(d.bpffs_root(), {"--config=" + yaml.path});
+  // The next syrupd of this process is not this test's.
+  if (outer) setenv("NOTIFY_SOCKET", outer_socket.c_str(), 1);
+  else unsetenv("NOTIFY_SOCKET");
+  watcher.join();
+
+  ASSERT_TRUE(ready.first.starts_with("READY=1\n")) << "first message: '" << ready.first << "'\n" << d.log();
+  EXPECT_NE(ready.first.find("STATUS=serving; 2 policies at start"), std::string::npos) << ready.first;
+  EXPECT_EQ(ready.second, d.pid()) << "READY=1 must come from syrupd itself (NotifyAccess=main)";
+  EXPECT_NE(log_at_ready.find("adopted 1 policies of the previous syrupd"), std::string::npos)
+      << "READY=1 before the state file's policy was adopted; log then:\n" << log_at_ready;
+  EXPECT_NE(log_at_ready.find("applied " + yaml.path + ": 1 deployed, 0 removed, 1 unchanged, 0 failed"),
+            std::string::npos)
+      << "READY=1 before the config was applied; log then:\n" << log_at_ready;
+  EXPECT_EQ(listed_names(), (std::vector<std::string>{"notifyapp/pass", "notifyapp/rr"})) << d.log();
+
+  EXPECT_EQ(d.stop(), 0);
+  auto stopping = notify.next(5000);
+  EXPECT_TRUE(stopping.first.starts_with("STOPPING=1\n")) << "after SIGTERM: '" << stopping.first << "'";
+  EXPECT_EQ(notify.next(0).first, "") << "nothing after STOPPING=1";
 }
 
 }  // namespace

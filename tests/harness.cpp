@@ -2,7 +2,10 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <bpf/libbpf.h>
 #include <linux/if_ether.h>
+#include <net/if.h>
 #include <sched.h>
 #include <poll.h>
 #include <signal.h>
@@ -295,10 +298,52 @@ nlohmann::json list_policies() {
   return nlohmann::json::parse(out, nullptr, false);
 }
 
-int deploy_on(const UdpGroup& g, const char* rel, const char* app) {
-  auto fds = g.fds();
-  syr_deploy_opts o{.sz = sizeof o, .app = app, .fds = fds.data(), .n_fds = fds.size()};
+int deploy_socket_select(const std::string& rel, const std::vector<int>& fds, const char* app,
+                         const std::vector<syr_param>& params) {
+  syr_deploy_opts o{.sz = sizeof o, .app = app, .fds = fds.data(), .n_fds = fds.size(),
+                    .params = params.data(), .n_params = params.size()};
   return syr_deploy_policy(source_path(rel).c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+}
+
+int deploy_socket_select_source(const std::string& source, const std::string& name, const std::vector<int>& fds,
+                                const char* app) {
+  syr_deploy_opts o{.sz = sizeof o, .app = app, .fds = fds.data(), .n_fds = fds.size()};
+  return syr_deploy_policy_source(source.data(), source.size(), name.c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+}
+
+int deploy_on(const UdpGroup& g, const char* rel, const char* app) { return deploy_socket_select(rel, g.fds(), app); }
+
+std::vector<UniqueFd> tcp_listeners(int n, sockaddr_in& a) {
+  a = sockaddr_in{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> fds(static_cast<size_t>(n));
+  std::vector<UniqueFd> ls;
+  if (int r = syr_open_reuseport_group(SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, reinterpret_cast<sockaddr*>(&a),
+                                       sizeof a, fds.data(), fds.size())) {
+    ADD_FAILURE() << "TCP SO_REUSEPORT group: " << strerror(-r) << ": " << syr_last_error();
+    return ls;
+  }
+  for (int fd : fds) ls.emplace_back(fd);
+  for (int fd : fds)
+    if (listen(fd, 64) != 0) ADD_FAILURE() << "listen: " << strerror(errno);
+  return ls;
+}
+
+std::vector<int> raw_fds(const std::vector<UniqueFd>& v) {
+  std::vector<int> fds;
+  for (auto& f : v) fds.push_back(f.get());
+  return fds;
+}
+
+nlohmann::json as_user(uid_t uid, const std::function<nlohmann::json()>& fn) {
+  std::string s = in_child([&] {
+    if (setgroups(0, nullptr) || setgid(uid) || setuid(uid))
+      return nlohmann::json{{"error", "cannot become uid " + std::to_string(uid)}}.dump();
+    return fn().dump();
+  });
+  nlohmann::json j = nlohmann::json::parse(s, nullptr, false);
+  return j.is_discarded() ? nlohmann::json{{"error", "child reported nothing: " + s}} : j;
 }
 
 std::string mmap_app_map(const char* name, syr_mapped_array* out, const char* app) {
@@ -391,6 +436,51 @@ std::string in_child(const std::function<std::string()>& fn) {
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
     s += (s.empty() ? "" : "; ") + std::string("the child ended with status ") + std::to_string(st);
   return s;
+}
+
+HeldChild::HeldChild(const std::function<nlohmann::json()>& fn) {
+  // Close-on-exec: a syrupd the test starts later must not keep the child waiting. The
+  // report ends with a newline, not with EOF, which another child forked meanwhile would
+  // put off by holding the write end.
+  int out[2], quit[2];
+  if (pipe2(out, O_CLOEXEC) || pipe2(quit, O_CLOEXEC)) {
+    result_ = {{"error", std::string("pipe: ") + strerror(errno)}};
+    return;
+  }
+  pid_ = fork();
+  if (pid_ == 0) {
+    close(out[0]);
+    close(quit[1]);
+    std::string s = fn().dump() + "\n";
+    (void)!write(out[1], s.data(), s.size());
+    char c;
+    (void)!read(quit[0], &c, 1);  // until release() or the test's end
+    _exit(0);
+  }
+  close(out[1]);
+  close(quit[0]);
+  quit_ = quit[1];
+  std::string s;
+  char buf[4096];
+  for (ssize_t n; pid_ > 0 && (n = read(out[0], buf, sizeof buf)) > 0;) {
+    s.append(buf, static_cast<size_t>(n));
+    if (s.back() == '\n') break;
+  }
+  close(out[0]);
+  result_ = nlohmann::json::parse(s, nullptr, false);
+  if (result_.is_discarded()) result_ = {{"error", "the child reported nothing: " + s}};
+}
+
+void HeldChild::release() {
+  if (quit_ >= 0) close(quit_);
+  quit_ = -1;
+  if (pid_ <= 0 || reaped_) return;
+  if (wait_for([&] { return waitpid(pid_, nullptr, WNOHANG) == pid_; }, 5000) < 0) {
+    ADD_FAILURE() << "the held child " << pid_ << " did not exit";
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  reaped_ = true;
 }
 
 ChildProcess::ChildProcess(int n_threads, void (*body)()) {
@@ -503,6 +593,25 @@ int TestNet::peer_raw() {
   int fd = in_ns(AF_PACKET, SOCK_RAW, htons(ETH_P_ALL));
   if (fd < 0) ADD_FAILURE() << "raw socket: " << strerror(errno);
   return fd;
+}
+
+int udp_server(const std::string& ip, uint16_t port) {
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int buf = 8 << 20;
+  setsockopt(s, SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof buf);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+  a.sin_port = htons(port);
+  EXPECT_EQ(bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  return s;
+}
+
+uint32_t attached_xdp_prog(const std::string& ifname) {
+  LIBBPF_OPTS(bpf_xdp_query_opts, q);
+  int ifindex = static_cast<int>(if_nametoindex(ifname.c_str()));
+  if (!ifindex || bpf_xdp_query(ifindex, 0, &q)) return 0;
+  return q.prog_id;
 }
 
 }  // namespace syrup::test

@@ -123,6 +123,13 @@ class TestNet {
   bool ok_ = false;
 };
 
+// A UDP socket bound to `ip`:`port` (non-blocking, a large receive buffer): the receiver
+// the stack delivers to when an XDP policy passes a datagram. A failed bind fails the test.
+int udp_server(const std::string& ip, uint16_t port);
+
+// The id of the XDP program attached to interface `ifname` (0: none).
+uint32_t attached_xdp_prog(const std::string& ifname);
+
 // N SO_REUSEPORT sockets of one group on `address` (a loopback one: 127.0.0.0/8).
 class UdpGroup {
  public:
@@ -158,9 +165,22 @@ class UdpClient {
   sockaddr_in dst_{};
 };
 
-// Deploys source_path(rel) at the socket-select hook on `g` for application `app`: the
-// policy's id, or -errno (syr_last_error() says why).
+// A socket-select deploy on the sockets `fds` for application `app`: of the policy at
+// source_path(rel) with `params`, or of the source text `source` (`name` in clang's and
+// syrupd's messages). The policy's id, or -errno (syr_last_error() says why). Every test
+// that deploys at the hook on sockets it made goes through one of these.
+int deploy_socket_select(const std::string& rel, const std::vector<int>& fds, const char* app,
+                         const std::vector<syr_param>& params = {});
+int deploy_socket_select_source(const std::string& source, const std::string& name, const std::vector<int>& fds,
+                                const char* app);
+// deploy_socket_select() on the sockets of `g`.
 int deploy_on(const UdpGroup& g, const char* rel, const char* app);
+
+// `n` listening TCP sockets of one SO_REUSEPORT group on 127.0.0.1, whose address and
+// port go to `a`; none (and a test failure) if the group cannot be made.
+std::vector<UniqueFd> tcp_listeners(int n, sockaddr_in& a);
+// The descriptor numbers of `v`, for a deploy.
+std::vector<int> raw_fds(const std::vector<UniqueFd>& v);
 
 // What `syrupctl --json list` shows: the policies, or a discarded value if it failed.
 nlohmann::json list_policies();
@@ -211,6 +231,34 @@ std::string exited_registrations_dropped(const std::vector<pid_t>& exited, int w
 // child did not exit with 0 (a crash, a failed write), how it ended. For what must not
 // touch the test process: another uid, new namespaces. Nests: a child may call it again.
 std::string in_child(const std::function<std::string()>& fn);
+
+// Runs `fn` in a forked child as `uid` (gid the same, no supplementary groups, no
+// capabilities) and returns the JSON it returned; {"error": ...} when it could not. For the
+// tenancy and security suites: syrupd knows its callers by SO_PEERCRED, no account needed.
+nlohmann::json as_user(uid_t uid, const std::function<nlohmann::json()>& fn);
+
+// A forked child that runs `fn`, reports the JSON it returned (result()) and then lives on,
+// holding what it made (sockets, policies whose owner it is), until release(): an owner
+// the test lets exit on cue, an attacker whose state stays in place while the victim acts.
+class HeldChild {
+ public:
+  explicit HeldChild(const std::function<nlohmann::json()>& fn);
+  ~HeldChild() { release(); }
+  HeldChild(const HeldChild&) = delete;
+  HeldChild& operator=(const HeldChild&) = delete;
+  // What fn returned; {"error": ...} if the child reported nothing.
+  const nlohmann::json& result() const { return result_; }
+  pid_t pid() const { return pid_; }
+  // Lets the child exit (what it held goes with it) and reaps it; one that has not exited
+  // within 5 s fails the test and is killed.
+  void release();
+
+ private:
+  pid_t pid_ = -1;
+  int quit_ = -1;
+  bool reaped_ = false;
+  nlohmann::json result_;
+};
 
 // Starts a thread of this process with tid `tid` (an exited thread's: a joined thread's
 // tid is free a moment later, which it waits for) running `body`, by moving the pid cursor

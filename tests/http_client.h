@@ -1,5 +1,5 @@
 // A minimal HTTP client over loopback TCP for the tests of syrupd's metrics endpoint:
-// the endpoint's own tests (ops_test.cpp, no syrupd) send exact requests, byte for byte,
+// the endpoint's own tests (syrupd/tests/metrics_test.cpp, no syrupd) send exact requests, byte for byte,
 // and the integration tests scrape a real syrupd (harness.h's http_get). Every call is
 // bounded: 3 s send and receive timeouts.
 #pragma once

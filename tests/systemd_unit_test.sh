@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The systemd unit: `cmake --install` puts it in <prefix>/lib/systemd/system, and
-# `systemd-analyze verify` accepts it. SKIPs (77) without systemd-analyze.
+# The systemd unit: `cmake --install` puts it in <prefix>/lib/systemd/system, it is
+# Type=notify and syrupd calls sd_notify, and `systemd-analyze verify` accepts it.
+# SKIPs (77) without systemd-analyze.
 #   tests/systemd_unit_test.sh BUILD_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -15,6 +16,19 @@ unit=$prefix/lib/systemd/system/syrupd.service
 [ -f "$unit" ] || { echo "systemd_unit_test: $unit was not installed" >&2; exit 1; }
 grep -q '^ExecStart=.*/syrupd --config /etc/syrup/syrup.yaml$' "$unit" ||
   { echo "systemd_unit_test: unexpected ExecStart in $unit" >&2; exit 1; }
+# syrupd says READY=1 itself (sd_notify) once adoption and the config are done; a unit of
+# another type would let systemd start the units after it before that.
+grep -qx 'Type=notify' "$unit" ||
+  { echo "systemd_unit_test: $unit is not Type=notify" >&2; exit 1; }
+if grep -q '^NotifyAccess=' "$unit"; then
+  echo "systemd_unit_test: NotifyAccess= set in $unit: only syrupd itself (the default, main) may say it is ready" >&2
+  exit 1
+fi
+# Type=notify without sd_notify in the binary would time out every start.
+if ! nm -D --undefined-only "$build/bin/syrupd" | grep -qw sd_notifyf; then
+  echo "systemd_unit_test: $build/bin/syrupd does not call sd_notifyf" >&2
+  exit 1
+fi
 # The unit names the configured bindir (default /usr/local/bin) and verify checks that
 # its commands exist: point them at this build tree's binaries.
 bindir=$(sed -n 's|^ExecStart=\(.*\)/syrupd .*|\1|p' "$unit")

@@ -29,7 +29,7 @@
 namespace syrup::thread {
 namespace {
 
-// Mirrors struct syr_thread / syr_thread_slot of <syrup/policy.h> and thread_agent.bpf.h.
+// Mirrors struct syr_thread / syr_thread_slot of <syrup/policy.h> and agent_wrapper.bpf.h.
 struct SyrThread {
   uint32_t tid, tgid, executor, prev_cpu, nr_cpus, reason;
   uint64_t now_ns, runnable_ns, run_ns, key, slice_ns;

@@ -1,7 +1,7 @@
 // The thread hook's user-space agent (Backend 2: any kernel, no sched_ext needed).
 //
 // Design (ghOSt's model on an unmodified kernel): one agent process per application's
-// scheduled process, started and watched by syrupd (hooks/thread/thread.cpp). It learns of the
+// scheduled process, started and watched by syrupd (hooks/thread/agent_hook.h). It learns of the
 // process's thread events (wakeup, new, switch in/out, exit) from BPF on the scheduler
 // tracepoints (kernel/hooks/thread/tracer.bpf.c) through a ring buffer, asks the
 // application's compiled thread policy -- the same C function the sched_ext backend runs

@@ -1,4 +1,4 @@
-// syrup-agent: the thread hook's per-process user-space agent (hooks/thread_agent.h).
+// syrup-agent: the thread hook's per-process user-space agent (hooks/thread/thread_agent.h).
 // Started by syrupd; not meant to be run by hand:
 //   syrup-agent --tgid PID --policy-dir DIR --maps-dir DIR [--all] [--period-us N]
 //               [--heartbeat-fd FD] [--ready-fd FD] --nice N --cpus 0,1,... [--agent-cpus LIST]
@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   // The agent outlives a syrupd that crashes or exits keeping its policies: it runs in its
   // own session (syrupd starts it with setsid), has no parent-death signal, and ignores
   // SIGPIPE (syrupd's stderr may be a pipe nobody reads any more). A restarted syrupd
-  // adopts it (hooks/thread/thread.cpp: its pid, and the heartbeat pipe's read end the agent
+  // adopts it (hooks/thread/agent_hook.cpp: its pid, and the heartbeat pipe's read end the agent
   // keeps open as fd 5, taken with pidfd_getfd) or, if it is gone, restores the threads.
   signal(SIGPIPE, SIG_IGN);
   syrup::thread::AgentOptions o;

@@ -1,7 +1,8 @@
-// Small helpers shared by the thread hook's two user-side backends (thread.cpp: the
-// agent backend and the hook; thread_scx.cpp: the sched_ext backend).
+// Small helpers shared by the thread hook's two user-side backends (agent_hook.cpp,
+// scx_hook.cpp) and what they share (thread_hook.cpp).
 #pragma once
 
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -24,6 +25,12 @@ std::thread signal_free_thread(F f) {
   std::thread t(std::move(f));
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   return t;
+}
+
+// Waits up to `ms` for the process behind `pidfd` to exit. True if it did.
+inline bool wait_pidfd(int pidfd, int ms) {
+  pollfd pf{pidfd, POLLIN, 0};
+  return poll(&pf, 1, ms) == 1;
 }
 
 inline uint64_t now_ms() {

@@ -186,9 +186,7 @@ json result(int r) { return {{"r", r}, {"err", syr_last_error()}}; }
 json mallory_socket_select(const char* src, const char* app) {
   return as_user(kMallory, [&] {
     UdpGroup g(2);
-    auto fds = g.fds();
-    syr_deploy_opts o{.sz = sizeof o, .app = app, .fds = fds.data(), .n_fds = fds.size()};
-    int id = syr_deploy_policy_source(src, std::strlen(src), "mallory.c", SYR_HOOK_SOCKET_SELECT, &o);
+    int id = deploy_socket_select_source(src, "mallory.c", g.fds(), app);
     json out = result(id);
     if (id > 0) syr_remove_policy(id);
     return out;

@@ -31,11 +31,9 @@ namespace fs = std::filesystem;
 // {"r": id or -errno, "err": what libsyrup said, "ms": how long it took}.
 json deploy(const std::string& source, const std::string& name = "evil.c") {
   UdpGroup g(2);
-  auto fds = g.fds();
   std::string app = "sec" + std::to_string(getpid());
-  syr_deploy_opts o{.sz = sizeof o, .app = app.c_str(), .fds = fds.data(), .n_fds = fds.size()};
   auto t0 = std::chrono::steady_clock::now();
-  int r = syr_deploy_policy_source(source.data(), source.size(), name.c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+  int r = deploy_socket_select_source(source, name, g.fds(), app.c_str());
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   json j = {{"r", r}, {"err", syr_last_error()}, {"ms", ms}};
   if (r > 0) syr_remove_policy(r);

@@ -27,9 +27,7 @@ const std::string k32MiB =
 
 // Deploys k32MiB as application `app` on the sockets of `g`: id or -errno, and the error.
 json deploy_32mib(const UdpGroup& g, const std::string& app) {
-  auto fds = g.fds();
-  syr_deploy_opts o{.sz = sizeof o, .app = app.c_str(), .fds = fds.data(), .n_fds = fds.size()};
-  int r = syr_deploy_policy_source(k32MiB.data(), k32MiB.size(), "big32.c", SYR_HOOK_SOCKET_SELECT, &o);
+  int r = deploy_socket_select_source(k32MiB, "big32.c", g.fds(), app.c_str());
   return {{"r", r}, {"err", syr_last_error()}};
 }
 

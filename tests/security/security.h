@@ -26,17 +26,7 @@ namespace syrup::test::security {
 // 62001 is the attacker, 62002 the victim.
 constexpr uid_t kMallory = 62001, kAlice = 62002;
 
-// Runs `fn` in a forked child as `uid` (gid the same, no supplementary groups, no
-// capabilities) and returns the JSON it returned; {"error": ...} when it could not.
-inline nlohmann::json as_user(uid_t uid, const std::function<nlohmann::json()>& fn) {
-  std::string s = in_child([&] {
-    if (setgroups(0, nullptr) || setgid(uid) || setuid(uid))
-      return nlohmann::json{{"error", "cannot become uid " + std::to_string(uid)}}.dump();
-    return fn().dump();
-  });
-  nlohmann::json j = nlohmann::json::parse(s, nullptr, false);
-  return j.is_discarded() ? nlohmann::json{{"error", "child reported nothing: " + s}} : j;
-}
+// as_user(uid, fn): harness.h.
 
 // A UDP socket of `family` bound to `addr`:0 (v6only for AF_INET6); its port, 0 on failure.
 inline uint16_t bound_udp(UniqueFd& fd, int family, const char* addr, bool v6only = false) {

@@ -151,13 +151,11 @@ TEST_F(ServerSecurity, AHeavyVerifyDelaysNoOne) {
   std::thread t([&] {
     mallory = as_user(kMallory, [&] {
       UdpGroup g(2);
-      auto fds = g.fds();
-      syr_deploy_opts o{.sz = sizeof o, .app = "mallory-heavy", .fds = fds.data(), .n_fds = fds.size()};
       auto t0 = Clock::now();
       json out;
       for (int i = 0; i < 3; i++) {
         std::string src = heavy + "/* " + std::to_string(i) + " */\n";  // each one compiled and verified
-        int r = syr_deploy_policy_source(src.data(), src.size(), "heavy_verify.c", SYR_HOOK_SOCKET_SELECT, &o);
+        int r = deploy_socket_select_source(src, "heavy_verify.c", g.fds(), "mallory-heavy");
         out = {{"r", r}, {"err", r < 0 ? std::string(syr_last_error()).substr(0, 200) : ""}};
         if (r > 0) syr_remove_policy(r);
       }
@@ -191,10 +189,8 @@ TEST_F(ServerSecurity, AHugeMapDumpIsPagedWithBoundedMemory) {
   std::thread t([&] {
     mallory = as_user(kMallory, [&] {
       UdpGroup g(2);
-      auto fds = g.fds();
       std::string src = read_text(source_path("tests/security/policies/big_map.c"));
-      syr_deploy_opts o{.sz = sizeof o, .app = "mallory-dump", .fds = fds.data(), .n_fds = fds.size()};
-      int id = syr_deploy_policy_source(src.data(), src.size(), "big_map.c", SYR_HOOK_SOCKET_SELECT, &o);
+      int id = deploy_socket_select_source(src, "big_map.c", g.fds(), "mallory-dump");
       if (id < 0) return json{{"error", std::string("deploy: ") + syr_last_error()}};
       int fd = syr_map_open_app("mallory-dump", "big");
       if (fd < 0) return json{{"error", std::string("map_open: ") + syr_last_error()}};
@@ -256,20 +252,16 @@ TEST(ServerSecurityOwnDaemon, AVerifyPastTheLoadTimeoutIsAnsweredAndHoldsNoOne) 
   std::thread t([&] {
     mallory = as_user(kMallory, [&] {
       UdpGroup g(2);
-      auto fds = g.fds();
-      syr_deploy_opts o{.sz = sizeof o, .app = "mallory-slow", .fds = fds.data(), .n_fds = fds.size()};
       auto t0 = Clock::now();
-      int r = syr_deploy_policy_source(heavy.data(), heavy.size(), "heavy_verify.c", SYR_HOOK_SOCKET_SELECT, &o);
+      int r = deploy_socket_select_source(heavy, "heavy_verify.c", g.fds(), "mallory-slow");
       return json{{"r", r}, {"err", r < 0 ? syr_last_error() : ""}, {"secs", ms_since(t0) / 1000}};
     });
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   json alice = as_user(kAlice, [&] {
     UdpGroup g(2);
-    auto fds = g.fds();
-    syr_deploy_opts o{.sz = sizeof o, .app = "alice-app", .fds = fds.data(), .n_fds = fds.size()};
     auto t0 = Clock::now();
-    int r = syr_deploy_policy(source_path("policies/round_robin.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+    int r = deploy_socket_select("policies/round_robin.c", g.fds(), "alice-app");
     json out = {{"r", r}, {"err", r < 0 ? syr_last_error() : ""}, {"secs", ms_since(t0) / 1000}};
     if (r > 0) syr_remove_policy(r);
     return out;

@@ -511,9 +511,7 @@ TEST_F(SchedExt, CrossLayerLongRequestRunsLast) {
   int id = deploy("policies/get_first.c", "scxxl", {{"core", 1}});
   ASSERT_GT(id, 0) << syr_last_error();
   UdpGroup g(3);
-  auto fds = g.fds();
-  syr_deploy_opts o{.sz = sizeof o, .app = "scxxl", .fds = fds.data(), .n_fds = fds.size()};
-  int sel = syr_deploy_policy(source_path("tests/policies/mark_long.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+  int sel = deploy_socket_select("tests/policies/mark_long.c", g.fds(), "scxxl");
   ASSERT_GT(sel, 0) << syr_last_error();
   ids_.push_back(sel);
   Spinners reg(3, true, 1);

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <fstream>
@@ -27,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness.h"
+#include "security/security.h"
 #include "syrup/syrup.h"
 
 namespace syrup::test {
@@ -215,6 +217,14 @@ std::string fmt(const std::vector<double>& v) {
   return s;
 }
 
+// The process exists and has not exited (a zombie waiting for its new parent to reap it
+// counts as exited: an orphaned agent is reparented, not to this test).
+bool alive(pid_t pid) {
+  std::string s = read_text("/proc/" + std::to_string(pid) + "/stat");
+  auto rp = s.rfind(')');
+  return rp != std::string::npos && rp + 2 < s.size() && s[rp + 2] != 'Z' && s[rp + 2] != 'X';
+}
+
 class ThreadHook : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { daemon_ = start_suite_daemon(); }
@@ -235,6 +245,14 @@ class ThreadHook : public ::testing::Test {
     int id = syr_deploy_policy(source_path(rel).c_str(), hook, &o);
     if (id > 0) ids_.push_back(id);
     return id;
+  }
+  // Waits until policy `id` is no longer listed (syrupd removed it on its own) and
+  // returns what a remove of it now tells its user: "no policy N (... was removed: WHY)".
+  std::string removal_reason(int id, int ms = 3000) {
+    if (wait_for([&] { return listed(id).is_null(); }, ms) < 0) return "still listed: " + listed(id).dump();
+    ids_.erase(std::remove(ids_.begin(), ids_.end(), id), ids_.end());
+    if (int r = syr_remove_policy(id); r != -ENOENT) return "remove returned " + std::to_string(r);
+    return syr_last_error();
   }
   nlohmann::json listed(int id) {
     std::string out;
@@ -679,7 +697,8 @@ TEST_F(ThreadHook, BlockedShortThreadIsReadiedToPreemptBeforeItWakes) {
 }
 
 // An agent killed with SIGKILL: the threads are back to normal scheduling within a
-// bounded time and `list` says why.
+// bounded time, syrupd removes the policy and says why (to its user only; another user
+// can neither kill the agent nor learn the reason), and a new deploy works afterwards.
 TEST_F(ThreadHook, KilledAgentThreadsReturnToNormalScheduling) {
   syr_set_app("thrkill");
   int id = deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}, "thrkill");
@@ -690,6 +709,18 @@ TEST_F(ThreadHook, KilledAgentThreadsReturnToNormalScheduling) {
   ASSERT_TRUE(p.contains("agent_pid")) << p.dump();
   pid_t agent = p["agent_pid"].get<pid_t>();
   ASSERT_GT(agent, 0);
+  auto attempt = [&] {
+    return security::as_user(security::kMallory, [&] {
+      int k = kill(agent, SIGKILL) == 0 ? 0 : errno;
+      int r = syr_remove_policy(id);
+      return nlohmann::json{{"kill", k}, {"remove", r}, {"err", syr_last_error()}};
+    });
+  };
+  auto m = attempt();
+  EXPECT_EQ(m.value("kill", -1), EPERM) << m.dump();
+  EXPECT_EQ(m.value("remove", 0), -ENOENT) << m.dump();
+  EXPECT_EQ(m.value("err", ""), "no policy " + std::to_string(id)) << m.dump();
+  ASSERT_TRUE(alive(agent)) << m.dump();
   auto t0 = Clock::now();
   ASSERT_EQ(kill(agent, SIGKILL), 0);
   auto all_normal = [&] {
@@ -702,10 +733,30 @@ TEST_F(ThreadHook, KilledAgentThreadsReturnToNormalScheduling) {
   ASSERT_GE(ms, 0) << "threads were not restored";
   EXPECT_LE(ms, 1000);
   (void)t0;
-  std::string status = listed(id).value("status", "");
-  EXPECT_NE(status.find("killed by signal 9"), std::string::npos) << status;
+  std::string why = removal_reason(id);
+  EXPECT_NE(why.find("no policy " + std::to_string(id) + " (thread_prio.c of app 'thrkill' was removed: thread agent (pid " +
+                     std::to_string(agent) + ") killed by signal 9 (Killed); "),
+            std::string::npos)
+      << why << "\n" << daemon_->log();
+  EXPECT_NE(why.find("threads restored to normal scheduling"), std::string::npos) << why;
+  EXPECT_NE(daemon_->log().find("removed policy " + std::to_string(id) + " (thread_prio.c) of app 'thrkill': thread agent"),
+            std::string::npos)
+      << daemon_->log();
+  m = attempt();
+  EXPECT_EQ(m.value("err", ""), "no policy " + std::to_string(id)) << "the reason is its user's: " << m.dump();
   auto sh = reg.shares(500);
   for (double x : sh) EXPECT_GT(x, 0.1) << "all threads run under the normal scheduler again: " << fmt(sh);
+
+  // The hook is whole again: a new deploy for the same process gets a new agent that
+  // schedules the same threads.
+  int again = deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}, "thrkill");
+  ASSERT_GT(again, 0) << syr_last_error();
+  pid_t agent2 = listed(again).value("agent_pid", 0);
+  EXPECT_GT(agent2, 0);
+  EXPECT_NE(agent2, agent);
+  Spinners reg2(3, true);  // the registrations went with the removed policy's maps
+  EXPECT_GE(wait_for([&] { return sched_policy_of(reg2.tid(1)) == SCHED_IDLE || sched_policy_of(reg2.tid(2)) == SCHED_IDLE; }, 2000), 0)
+      << "the new policy does not schedule: " << listed(again).dump();
 }
 
 // A hung agent (SIGSTOP): syrupd notices the missing heartbeat, kills it and restores.
@@ -721,12 +772,15 @@ TEST_F(ThreadHook, HungAgentIsKilledAndThreadsRestored) {
   std::printf("  agent stopped: threads normal again after %d ms\n", ms);
   ASSERT_GE(ms, 0);
   EXPECT_LE(ms, 1500);
-  std::string status = listed(id).value("status", "");
-  EXPECT_NE(status.find("hung"), std::string::npos) << status;
+  std::string why = removal_reason(id);
+  EXPECT_NE(why.find("was removed: thread agent (pid " + std::to_string(agent) + ") hung (no heartbeat for 500 ms): killed; "),
+            std::string::npos)
+      << why;
+  EXPECT_FALSE(alive(agent)) << "the hung agent was left running";
 }
 
 // A packet policy deployed at the thread hook fails with one error, the first line the
-// user sees, naming the hooks it is for (the reverse: socket_select_test).
+// user sees, naming the hooks it is for (the reverse: syrupd/tests/bad_input_test.cpp).
 TEST_F(ThreadHook, PacketPolicyIsRefusedNamingTheHooksItIsFor) {
   EXPECT_EQ(deploy("policies/round_robin.c", {}, "thrwrong"), -EINVAL);
   std::string err = syr_last_error(), first = err.substr(0, err.find('\n'));
@@ -966,14 +1020,6 @@ struct Restart {
   }
 };
 
-// The process exists and has not exited (a zombie waiting for its new parent to reap it
-// counts as exited: an orphaned agent is reparented, not to this test).
-bool alive(pid_t pid) {
-  std::string s = read_text("/proc/" + std::to_string(pid) + "/stat");
-  auto rp = s.rfind(')');
-  return rp != std::string::npos && rp + 2 < s.size() && s[rp + 2] != 'Z' && s[rp + 2] != 'X';
-}
-
 // Item 1 of issue #4: syrupd SIGKILLed and restarted. The agent is its own process (own
 // session, no parent-death signal): it goes on enforcing the policy while no syrupd runs,
 // the restarted syrupd adopts it (same policy id, same agent pid, `list` says adopted),
@@ -1040,7 +1086,11 @@ TEST_F(ThreadHook, AgentOutlivesSyrupdCrashAndIsAdoptedAfterRestart) {
   std::printf("  adopted agent SIGKILLed: threads normal again after %d ms\n", ms);
   ASSERT_GE(ms, 0) << "threads were not restored";
   EXPECT_LE(ms, 1000);
-  EXPECT_NE(listed(id).value("status", "").find("failed: agent exited"), std::string::npos) << listed(id).dump();
+  std::string why = removal_reason(id);
+  EXPECT_NE(why.find("was removed: thread agent (pid " + std::to_string(agent) +
+                     ") exited (exit status unknown: it was started by a previous syrupd)"),
+            std::string::npos)
+      << why;
   syr_map_munmap(&high);
 }
 
@@ -1071,13 +1121,14 @@ TEST_F(ThreadHook, AgentGoneWhileSyrupdDownThreadsRestoredOnRestart) {
     EXPECT_EQ(sched_policy_of(reg.tid(i)), SCHED_OTHER) << "thread " << i;
     EXPECT_EQ(int(cpus_of(reg.tid(i)).size()), ncpus()) << "thread " << i;
   }
-  auto p = listed(id);
-  EXPECT_NE(p.value("status", "").find("ended while syrupd was down"), std::string::npos) << p.dump();
+  std::string why = removal_reason(id);
+  EXPECT_NE(why.find("was removed: thread agent (pid " + std::to_string(agent) +
+                     ") ended while syrupd was down; 2 threads restored to normal scheduling when syrupd restarted"),
+            std::string::npos)
+      << why;
 
   // A fresh deploy after that (new threads: the registrations went with the app's maps),
   // crash, restart, remove: the adopted agent stops and the threads are restored.
-  ASSERT_EQ(syr_remove_policy(id), 0) << syr_last_error();
-  ids_.clear();
   id = deploy("tests/policies/thread_prio.c", {{"core", uint64_t(core_)}}, "thrgone");
   ASSERT_GT(id, 0) << syr_last_error();
   Spinners reg2(2, true);

@@ -33,25 +33,6 @@ namespace {
 
 using nlohmann::json;
 
-uint32_t attached_xdp_prog(const std::string& ifname) {
-  LIBBPF_OPTS(bpf_xdp_query_opts, q);
-  int ifindex = static_cast<int>(if_nametoindex(ifname.c_str()));
-  if (!ifindex || bpf_xdp_query(ifindex, 0, &q)) return 0;
-  return q.prog_id;
-}
-
-int udp_server(const std::string& ip, uint16_t port) {
-  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  int buf = 8 << 20;
-  setsockopt(s, SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof buf);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
-  a.sin_port = htons(port);
-  EXPECT_EQ(bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-  return s;
-}
-
 void send_to(int fd, const std::string& ip, uint16_t port, uint32_t type, uint32_t key) {
   uint32_t p[4] = {type, key, 0, 0};
   sockaddr_in a{};
@@ -315,19 +296,10 @@ struct XskReceiver {
 // socket.
 TEST_F(Xdp, CrossLayerPairSharesTheWorkMapBetweenXdpAndSocketSelect) {
   if (libbpf_num_possible_cpus() < 2) GTEST_SKIP() << "needs two cores";
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  inet_pton(AF_INET, net_->host_ip.c_str(), &a.sin_addr);
-  a.sin_port = htons(9371);
-  std::vector<int> fds(2);
-  ASSERT_EQ(syr_open_reuseport_group(SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, reinterpret_cast<sockaddr*>(&a),
-                                     sizeof a, fds.data(), fds.size()),
-            0)
-      << syr_last_error();
-  std::vector<UniqueFd> socks;
-  for (int fd : fds) socks.emplace_back(fd);
-  syr_deploy_opts o{.sz = sizeof o, .app = "xlayer", .fds = fds.data(), .n_fds = fds.size()};
-  int sid = syr_deploy_policy(source_path("policies/socket_local.c").c_str(), SYR_HOOK_SOCKET_SELECT, &o);
+  UdpGroup g(2, 9371, net_->host_ip.c_str());
+  ASSERT_EQ(g.size(), 2);
+  std::vector<int> socks = g.fds();
+  int sid = deploy_socket_select("policies/socket_local.c", socks, "xlayer");
   ASSERT_GT(sid, 0) << syr_last_error();
   ids_.push_back(sid);
   ASSERT_GT(deploy("policies/xdp_classify.c", "xlayer", {9371}, {0, 1}), 0) << syr_last_error();
@@ -338,7 +310,7 @@ TEST_F(Xdp, CrossLayerPairSharesTheWorkMapBetweenXdpAndSocketSelect) {
     send_to(peer.get(), net_->host_ip, 9371, 1, i);  // GETs: core 1 has less work
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  auto on0 = drain(socks[0].get()), on1 = drain(socks[1].get());
+  auto on0 = drain(socks[0]), on1 = drain(socks[1]);
   ASSERT_EQ(on0.size(), 1u);
   EXPECT_EQ(on0[0][0], 2) << "socket 0 must hold the SCAN";
   EXPECT_EQ(on1.size(), 20u);

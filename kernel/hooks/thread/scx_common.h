@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
  * What syrupd's sched_ext root scheduler (thread/scx_root.bpf.c) and each application's
- * thread policy program (thread_scx.bpf.h) share: kernel types, kfuncs, constants and
+ * thread policy program (scx_wrapper.bpf.h) share: kernel types, kfuncs, constants and
  * the maps the root creates and every application program reuses (syrupd passes their
  * fds with bpf_map__reuse_fd before load).
  *

@@ -9,13 +9,13 @@
  * Design:
  *  - Each scheduled process has a slot (syr_scx_procs: tgid -> slot) with its own DSQ,
  *    SYR_SCX_APP_DSQ(slot), ordered by enqueue time, and three programs compiled from its
- *    policy (thread_scx.bpf.h): select_cpu, enqueue and dispatch, in the prog arrays
+ *    policy (scx_wrapper.bpf.h): select_cpu, enqueue and dispatch, in the prog arrays
  *    syr_scx_sel, syr_scx_enq and syr_scx_disp at index slot. The root tail-calls them. Deploying, replacing or
  *    removing one application's policy is a prog-array update plus syr_scx_procs: the
  *    scheduler stays attached and the other applications are not touched.
  *  - select_cpu(p) and enqueue(p) of a wakeup with no sibling queued: the direct path --
  *    the policy's answer is final (no key to compare), the thread goes straight into its
- *    core's local DSQ, no dispatch round (thread_scx.bpf.h).
+ *    core's local DSQ, no dispatch round (scx_wrapper.bpf.h).
  *  - enqueue(p): the application's enqueue (policy: core and key; queued in the app's
  *    DSQ; an idle core kicked, or a worse thread of the app preempted). Threads of no
  *    slot, or whose program is gone, wait FIFO in SYR_SCX_FALLBACK_DSQ.
@@ -44,7 +44,7 @@
 #include <bpf/bpf_helpers.h>
 #include <syrup/abi.h>
 
-#include "scx_common.h"
+#include "thread/scx_common.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
@@ -141,7 +141,7 @@ static __always_inline void syr_kick_for(struct task_struct *p)
 		scx_bpf_kick_cpu(c, SYR_SCX_KICK_IDLE);
 }
 
-/* The wakeup's core: the application's select_cpu program (thread_scx.bpf.h) asks its
+/* The wakeup's core: the application's select_cpu program (scx_wrapper.bpf.h) asks its
  * policy and, when the answer can be honoured at once (the core, or for SYR_PASS the
  * kernel's default pick, is idle, and no sibling is queued whose key would have to be
  * compared), inserts the thread straight into that core's local DSQ: no enqueue, no

@@ -32,7 +32,7 @@
 #define SYRUP_HOOK_THREAD_SCX_H
 
 #include "hook_stats.bpf.h"
-#include "scx_common.h"
+#include "thread/scx_common.h"
 
 const volatile __u32 syr_scx_slot = 0;
 const volatile __u64 syr_scx_starve_ns = 1000000000ULL;

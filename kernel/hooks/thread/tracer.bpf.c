@@ -14,7 +14,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
-#include "events.h"
+#include "thread/events.h"
 
 #define SYR_MAX_EXECUTORS 256
 

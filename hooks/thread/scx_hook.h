@@ -1,12 +1,13 @@
-// The thread hook's sched_ext backend (user side): syrupd owns ONE partial-mode sched_ext
-// scheduler, the root (kernel/hooks/thread/scx_root.bpf.c), shared by every application
-// with a thread policy.
+// The thread hook's sched_ext backend (user side), ThreadScxHook: syrupd owns ONE
+// partial-mode sched_ext scheduler, the root (kernel/hooks/thread/scx_root.bpf.c), shared
+// by every application with a thread policy. In scx_hook.cpp: ScxBackend (the root, its
+// slots and its monitor), ScxTarget (one process's slot) and the hook.
 //
 // Design:
 //  - The root is compiled (by syrupd's compiler, cached like any object), loaded and
 //    attached at the first thread deploy, and detached when the last thread policy goes.
 //  - A target is one process. It gets a slot; its policy is compiled with
-//    thread_scx.bpf.h into three programs (select_cpu, enqueue, dispatch) that share the
+//    scx_wrapper.bpf.h into three programs (select_cpu, enqueue, dispatch) that share the
 //    root's maps and sit in the root's prog arrays (syr_scx_sel, syr_scx_enq, syr_scx_disp)
 //    at that slot; syr_scx_procs maps the process to the slot. Deploy, replace (same slot:
 //    three prog-array updates) and remove never
@@ -39,9 +40,9 @@
 // (its slot's programs are held by the pinned prog arrays). What stops until the next
 // syrupd: the monitor (new threads of --pid processes are not switched to SCHED_EXT, an
 // ejection is not reported nor repaired). A restarted syrupd adopts the root from the
-// pins (scx_adopt, from each policy's saved slot); if the kernel ejected it meanwhile,
-// adoption fails, the policies are released and their threads switched back to
-// SCHED_OTHER (scx_release_leftover). --on_exit=remove detaches and unpins everything.
+// pins (ThreadScxHook::adopt, from each policy's saved slot); if the kernel ejected it
+// meanwhile, adoption fails, the policies are released and their threads switched back
+// to SCHED_OTHER (ThreadScxHook::release_leftover). --on_exit=remove detaches and unpins everything.
 // Limits: 64 applications (slots): the root's active mask is one u64 and one dispatch
 // round marks the slots it tried in another (syr_scx_round.tried); more would take
 // per-round bitmaps in arrays. One dispatch round tries at most ~16 applications that
@@ -49,45 +50,52 @@
 // limit), then leaves the core to its current thread.
 #pragma once
 
-#include <sys/types.h>
-
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "compiler.h"
-#include "hook.h"
-#include "thread_agent.h"
+#include "thread_hook.h"
 
 namespace syrup::thread {
 
 class ScxBackend;
 
-std::shared_ptr<ScxBackend> make_scx_backend(Compiler& compiler);
-
-// Builds the target for process `tgid` (loads and checks the root first). 0 or -errno.
-int scx_make_target(const std::shared_ptr<ScxBackend>& b, pid_t tgid, bool all, Baseline base, std::unique_ptr<Target>& out,
-                    std::string& err);
-
-// Takes over a policy a previous syrupd left in the pinned root scheduler (Target::save()
-// of a sched_ext target). 0 or -errno with `err`.
-int scx_adopt(const std::shared_ptr<ScxBackend>& b, const nlohmann::json& saved, LoadedPolicy& p,
-              std::unique_ptr<Target>& out, std::string& err);
-// Once after the adoptions: clears what no adopted policy owns (Hook::recover).
-void scx_recover(const std::shared_ptr<ScxBackend>& b);
-// A policy directory that was not adopted: its threads back to the fair class.
-void scx_release_leftover(const std::shared_ptr<ScxBackend>& b, std::string_view app);
-// syrupd exits keeping its policies: the scheduler stays attached (pinned).
-void scx_leave(const std::shared_ptr<ScxBackend>& b);
-
-// The wrapper's system maps and programs (LoadSpec::system_maps / ::programs).
-std::vector<std::string> scx_system_maps();
-std::vector<std::string> scx_programs();
-// What a thread policy and the sched_ext wrapper (thread_scx.bpf.h) may call and declare:
-// the common helpers, those the wrapper needs (the current task's ids, the tail call back
-// into the root), and the sched_ext kernel functions the wrapper declares
-// (thread_scx_common.h), by BTF name; nothing else of the kernel.
+// What a thread policy and the sched_ext wrapper (scx_wrapper.bpf.h) may call and
+// declare: the common helpers, those the wrapper needs (the current task's ids, the tail
+// call back into the root), and the sched_ext kernel functions the wrapper declares
+// (scx_common.h), by BTF name; nothing else of the kernel.
 Allowlist scx_allowlist();
+
+class ThreadScxHook : public ThreadHookBase {
+ public:
+  // The root is compiled with `compiler` at the first deploy (none while refused()).
+  explicit ThreadScxHook(Compiler& compiler);
+  ~ThreadScxHook() override;
+  const char* backend() const override { return "sched_ext"; }
+  const char* wrapper() const override { return "thread/scx_wrapper.bpf.h"; }
+  // sched_ext's struct_ops are verified with CAP_PERFMON: the policy is verified first as
+  // the agent's BPF_PROG_TYPE_SYSCALL program, with CAP_BPF alone.
+  const char* verify_wrapper() const override { return "thread/agent_wrapper.bpf.h"; }
+  std::vector<std::string> system_maps() const override;
+  Allowlist allowlist() const override { return scx_allowlist(); }
+  // Also switches the threads of a policy that was not adopted back to the fair class.
+  void release_leftover(std::string_view app, const std::string& policy_dir) override;
+  // Once after the adoptions: clears what no adopted policy owns.
+  void recover() override;
+  // syrupd exits keeping its policies: the scheduler stays attached (pinned).
+  void shutdown() override;
+
+ protected:
+  // Loads and checks the root first.
+  int make_process_target(ThreadRequest rq, std::unique_ptr<Target>& out, std::string& err) override;
+  // Takes over the slot in the pinned root scheduler.
+  int adopt_target(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
+                   std::string& err) override;
+
+ private:
+  std::shared_ptr<ScxBackend> scx_;  // shared with its targets; null while refused()
+};
 
 }  // namespace syrup::thread

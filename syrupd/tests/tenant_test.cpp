@@ -30,16 +30,6 @@ using nlohmann::json;
 
 constexpr uid_t kUidA = 61001, kUidB = 61002, kUidC = 61003;
 
-// Runs `fn` as `uid` in a child; returns the JSON it reported (its "exit" too).
-json as_user(uid_t uid, const std::function<json()>& fn) {
-  std::string s = in_child([&] {
-    if (setgid(uid) || setuid(uid)) return json{{"error", "setuid failed"}}.dump();
-    return fn().dump();
-  });
-  json j = json::parse(s, nullptr, false);
-  return j.is_discarded() ? json{{"error", "child reported nothing"}} : j;
-}
-
 json result(int r) { return {{"r", r}, {"err", syr_last_error()}}; }
 
 class Tenants : public ::testing::Test {
@@ -195,9 +185,7 @@ TEST_F(Tenants, QuotasAndTheRequestRateGiveClearErrorsNamingTheLimit) {
     out["big_map"] = result(deploy_on(g3, "tests/policies/big_map.c", "quota2"));
     std::string big = "#include <syrup/policy.h>\n/*" + std::string(5000, 'x') + "*/\n"
                       "SYR_POLICY(struct syr_input *in) { return SYR_PASS; }\n";
-    auto fds = g3.fds();
-    syr_deploy_opts o{.sz = sizeof o, .app = "quota3", .fds = fds.data(), .n_fds = fds.size()};
-    out["big_source"] = result(syr_deploy_policy_source(big.data(), big.size(), "big.c", SYR_HOOK_SOCKET_SELECT, &o));
+    out["big_source"] = result(deploy_socket_select_source(big, "big.c", g3.fds(), "quota3"));
     int limited = 0;
     std::string msg;
     for (int i = 0; i < 100; i++) {
@@ -580,12 +568,6 @@ TEST_F(Tenants, LeftoverMapPinsOfACrashedDaemonAreRemovedAtStart) {
 
 // ---- Compiles off the main thread (docs/protocol.md, "Connection model") -------------
 
-int deploy_source_on(const UdpGroup& g, const std::string& src, const char* app) {
-  auto fds = g.fds();
-  syr_deploy_opts o{.sz = sizeof o, .app = app, .fds = fds.data(), .n_fds = fds.size()};
-  return syr_deploy_policy_source(src.data(), src.size(), "slow.c", SYR_HOOK_SOCKET_SELECT, &o);
-}
-
 // A deploy waiting for clang holds up nobody: another user's ping and cached deploy are
 // answered meanwhile, root takes the very group the parked deploy is for, and when the
 // compile ends the parked deploy is checked again and refused with EBUSY; the group keeps
@@ -603,7 +585,7 @@ TEST_F(Tenants, AParkedCompileHoldsUpNoOtherRequestAndIsCheckedAgainAfterIt) {
   int slow_r = 0;
   std::string slow_err;
   std::thread slow([&] {
-    slow_r = deploy_source_on(g, uncached_source("tests/policies/by_key.c"), "slowapp");
+    slow_r = deploy_socket_select_source(uncached_source("tests/policies/by_key.c"), "slow.c", g.fds(), "slowapp");
     slow_err = syr_last_error();
     slow_done = true;
   });
@@ -659,7 +641,8 @@ TEST_F(Tenants, CompilesAreTakenFromTheUsersInTurn) {
         ts.emplace_back([&, i] {
           UdpGroup g(2);
           std::string app = "qa" + std::to_string(i);
-          int r = deploy_source_on(g, uncached_source("policies/round_robin.c"), app.c_str());
+          int r = deploy_socket_select_source(uncached_source("policies/round_robin.c"), "slow.c", g.fds(),
+                                              app.c_str());
           std::lock_guard lk(mu);
           out.push_back({{"r", r}, {"err", syr_last_error()}, {"t", now_ns()}});
         });
@@ -672,7 +655,7 @@ TEST_F(Tenants, CompilesAreTakenFromTheUsersInTurn) {
   if (queued)
     b = as_user(kUidB, [&] {
       UdpGroup g(2);
-      int r = deploy_source_on(g, uncached_source("policies/round_robin.c"), "qb");
+      int r = deploy_socket_select_source(uncached_source("policies/round_robin.c"), "slow.c", g.fds(), "qb");
       return json{{"r", r}, {"err", syr_last_error()}, {"t", now_ns()}};
     });
   ta.join();
@@ -705,7 +688,7 @@ TEST_F(Tenants, MetricsShowTheCompileWorkers) {
     ts.emplace_back([&, i] {
       UdpGroup g(2);
       std::string app = "mapp" + std::to_string(i);
-      r[i] = deploy_source_on(g, uncached_source("policies/round_robin.c"), app.c_str());
+      r[i] = deploy_socket_select_source(uncached_source("policies/round_robin.c"), "slow.c", g.fds(), app.c_str());
     });
   bool parked = log_says(d_, kParkedLog, 2, 5000);
   // A scrape refreshes a snapshot older than a second, so this sees the pair within ~1 s.
@@ -752,7 +735,7 @@ TEST_F(Tenants, AParkedDeployIsAnsweredWhenSyrupdStops) {
   int r = 0;
   std::string err;
   std::thread t([&] {
-    r = deploy_source_on(g, uncached_source("tests/policies/by_key.c"), "stopapp");
+    r = deploy_socket_select_source(uncached_source("tests/policies/by_key.c"), "slow.c", g.fds(), "stopapp");
     err = syr_last_error();
   });
   bool parked = log_says(d_, kParkedLog, 1, 5000);

@@ -1,4 +1,6 @@
-#include "thread_scx.h"
+// The thread hook's sched_ext backend (scx_hook.h): the root scheduler (ScxBackend), one
+// process's slot in it (ScxTarget), and the hook.
+#include "scx_hook.h"
 
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
@@ -49,7 +51,7 @@ constexpr int kIdleSyncMs = 250;
 constexpr uint64_t kBusyMs = 1000;
 constexpr int kMaxEjections = 3;  // per minute, then give up
 
-// Mirrors of thread_scx_common.h.
+// Mirrors of scx_common.h.
 struct ExitRec {
   int32_t kind, exit_cpu;
   int64_t exit_code;
@@ -119,6 +121,9 @@ std::string exit_kind_name(int k) {
   }
   return "kind " + std::to_string(k);
 }
+
+// The wrapper's programs (LoadSpec::programs).
+std::vector<std::string> scx_programs() { return {"syr_app_enqueue", "syr_app_dispatch", "syr_app_select"}; }
 
 }  // namespace
 
@@ -249,7 +254,7 @@ class ScxBackend {
   UniqueFd exit_link_;         // its tracepoint link (pinned as exit_link while attached)
   uint32_t timeout_ms_ = 30000;
   uint64_t starve_ns_ = 1000000000ull;
-  bool direct_ = true;  // the wakeup direct path (thread_scx.bpf.h); SYRUP_SCX_DIRECT=0 for A/B
+  bool direct_ = true;  // the wakeup direct path (scx_wrapper.bpf.h); SYRUP_SCX_DIRECT=0 for A/B
   bool used_[kMaxApps] = {};
   std::set<ScxTarget*> targets_;
   uint32_t exit_seq_ = 0;
@@ -380,14 +385,13 @@ class ScxTarget : public Target {
     if (active_) deactivate_locked(true);
   }
 
-  // What a restarted syrupd needs to take the slot over (scx_adopt).
+  // What a restarted syrupd needs to take the slot over (ThreadScxHook::adopt).
   json save() const override {
     std::lock_guard lk(b_.mu());
     if (!active_) return nullptr;
     return {{"backend", "sched_ext"}, {"pid", tgid_}, {"slot", slot_}, {"all_threads", all_},
             {"next_exec", next_exec_},
-            {"baseline", {{"policy", baseline_.policy}, {"nice", baseline_.nice},
-                          {"cpus", cpus_to_string(baseline_.cpus)}}}};
+            {"baseline", baseline_to_json(baseline_)}};
   }
 
   // Rebuilds the target of a policy a previous syrupd installed in slot `slot` of the
@@ -879,45 +883,50 @@ void ScxBackend::handle_exit_locked(const ExitRec& r) {
   log(LogLevel::kInfo, "sched_ext: scheduler re-attached for %zu other process(es)", rest.size());
 }
 
-// ---- Entry points -------------------------------------------------------------------
+// ---- The hook ----------------------------------------------------------------------
 
-std::shared_ptr<ScxBackend> make_scx_backend(Compiler& compiler) { return std::make_shared<ScxBackend>(compiler); }
+ThreadScxHook::ThreadScxHook(Compiler& compiler) {
+  if (refused().empty()) scx_ = std::make_shared<ScxBackend>(compiler);
+}
 
-int scx_make_target(const std::shared_ptr<ScxBackend>& b, pid_t tgid, bool all, Baseline base,
-                    std::unique_ptr<Target>& out, std::string& err) {
-  if (int r = b->ensure_root(err)) return r;
-  out = std::make_unique<ScxTarget>(b, tgid, all, std::move(base));
+ThreadScxHook::~ThreadScxHook() = default;
+
+int ThreadScxHook::make_process_target(ThreadRequest rq, std::unique_ptr<Target>& out, std::string& err) {
+  if (int r = scx_->ensure_root(err)) return r;
+  out = std::make_unique<ScxTarget>(scx_, rq.pid, rq.all, std::move(rq.base));
   return 0;
 }
 
-int scx_adopt(const std::shared_ptr<ScxBackend>& b, const json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
-              std::string& err) {
+int ThreadScxHook::adopt_target(const json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out, std::string& err) {
   pid_t tgid = saved.value("pid", 0);
   if (tgid <= 0 || kill(tgid, 0) < 0) {
     err = "process " + std::to_string(tgid) + ", whose threads it scheduled, is gone";
     return -ESRCH;
   }
-  if (int r = b->adopt_root(err)) return r;
+  if (int r = scx_->adopt_root(err)) return r;
   int slot = saved.value("slot", -1);
-  if (!b->adopt_slot(slot)) {
+  if (!scx_->adopt_slot(slot)) {
     err = "slot " + std::to_string(slot) + " is not a free slot of the root scheduler";
     return -EINVAL;
   }
-  Baseline base;
-  const auto& bj = saved.value("baseline", json::object());
-  base.policy = bj.value("policy", SCHED_OTHER);
-  base.nice = bj.value("nice", 0);
   // No saved cores (or an unreadable list): restored threads keep their affinity.
-  (void)cpus_from_string(bj.value("cpus", std::string()), base.cpus);
-  auto t = std::make_unique<ScxTarget>(b, tgid, saved.value("all_threads", false), std::move(base));
-  std::lock_guard lk(b->mu());
+  auto t = std::make_unique<ScxTarget>(scx_, tgid, saved.value("all_threads", false), baseline_from_json(saved));
+  std::lock_guard lk(scx_->mu());
   if (int r = t->adopt_locked(saved, p, err)) {
-    b->free_slot_locked(slot);
+    scx_->free_slot_locked(slot);
     return r;
   }
   log(LogLevel::kInfo, "sched_ext: process %d in slot %d adopted from a previous syrupd", tgid, slot);
   out = std::move(t);
   return 0;
+}
+
+void ThreadScxHook::recover() {
+  if (scx_) scx_->recover();
+}
+
+void ThreadScxHook::shutdown() {
+  if (scx_) scx_->leave();
 }
 
 void ScxBackend::recover() {
@@ -957,10 +966,9 @@ void ScxBackend::recover() {
   for (uint32_t k : stale) bpf_map_delete_elem(map_fd("syr_scx_procs"), &k);
 }
 
-void scx_recover(const std::shared_ptr<ScxBackend>& b) { b->recover(); }
-void scx_leave(const std::shared_ptr<ScxBackend>& b) { b->leave(); }
-
-void scx_release_leftover(const std::shared_ptr<ScxBackend>&, std::string_view app) {
+void ThreadScxHook::release_leftover(std::string_view app, const std::string& policy_dir) {
+  ThreadHookBase::release_leftover(app, policy_dir);
+  if (!scx_) return;
   // A sched_ext policy that was not adopted: its process's registered threads may still
   // be SCHED_EXT (running in the fair class once its slot is emptied by recover(), or the
   // root detached): back to SCHED_OTHER.
@@ -978,7 +986,7 @@ void scx_release_leftover(const std::shared_ptr<ScxBackend>&, std::string_view a
   if (n) log(LogLevel::kWarn, "sched_ext: %d threads of a policy that was not adopted are back in the fair class", n);
 }
 
-std::vector<std::string> scx_system_maps() {
+std::vector<std::string> ThreadScxHook::system_maps() const {
   return {SYR_STATS_MAP,   "syr_scx_pick",  "syr_scx_tasks", "syr_scx_cpus", "syr_scx_round",
           "syr_scx_procs", "syr_scx_disp",  "syr_app_ops",   "syr_app_ops2"};
 }
@@ -996,6 +1004,5 @@ Allowlist scx_allowlist() {
   return a;
 }
 
-std::vector<std::string> scx_programs() { return {"syr_app_enqueue", "syr_app_dispatch", "syr_app_select"}; }
 
 }  // namespace syrup::thread

@@ -34,7 +34,6 @@
 namespace syrup::test {
 namespace {
 
-using security::as_user;
 using security::kAlice;
 using security::kMallory;
 using namespace std::chrono_literals;

@@ -45,6 +45,7 @@ struct Env {
   uint32_t deploys = 0;         // cold and warm deploys each
   // XDP benchmarks (xdp-cost, xdp-scale, xdp-pps).
   std::string handwritten_xdp_obj;  // handwritten_xdp_rr.bpf.o
+  std::string handwritten_sk_lookup_obj;  // handwritten_sk_lookup.bpf.o (socket-lookup)
   uint32_t xdp_repeat = 0;      // BPF_PROG_TEST_RUN repeat per measurement
   uint32_t xdp_rounds = 0;      // interleaved rounds of test runs
   uint32_t xdp_apps = 0;        // applications on the crowded interface (xdp-scale)
@@ -208,5 +209,6 @@ int run_xdp_cost(const Env& env, nlohmann::json& out);
 int run_xdp_scale(const Env& env, nlohmann::json& out);
 int run_xdp_pps(const Env& env, nlohmann::json& out);
 int run_isolation(const Env& env, nlohmann::json& out);
+int run_socket_lookup(const Env& env, nlohmann::json& out);
 
 }  // namespace syrup_bench

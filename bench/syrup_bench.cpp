@@ -1,6 +1,6 @@
 // syrup_bench: Syrup's benchmarks (see README.md).
 //
-//   syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|isolation] [--out PATH] [flags]
+//   syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|socket-lookup|isolation] [--out PATH] [flags]
 //
 // Design: runs as root. It starts a private syrupd found next to its own executable
 // (its own socket, bpffs root and cache under fresh temporary paths) and points libsyrup
@@ -69,6 +69,7 @@ constexpr Benchmark kBenchmarks[] = {
     {"xdp-scale", run_xdp_scale},
     {"xdp-pps", run_xdp_pps},
     {"isolation", run_isolation},  // by name only: not part of "all"
+    {"socket-lookup", run_socket_lookup},
 };
 
 std::mutex g_cleanup_mu;
@@ -131,7 +132,7 @@ int write_json(const std::string& path, const json& j) {
 int main(int argc, char** argv) {
   syrup::cli::parse_flags(&argc, &argv,
       "Syrup's benchmarks (bench/README.md).\n\n"
-      "Usage: syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps] [flags]\n\n"
+      "Usage: syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|socket-lookup] [flags]\n\n"
       "  decision   ns/decision of each shipped policy at the socket-select hook, and of a\n"
       "             hand-written sk_reuseport round robin (kernel BPF statistics)\n"
       "  hint       mmap'ed hint store vs bpf(BPF_MAP_UPDATE_ELEM)\n"
@@ -141,6 +142,8 @@ int main(int argc, char** argv) {
       "  xdp-scale  the same dispatch path with 1 and with --xdp_apps applications\n"
       "  xdp-pps    packets/s through a veth pair without XDP, hand-written, and Syrup\n"
       "  xdp        the three XDP benchmarks\n"
+      "  socket-lookup  ns/decision of Syrup's socket-lookup wrapper + round_robin vs a hand-written\n"
+      "             sk_lookup round robin (BPF_PROG_TEST_RUN, --xdp_repeat x --xdp_rounds)\n"
       "  isolation  p99 of one user's list on an idle syrupd and while another user trickles\n"
       "             requests, has a policy verified for seconds, compiles a bomb, dumps a huge\n"
       "             map (not part of all)\n\n"
@@ -154,7 +157,8 @@ int main(int argc, char** argv) {
   for (auto& b : kBenchmarks) known |= what == b.name;
   if (argc > 2 || !known) {
     std::fprintf(stderr,
-                 "syrup_bench: expected one of all, decision, hint, deploy, xdp, xdp-cost, xdp-scale, xdp-pps, isolation "
+                 "syrup_bench: expected one of all, decision, hint, deploy, xdp, xdp-cost, xdp-scale, xdp-pps, socket-lookup, "
+                 "isolation "
                  "(see --help)\n");
     return 2;
   }
@@ -203,6 +207,7 @@ int main(int argc, char** argv) {
   env.syscalls = FLAGS_syscalls;
   env.deploys = FLAGS_deploys;
   env.handwritten_xdp_obj = exe_dir / "handwritten_xdp_rr.bpf.o";
+  env.handwritten_sk_lookup_obj = exe_dir / "handwritten_sk_lookup.bpf.o";
   env.xdp_repeat = FLAGS_xdp_repeat;
   env.xdp_rounds = FLAGS_xdp_rounds;
   env.xdp_apps = FLAGS_xdp_apps;

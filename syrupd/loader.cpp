@@ -268,6 +268,7 @@ uint64_t caps_for(bpf_prog_type type) {
   auto bit = [](int cap) { return uint64_t{1} << cap; };
   switch (type) {
     case BPF_PROG_TYPE_SK_REUSEPORT:
+    case BPF_PROG_TYPE_SK_LOOKUP:
       return bit(CAP_BPF) | bit(CAP_NET_ADMIN);
     case BPF_PROG_TYPE_XDP:
       // Without CAP_PERFMON the verifier refuses packet-pointer arithmetic with a

@@ -69,6 +69,7 @@ std::string policy_prog(std::string_view app, int id) { return policy_dir(app, i
 std::string policy_map(std::string_view app, int id, std::string_view map) {
   return policy_dir(app, id) + "/" + std::string(map);
 }
+std::string policy_link(std::string_view app, int id) { return policy_dir(app, id) + "/link"; }
 
 std::string xdp_dir() { return g_root + "/xdp"; }
 std::string xdp_pin_name(std::string_view ifname) {

@@ -5,6 +5,8 @@
 //                                             its policies and by the application itself
 //   <root>/apps/<app>/policies/<id>/prog      the hook program of policy <id>
 //   <root>/apps/<app>/policies/<id>/<sysmap>  its system maps (syr_executors, syr_stats)
+//   <root>/apps/<app>/policies/<id>/link      its bpf_link, for a hook that attaches by
+//                                             link (socket-lookup: the network namespace's)
 //   <root>/xdp/<ifname>/prog                  the XDP root program attached to <ifname>
 //   <root>/xdp/<ifname>/<map>                 its maps (syr_xdp_apps, syr_xdp_ports, ...)
 //   <root>/thread_scx/link                    the sched_ext root scheduler's struct_ops link
@@ -44,6 +46,7 @@ std::vector<std::string> app_map_names(std::string_view app);
 std::string policy_dir(std::string_view app, int id);
 std::string policy_prog(std::string_view app, int id);
 std::string policy_map(std::string_view app, int id, std::string_view map);
+std::string policy_link(std::string_view app, int id);
 std::string xdp_dir();
 std::string xdp_root_dir(std::string_view ifname);
 // An interface's name as a directory of xdp_dir(), and back.

@@ -39,7 +39,8 @@ class EveryBenchmarkRunsAndReports(unittest.TestCase):
 
     def test_exits_0_with_every_section(self):
         self.assertEqual(self.run_.returncode, 0, self.output())
-        for section in ["decision", "hint", "deploy", "xdp-cost", "xdp-scale", "xdp-pps", "machine", "command"]:
+        for section in ["decision", "hint", "deploy", "xdp-cost", "xdp-scale", "xdp-pps", "socket-lookup", "machine",
+                        "command"]:
             self.assertIn(section, self.report, self.output())
 
     def test_decision_every_program_decided_and_the_round_robins_spread_evenly(self):

@@ -130,7 +130,7 @@ TEST(Cli, SyrupctlNamesTheFlagAndItsValuesAndSpeaksJsonWhenUnreachable) {
     const char* args;
     const char* says;
   } cases[] = {
-      {"deploy --hook sockselect --pid 1 --port 9000 p.c", "--hook takes one of socket-select, xdp, thread, got 'sockselect'"},
+      {"deploy --hook sockselect --pid 1 --port 9000 p.c", "--hook takes one of socket-select, xdp, thread, socket-lookup, got 'sockselect'"},
       {"deploy --protocol sctp --pid 1 --port 9000 p.c", "--protocol: must be udp or tcp, got \"sctp\""},
       {"deploy --address 300.1.2.3 --pid 1 --port 9000 p.c",
        "--address: must be an IPv4 or IPv6 address as the sockets are bound (e.g. 127.0.0.1, ::, 0.0.0.0), got "

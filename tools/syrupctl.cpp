@@ -34,7 +34,8 @@ DEFINE_string(socket, "", "syrupd's control socket (default: $SYRUP_SOCKET or /r
 DEFINE_bool(json, false, "print syrupd's answer as JSON, for scripts");
 DEFINE_string(hook, "socket-select", "deploy: the hook (syrupctl --help lists them)");
 DEFINE_int64(pid, 0, "deploy: the process whose sockets (or, --hook thread, threads) to schedule");
-DEFINE_int64(port, 0, "deploy: the port its SO_REUSEPORT sockets are bound to");
+DEFINE_int64(port, 0, "deploy: the port its SO_REUSEPORT sockets are bound to (socket-lookup: the first port steered)");
+DEFINE_int64(port_end, 0, "deploy --hook socket-lookup: the last port steered (default: --port alone)");
 DEFINE_string(protocol, "", "deploy: udp or tcp (default: udp if the process has both)");
 DEFINE_string(address, "",
               "deploy --hook socket-select: the address the group's sockets are bound to, when the process "
@@ -147,6 +148,7 @@ std::string hook_fields(const syrup::HookSpec& spec, nlohmann::json& out) {
   nlohmann::json f = nlohmann::json::object();
   if (given("pid")) f["pid"] = FLAGS_pid;
   if (given("port")) f["port"] = FLAGS_port;
+  if (given("port_end")) f["port_end"] = FLAGS_port_end;
   for (auto [key, v] : {std::pair{"protocol", &FLAGS_protocol}, {"address", &FLAGS_address}, {"ifname", &FLAGS_ifname}})
     if (given(key)) f[key] = *v;
   if (given("cpus")) {

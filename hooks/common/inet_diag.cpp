@@ -154,6 +154,15 @@ int own_sockets(std::vector<InetSock>& out, std::string& err) {
   return r;
 }
 
+int netns_sockets(int netns_fd, std::vector<InetSock>& out, std::string& err) {
+  std::vector<UniqueFd> ns;
+  ns.emplace_back(fcntl(netns_fd, F_DUPFD_CLOEXEC, 0));
+  std::vector<int> rc;
+  dump_each(ns, out, rc);
+  if (rc[0]) err = std::string("cannot read the sockets of the namespace (sock_diag): ") + std::strerror(-rc[0]);
+  return rc[0];
+}
+
 int process_sockets(pid_t pid, std::vector<InetSock>& out, std::string& err) {
   std::set<ino_t> seen;
   std::vector<UniqueFd> ns;

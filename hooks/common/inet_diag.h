@@ -50,4 +50,8 @@ int own_sockets(std::vector<InetSock>& out, std::string& err);
 // -errno with `err` when none of them could be read.
 int process_sockets(pid_t pid, std::vector<InetSock>& out, std::string& err);
 
+// Every UDP and TCP socket of the network namespace `netns_fd` refers to (an nsfs
+// descriptor, e.g. SIOCGSKNS of a socket). 0 or -errno with `err`.
+int netns_sockets(int netns_fd, std::vector<InetSock>& out, std::string& err);
+
 }  // namespace syrup::inet_diag

@@ -39,16 +39,8 @@ int sockopt_int(int fd, int level, int opt, int& v) {
 
 const char* proto_name(int p) { return p == IPPROTO_TCP ? "tcp" : "udp"; }
 
-struct SockInfo {
-  int protocol = 0;
-  uint16_t port = 0;
-  std::string address;
-  uint64_t netns = 0;  // inode of its network namespace (0: the kernel would not say)
-  bool reuseport = false;
-  bool listening = false;
-};
+}  // namespace
 
-// Describes an inet socket. -ENOTSOCK / -EAFNOSUPPORT for anything else.
 int describe(int fd, SockInfo& si) {
   struct stat st;
   if (fstat(fd, &st) < 0) return -errno;
@@ -81,6 +73,7 @@ int describe(int fd, SockInfo& si) {
   return 0;
 }
 
+namespace {
 // The group `si` is in, without executors (assigned to an ExecutorIds, it clears them).
 ExecutorIds group_of(const SockInfo& si) {
   ExecutorIds g;
@@ -90,6 +83,8 @@ ExecutorIds group_of(const SockInfo& si) {
   g.netns = si.netns;
   return g;
 }
+
+}  // namespace
 
 // " in net:[N]" for a network namespace other than syrupd's, as /proc/PID/ns/net names it.
 std::string in_netns(uint64_t netns) {
@@ -127,55 +122,40 @@ int take(int pidfd, int n, uint64_t ino, UniqueFd& out) {
   return -EBADF;
 }
 
-// Which sockets a search takes, so that it takes no other: taking a socket re-tags it
-// with syrupd's net_cls class id and net_prio index (see inet_diag.h). It goes in passes
-// (passes()) and stops at the first that gives something:
-//  - kFirst: the sockets whose sock_diag record passes `match`, in the namespaces of
-//    process `within`'s tasks, or (within 0) in every namespace;
-//  - kWider (only with `within`): those of every namespace (a socket made before its
-//    process's threads moved to another namespace);
-//  - kUnseen: those no dump of every namespace saw (a socket of a namespace no task is
-//    in and /run/netns does not name, or any socket when sock_diag cannot be read), so
-//    such a socket is still found.
-class Search {
- public:
-  enum Pass { kFirst, kWider, kUnseen };
-  Search(std::function<bool(const inet_diag::InetSock&)> match, pid_t within)
-      : match_(std::move(match)), within_(within) {
-    std::vector<inet_diag::InetSock> some;
+Search::Search(std::function<bool(const inet_diag::InetSock&)> match, pid_t within)
+    : match_(std::move(match)), within_(within) {
+  std::vector<inet_diag::InetSock> some;
+  std::string ignored;
+  if (within ? inet_diag::process_sockets(within, some, ignored) : inet_diag::all_sockets(some, ignored)) return;
+  for (const auto& s : some)
+    if (match_(s)) first_.insert(s.inode);
+  if (!within) {
+    every_ = true;
+    for (const auto& s : some) seen_.insert(s.inode);
+    wider_ = first_;
+  }
+}
+
+std::vector<Search::Pass> Search::passes() const {
+  return within_ ? std::vector{kFirst, kWider, kUnseen} : std::vector{kFirst, kUnseen};
+}
+
+bool Search::wants(uint64_t inode, Pass pass) {
+  if (pass == kFirst) return first_.count(inode) > 0;
+  if (!every_) {  // dumped once, when a pass first needs it
+    every_ = true;
+    std::vector<inet_diag::InetSock> all;
     std::string ignored;
-    if (within ? inet_diag::process_sockets(within, some, ignored) : inet_diag::all_sockets(some, ignored)) return;
-    for (const auto& s : some)
-      if (match_(s)) first_.insert(s.inode);
-    if (!within) {
-      every_ = true;
-      for (const auto& s : some) seen_.insert(s.inode);
-      wider_ = first_;
+    inet_diag::all_sockets(all, ignored);
+    for (const auto& s : all) {
+      seen_.insert(s.inode);
+      if (match_(s)) wider_.insert(s.inode);
     }
   }
-  std::vector<Pass> passes() const { return within_ ? std::vector{kFirst, kWider, kUnseen} : std::vector{kFirst, kUnseen}; }
-  bool wants(uint64_t inode, Pass pass) {
-    if (pass == kFirst) return first_.count(inode) > 0;
-    if (!every_) {  // dumped once, when a pass first needs it
-      every_ = true;
-      std::vector<inet_diag::InetSock> all;
-      std::string ignored;
-      inet_diag::all_sockets(all, ignored);
-      for (const auto& s : all) {
-        seen_.insert(s.inode);
-        if (match_(s)) wider_.insert(s.inode);
-      }
-    }
-    return pass == kWider ? wider_.count(inode) && !first_.count(inode) : !seen_.count(inode);
-  }
+  return pass == kWider ? wider_.count(inode) && !first_.count(inode) : !seen_.count(inode);
+}
 
- private:
-  std::function<bool(const inet_diag::InetSock&)> match_;
-  pid_t within_;
-  bool every_ = false;  // seen_ and wider_ hold every namespace's records
-  std::set<uint64_t> first_, wider_, seen_;
-};
-
+namespace {
 // Why `si` cannot be an executor, or "".
 std::string unusable(const SockInfo& si) {
   if (si.protocol != IPPROTO_UDP && si.protocol != IPPROTO_TCP) return "not a UDP or TCP socket";

@@ -26,14 +26,68 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hook.h"
+#include "inet_diag.h"
 #include "syrup/abi.h"
 #include "unique_fd.h"
 
 namespace syrup::socket_select {
+
+// ---- Taking a process's sockets (shared with the socket-lookup hook) ----------------
+
+// What an inet socket is bound to, read through its descriptor.
+struct SockInfo {
+  int protocol = 0;
+  uint16_t port = 0;
+  std::string address;
+  uint64_t netns = 0;  // inode of its network namespace (0: the kernel would not say)
+  bool reuseport = false;
+  bool listening = false;
+};
+
+// Describes an inet socket. -ENOTSOCK / -EAFNOSUPPORT for anything else.
+int describe(int fd, SockInfo& si);
+
+// " in net:[N]" for a network namespace other than syrupd's, as /proc/PID/ns/net names it.
+std::string in_netns(uint64_t netns);
+
+// The socket descriptors of process `pid`: (fd number, inode) in ascending fd order, and
+// a pidfd of it to take them with (take()). 0 or -errno with `err`.
+int socket_fds(pid_t pid, UniqueFd& pidfd, std::vector<std::pair<int, uint64_t>>& out, std::string& err);
+
+// A duplicate of fd `n` of the process behind `pidfd`, if that is still socket `ino`: 0,
+// -EBADF if the process closed it (or reused the number) since it was listed, else -errno.
+int take(int pidfd, int n, uint64_t ino, UniqueFd& out);
+
+// Which sockets a search takes, so that it takes no other: taking a socket re-tags it
+// with syrupd's net_cls class id and net_prio index (see inet_diag.h). It goes in passes
+// (passes()) and stops at the first that gives something:
+//  - kFirst: the sockets whose sock_diag record passes `match`, in the namespaces of
+//    process `within`'s tasks, or (within 0) in every namespace;
+//  - kWider (only with `within`): those of every namespace (a socket made before its
+//    process's threads moved to another namespace);
+//  - kUnseen: those no dump of every namespace saw (a socket of a namespace no task is
+//    in and /run/netns does not name, or any socket when sock_diag cannot be read), so
+//    such a socket is still found.
+class Search {
+ public:
+  enum Pass { kFirst, kWider, kUnseen };
+  Search(std::function<bool(const inet_diag::InetSock&)> match, pid_t within);
+  std::vector<Pass> passes() const;
+  bool wants(uint64_t inode, Pass pass);
+
+ private:
+  std::function<bool(const inet_diag::InetSock&)> match_;
+  pid_t within_;
+  bool every_ = false;  // seen_ and wider_ hold every namespace's records
+  std::set<uint64_t> first_, wider_, seen_;
+};
 
 // What identifies a policy's executors for its life: everything but the sockets.
 struct ExecutorIds {

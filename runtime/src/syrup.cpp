@@ -131,6 +131,7 @@ int syr_deploy_policy_source(const char* source, size_t len, const char* name,
                             " sockets can be passed in one deploy (the kernel's SCM_MAX_FD)");
   if (pid > 0) req["pid"] = pid;
   if (port) req["port"] = port;
+  if (uint16_t end = OPT(opts, port_end, 0)) req["port_end"] = end;
   if (const char* ifname = OPT(opts, ifname, nullptr)) req["ifname"] = ifname;
   if (const char* proto = OPT(opts, protocol, nullptr)) req["protocol"] = proto;
   if (const char* address = OPT(opts, address, nullptr)) req["address"] = address;

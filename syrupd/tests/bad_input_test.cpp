@@ -134,7 +134,7 @@ TEST_F(SocketSelectBadInput, UnknownHookMissingFileUnknownParamAndUnreachableDae
   auto fds = group_->fds();
   syr_deploy_opts o{.sz = sizeof o, .app = "socktest", .fds = fds.data(), .n_fds = fds.size()};
   EXPECT_EQ(syr_deploy_policy(source_path("policies/pass.c").c_str(), static_cast<syr_hook>(42), &o), -EINVAL);
-  EXPECT_STREQ(syr_last_error(), "unknown hook 42 (known: socket-select, xdp, thread)");
+  EXPECT_STREQ(syr_last_error(), "unknown hook 42 (known: socket-select, xdp, thread, socket-lookup)");
 
   EXPECT_EQ(syr_deploy_policy("/nonexistent/policy.c", SYR_HOOK_SOCKET_SELECT, &o), -ENOENT);
   EXPECT_NE(std::string(syr_last_error()).find("cannot read policy file /nonexistent/policy.c"), std::string::npos);
@@ -148,7 +148,7 @@ TEST_F(SocketSelectBadInput, UnknownHookMissingFileUnknownParamAndUnreachableDae
                         source_path("policies/pass.c"),
                     out),
             2);
-  EXPECT_NE(out.find("--hook takes one of socket-select, xdp, thread, got 'sched'"), std::string::npos) << out;
+  EXPECT_NE(out.find("--hook takes one of socket-select, xdp, thread, socket-lookup, got 'sched'"), std::string::npos) << out;
 
   std::string saved = getenv("SYRUP_SOCKET");
   setenv("SYRUP_SOCKET", "/tmp/syrup-no-such-daemon.sock", 1);

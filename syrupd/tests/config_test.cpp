@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "config.h"
+#include "registry.h"
 
 namespace syrup {
 namespace {
@@ -337,7 +338,7 @@ TEST(ConfigErrors, Hooks) {
   EXPECT_EQ(only_error(kPolicyHead + "  - policy: a.c\n    pid: 1\n"),
             "syrup.yaml:5: tenants[0].policies[0].hook: required key is missing");
   EXPECT_EQ(only_error(kPolicyHead + "  - hook: sched\n    policy: a.c\n"),
-            "syrup.yaml:5: tenants[0].policies[0].hook: unknown hook 'sched' (known: socket-select, xdp, thread)");
+            "syrup.yaml:5: tenants[0].policies[0].hook: unknown hook 'sched' (known: " + syrup::hook_names() + ")");
   EXPECT_EQ(only_error(kPolicyHead + "  - hook: thread\n    pid: 1\n"),
             "syrup.yaml:5: tenants[0].policies[0].policy: required key is missing");
   EXPECT_EQ(only_error(kPolicyHead + "  - 3\n"),

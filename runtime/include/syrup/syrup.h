@@ -28,6 +28,7 @@ enum syr_hook {
 	SYR_HOOK_SOCKET_SELECT = 1, /* SO_REUSEPORT group: datagram/connection -> socket */
 	SYR_HOOK_XDP = 2,           /* packet -> core or AF_XDP socket */
 	SYR_HOOK_THREAD = 3,        /* thread -> core */
+	SYR_HOOK_SOCKET_LOOKUP = 4, /* new connection/datagram for a port range -> socket */
 };
 
 /* A deploy-time parameter of the policy (a SYR_PARAM in its source). */
@@ -77,6 +78,9 @@ struct syr_deploy_opts {
 	/* Socket-select with `pid`: the address of the group's sockets ("127.0.0.1", "::"),
 	 * needed when the process has several SO_REUSEPORT groups on `port`. */
 	const char *address;
+	/* Socket-lookup: the steered ports are [port, port_end] (0: `port` alone); `protocol`
+	 * names their protocol, `address` (optional) the local address steered. */
+	uint16_t port_end;
 };
 
 /* Compiles the policy at `path` for `hook` and deploys it. Returns the policy id (> 0)

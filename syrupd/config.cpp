@@ -191,6 +191,20 @@ class Parser {
   void quotas(const Field& f, const std::string& path, Quotas& out, std::map<std::string, QuotaSource>& where);
   void tenant(const YAML::Node& n, const std::string& path, const Config& cfg, Tenant& out);
   void policy(const YAML::Node& n, const std::string& path, const Tenant& t, std::vector<PolicyEntry>& out);
+  const std::vector<std::string>* policy_hook(const std::map<std::string, Field>& f, const std::string& path,
+                                              PolicyEntry& e);
+  void policy_keys(const std::map<std::string, Field>& f, const std::string& path, const PolicyEntry& e,
+                   const std::vector<std::string>* hook_keys);
+  void policy_source(const std::map<std::string, Field>& f, const std::string& path, const Tenant& t,
+                     PolicyEntry& e, std::string& source);
+  void policy_name(const std::map<std::string, Field>& f, const std::string& path, PolicyEntry& e);
+  json policy_params(const std::map<std::string, Field>& f, const std::string& path);
+  bool policy_persist(const std::map<std::string, Field>& f, const std::string& path, const PolicyEntry& e);
+  const Field* selector(const std::map<std::string, Field>& f, const std::string& path,
+                        const std::vector<std::string>* hook_keys, std::string& sel_key);
+  void policy_target(const std::map<std::string, Field>& f, const std::string& path, PolicyEntry& e,
+                     const std::vector<std::string>* hook_keys);
+  static void finish_policy(PolicyEntry& e, json req, std::vector<PolicyEntry>& out);
   // The entry's keys of its hook, checked by the hook's parse() (hooks/hook_request.h) and
   // added to its deploy request as the hook spells them.
   void hook_request(const std::map<std::string, Field>& f, const std::string& path, const PolicyEntry& e,
@@ -505,83 +519,91 @@ void Parser::hook_request(const std::map<std::string, Field>& f, const std::stri
   req.update(canonical);
 }
 
-void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& t, std::vector<PolicyEntry>& out) {
-  PolicyEntry e;
-  e.tenant = t.name;
-  e.uid = t.uid;
-  e.where = path;
-  e.line = line_of(n);
-  std::map<std::string, Field> f;
-  std::string ex = "a policy: a mapping with hook, policy and the hook's keys";
-  if (!fields(n, path, ex, f, nullptr, e.line)) return;
-  size_t before = errs_.size();
+// A policy entry is read in phases, each reporting what it finds wrong and going on, so
+// that one pass names every problem; the entry is kept only if no phase reported one.
+// The phases after policy_hook() are given the hook's keys (null when the hook is
+// missing or unknown), which decide what belongs to the entry.
 
-  // The hook decides which keys belong.
+// The hook, which decides which keys belong; its keys, or null.
+const std::vector<std::string>* Parser::policy_hook(const std::map<std::string, Field>& f, const std::string& path,
+                                                    PolicyEntry& e) {
   auto hit = f.find("hook");
-  const std::vector<std::string>* hook_keys = nullptr;
   if (hit == f.end()) {
     error(e.line, sub(path, "hook"), "required key is missing");
   } else if (!hit->second.value.IsScalar()) {
     error(hit->second, sub(path, "hook"), "expected one of " + hook_names());
   } else {
     e.hook = hit->second.value.Scalar();
-    if (auto k = keys_by_hook().find(e.hook); k != keys_by_hook().end()) hook_keys = &k->second;
-    else error(hit->second, sub(path, "hook"), "unknown hook '" + e.hook + "' (known: " + hook_names() + ")");
+    if (auto k = keys_by_hook().find(e.hook); k != keys_by_hook().end()) return &k->second;
+    error(hit->second, sub(path, "hook"), "unknown hook '" + e.hook + "' (known: " + hook_names() + ")");
   }
-  std::vector<std::string> all = kCommonPolicyKeys;
-  if (hook_keys) {
-    all.insert(all.end(), hook_keys->begin(), hook_keys->end());
-    for (auto& [name, fld] : f) {
-      bool common = std::find(kCommonPolicyKeys.begin(), kCommonPolicyKeys.end(), name) != kCommonPolicyKeys.end();
-      bool of_hook = std::find(hook_keys->begin(), hook_keys->end(), name) != hook_keys->end();
-      bool of_other = false;
-      for (auto& [h, keys] : keys_by_hook()) of_other |= std::find(keys.begin(), keys.end(), name) != keys.end();
-      if (!common && !of_hook && of_other)
-        error(fld.key, sub(path, name), "not used by the " + e.hook + " hook (its keys: " + join(all) + ")");
-    }
-    std::map<std::string, Field> unknown;
-    for (auto& [name, fld] : f) {
-      bool known = std::find(all.begin(), all.end(), name) != all.end();
-      for (auto& [h, keys] : keys_by_hook()) known |= std::find(keys.begin(), keys.end(), name) != keys.end();
-      if (!known) unknown.emplace(name, fld);
-    }
-    unknown_keys(unknown, path, all);
-  } else {
+  return nullptr;
+}
+
+// Keys of another hook, and keys of none; without a known hook, keys of no hook at all.
+void Parser::policy_keys(const std::map<std::string, Field>& f, const std::string& path, const PolicyEntry& e,
+                         const std::vector<std::string>* hook_keys) {
+  auto of_any_hook = [](const std::string& name) {
+    bool found = false;
+    for (auto& [h, keys] : keys_by_hook()) found |= std::find(keys.begin(), keys.end(), name) != keys.end();
+    return found;
+  };
+  if (!hook_keys) {
     std::vector<std::string> any = kCommonPolicyKeys;
     for (auto& [h, keys] : keys_by_hook())
       for (auto& k : keys)
         if (std::find(any.begin(), any.end(), k) == any.end()) any.push_back(k);
     unknown_keys(f, path, any);
+    return;
   }
-  auto used = [&](const char* k) { return hook_keys && std::find(hook_keys->begin(), hook_keys->end(), k) != hook_keys->end(); };
+  std::vector<std::string> all = kCommonPolicyKeys;
+  all.insert(all.end(), hook_keys->begin(), hook_keys->end());
+  for (auto& [name, fld] : f) {
+    bool common = std::find(kCommonPolicyKeys.begin(), kCommonPolicyKeys.end(), name) != kCommonPolicyKeys.end();
+    bool of_hook = std::find(hook_keys->begin(), hook_keys->end(), name) != hook_keys->end();
+    if (!common && !of_hook && of_any_hook(name))
+      error(fld.key, sub(path, name), "not used by the " + e.hook + " hook (its keys: " + join(all) + ")");
+  }
+  std::map<std::string, Field> unknown;
+  for (auto& [name, fld] : f) {
+    bool known = std::find(all.begin(), all.end(), name) != all.end() || of_any_hook(name);
+    if (!known) unknown.emplace(name, fld);
+  }
+  unknown_keys(unknown, path, all);
+}
 
-  // The policy file.
-  std::string source;
-  if (auto it = f.find("policy"); it == f.end()) {
+// The policy file: e.path resolved, its text in `source`, within the limits.
+void Parser::policy_source(const std::map<std::string, Field>& f, const std::string& path, const Tenant& t,
+                           PolicyEntry& e, std::string& source) {
+  auto it = f.find("policy");
+  if (it == f.end()) {
     error(e.line, sub(path, "policy"), "required key is missing");
-  } else if (string_of(it->second, sub(path, "policy"), e.path, "the path of the policy's C file")) {
-    e.path = resolve_path(base_dir_, e.path);
-    std::string why;
-    size_t limit = opts_.max_source_bytes;
-    int r = opts_.read_file ? opts_.read_file(e.path, limit, source, why)
-                            : read_regular_file(e.path, limit, source, why);
-    if (r) {
-      error(it->second, sub(path, "policy"), "cannot read " + e.path + ": " + why);
-    } else if (source.size() > limit) {
-      error(it->second, sub(path, "policy"),
-            e.path + " is larger than " + std::to_string(limit) + " bytes (syrupd's --max_source_bytes)");
-    } else if (source.empty()) {
-      error(it->second, sub(path, "policy"), e.path + " is empty");
-    } else if (source.find('\0') != std::string::npos) {
-      error(it->second, sub(path, "policy"), e.path + " contains NUL bytes: not C source text");
-    } else if (t.effective.source_bytes && source.size() > *t.effective.source_bytes) {
-      error(it->second, sub(path, "policy"),
-            e.path + " is " + std::to_string(source.size()) + " bytes; the tenant's source_bytes quota is " +
-                std::to_string(*t.effective.source_bytes));
-    }
+    return;
   }
+  if (!string_of(it->second, sub(path, "policy"), e.path, "the path of the policy's C file")) return;
+  e.path = resolve_path(base_dir_, e.path);
+  std::string why;
+  size_t limit = opts_.max_source_bytes;
+  int r = opts_.read_file ? opts_.read_file(e.path, limit, source, why)
+                          : read_regular_file(e.path, limit, source, why);
+  if (r) {
+    error(it->second, sub(path, "policy"), "cannot read " + e.path + ": " + why);
+  } else if (source.size() > limit) {
+    error(it->second, sub(path, "policy"),
+          e.path + " is larger than " + std::to_string(limit) + " bytes (syrupd's --max_source_bytes)");
+  } else if (source.empty()) {
+    error(it->second, sub(path, "policy"), e.path + " is empty");
+  } else if (source.find('\0') != std::string::npos) {
+    error(it->second, sub(path, "policy"), e.path + " contains NUL bytes: not C source text");
+  } else if (t.effective.source_bytes && source.size() > *t.effective.source_bytes) {
+    error(it->second, sub(path, "policy"),
+          e.path + " is " + std::to_string(source.size()) + " bytes; the tenant's source_bytes quota is " +
+              std::to_string(*t.effective.source_bytes));
+  }
+}
 
-  // Its name: explicit, or the file's.
+// Its name: explicit, or the file's. Needs policy_source() (e.path).
+void Parser::policy_name(const std::map<std::string, Field>& f, const std::string& path, PolicyEntry& e) {
   if (auto it = f.find("name"); it != f.end()) {
     if (string_of(it->second, sub(path, "name"), e.name, "a policy name"))
       if (std::string why = names::check("policy", e.name, names::Kind::kLabel); !why.empty())
@@ -591,30 +613,36 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
     if (std::string why = names::check("policy", e.name, names::Kind::kLabel); !why.empty())
       error(f.find("policy")->second, sub(path, "policy"), why + " (the file's name is the default; set name:)");
   }
+}
 
+json Parser::policy_params(const std::map<std::string, Field>& f, const std::string& path) {
   json params = json::object();
-  if (auto it = f.find("params"); it != f.end() && !it->second.value.IsNull()) {
-    std::map<std::string, Field> pf;
-    std::string pp = sub(path, "params");
-    if (fields(it->second.value, pp, "a mapping of parameter names to non-negative integers", pf, nullptr,
-               line_of(it->second.key))) {
-      for (auto& [name, fld] : pf) {
-        bool ident = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
-        for (char c : name) ident &= std::isalnum(static_cast<unsigned char>(c)) || c == '_';
-        uint64_t v;
-        if (!ident) error(fld.key, sub(pp, name), "parameter names are C identifiers");
-        else if (name.starts_with("syr_")) error(fld.key, sub(pp, name), "parameter names starting with syr_ are reserved");
-        else if (uint_of(fld, sub(pp, name), 0, UINT64_MAX, v, "a non-negative integer")) params[name] = v;
-      }
-    }
+  auto it = f.find("params");
+  if (it == f.end() || it->second.value.IsNull()) return params;
+  std::map<std::string, Field> pf;
+  std::string pp = sub(path, "params");
+  if (!fields(it->second.value, pp, "a mapping of parameter names to non-negative integers", pf, nullptr,
+              line_of(it->second.key)))
+    return params;
+  for (auto& [name, fld] : pf) {
+    bool ident = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
+    for (char c : name) ident &= std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+    uint64_t v;
+    if (!ident) error(fld.key, sub(pp, name), "parameter names are C identifiers");
+    else if (name.starts_with("syr_")) error(fld.key, sub(pp, name), "parameter names starting with syr_ are reserved");
+    else if (uint_of(fld, sub(pp, name), 0, UINT64_MAX, v, "a non-negative integer")) params[name] = v;
   }
-  // socket-select and thread policies follow their process: removed when it exits, and
-  // deployed again (on the new process) by the next apply. Persisting past the process
-  // is refused: a socket-select policy holds the process's sockets, so the port would stay
-  // bound to sockets nobody reads, a restarted server joining that group (same uid,
-  // SO_REUSEPORT) would get none of its traffic, and, the entry being unchanged, no reload
-  // would ever move the policy to the new process. XDP policies belong to an interface
-  // and persist by default.
+  return params;
+}
+
+// socket-select and thread policies follow their process: removed when it exits, and
+// deployed again (on the new process) by the next apply. Persisting past the process
+// is refused: a socket-select policy holds the process's sockets, so the port would stay
+// bound to sockets nobody reads, a restarted server joining that group (same uid,
+// SO_REUSEPORT) would get none of its traffic, and, the entry being unchanged, no reload
+// would ever move the policy to the new process. XDP policies belong to an interface
+// and persist by default.
+bool Parser::policy_persist(const std::map<std::string, Field>& f, const std::string& path, const PolicyEntry& e) {
   std::string refusal = persist_refusal(e.hook);
   bool persist = refusal.empty();
   if (auto it = f.find("persist"); it != f.end() && bool_of(it->second, sub(path, "persist"), persist) &&
@@ -623,13 +651,20 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
           "persist: true is not allowed for the " + e.hook +
               " hook: its policy follows the process (removed when it exits, deployed again on the new "
               "process by the next reload); " + refusal);
+  return persist;
+}
 
-  // The process it schedules.
+// The one selector key the hook uses (the first in file order; later ones are reported),
+// or null with sel_key empty.
+const Field* Parser::selector(const std::map<std::string, Field>& f, const std::string& path,
+                              const std::vector<std::string>* hook_keys, std::string& sel_key) {
+  auto used = [&](const std::string& k) {
+    return hook_keys && std::find(hook_keys->begin(), hook_keys->end(), k) != hook_keys->end();
+  };
   const Field* sel = nullptr;
-  std::string sel_key;
   std::vector<std::pair<int, std::string>> given;  // in file order
   for (auto& k : kSelectorKeys)
-    if (auto it = f.find(k); it != f.end() && used(k.c_str())) given.push_back({line_of(it->second.key), k});
+    if (auto it = f.find(k); it != f.end() && used(k)) given.push_back({line_of(it->second.key), k});
   std::sort(given.begin(), given.end());
   for (auto& [line, k] : given) {
     auto it = f.find(k);
@@ -640,6 +675,14 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
     sel = &it->second;
     sel_key = k;
   }
+  return sel;
+}
+
+// The process it schedules, in e.target. Needs policy_hook() (e.hook).
+void Parser::policy_target(const std::map<std::string, Field>& f, const std::string& path, PolicyEntry& e,
+                           const std::vector<std::string>* hook_keys) {
+  std::string sel_key;
+  const Field* sel = selector(f, path, hook_keys, sel_key);
   if (sel && sel_key == "pid") {
     uint64_t pid;
     if (uint_of(*sel, sub(path, "pid"), 1, INT32_MAX, pid, "a pid (a positive integer)")) {
@@ -663,18 +706,11 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
   } else if (!sel && find_hook(e.hook) && find_hook(e.hook)->needs_process) {
     error(e.line, sub(path, "process"), "the " + e.hook + " hook needs the process it schedules: process, pid or pidfile");
   }
+}
 
-  json req = {{"op", "deploy"}, {"hook", e.hook}, {"app", t.name}, {"name", e.name},
-              {"source_name", e.path}, {"source", source}, {"params", params}, {"persist", persist}};
-
-  // The hook's own keys: its parse() checks them (a process that schedules nothing is
-  // already refused above, and the hook's keys are not checked on top of that).
-  if (const HookSpec* spec = hook_keys ? find_hook(e.hook) : nullptr;
-      spec && (!spec->needs_process || e.target.kind != ProcessSelector::Kind::kNone))
-    hook_request(f, path, e, *spec, req);
-
-  if (errs_.size() != before) return;
-  e.identity = t.name + "/" + e.name;
+// The entry's request, identity and hash, once every phase passed.
+void Parser::finish_policy(PolicyEntry& e, json req, std::vector<PolicyEntry>& out) {
+  e.identity = e.tenant + "/" + e.name;
   e.request = std::move(req);
   json h = {{"request", e.request},
             {"uid", e.uid},
@@ -683,6 +719,38 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
   // A policy file need not be UTF-8: hash its bytes as the protocol would send them.
   e.hash = sha256_hex(h.dump(-1, ' ', false, json::error_handler_t::replace));
   out.push_back(std::move(e));
+}
+
+void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& t, std::vector<PolicyEntry>& out) {
+  PolicyEntry e;
+  e.tenant = t.name;
+  e.uid = t.uid;
+  e.where = path;
+  e.line = line_of(n);
+  std::map<std::string, Field> f;
+  std::string ex = "a policy: a mapping with hook, policy and the hook's keys";
+  if (!fields(n, path, ex, f, nullptr, e.line)) return;
+  size_t before = errs_.size();
+
+  const std::vector<std::string>* hook_keys = policy_hook(f, path, e);
+  policy_keys(f, path, e, hook_keys);
+  std::string source;
+  policy_source(f, path, t, e, source);
+  policy_name(f, path, e);
+  json params = policy_params(f, path);
+  bool persist = policy_persist(f, path, e);
+  policy_target(f, path, e, hook_keys);
+
+  json req = {{"op", "deploy"}, {"hook", e.hook}, {"app", t.name}, {"name", e.name},
+              {"source_name", e.path}, {"source", source}, {"params", params}, {"persist", persist}};
+  // The hook's own keys: its parse() checks them (a process that schedules nothing is
+  // already refused above, and the hook's keys are not checked on top of that).
+  if (const HookSpec* spec = hook_keys ? find_hook(e.hook) : nullptr;
+      spec && (!spec->needs_process || e.target.kind != ProcessSelector::Kind::kNone))
+    hook_request(f, path, e, *spec, req);
+
+  if (errs_.size() != before) return;
+  finish_policy(e, std::move(req), out);
 }
 
 // Whether two entries would be deployed to one target (at most one policy each), and if

@@ -546,49 +546,58 @@ int verify_unprivileged(const LoadSpec& spec, LoadFailure& fail) {
   return r;
 }
 
-int load_checked(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFailure& fail) {
-  std::string captured;
-  CaptureScope capture(&captured);
-  auto p = std::make_unique<LoadedPolicy>();
-  p->app = spec.app;
-  p->policy_id = spec.policy_id;
+// A policy's load, in phases. Each phase returns 0 or a negative errno with its reason
+// in `fail`, and says what it needs of the phases before it. The unwind order is one:
+// until pin_policy() succeeds, every kernel object the load made belongs to the
+// LoadedPolicy's bpf_object, which its destructor closes; pin_policy() removes the pins
+// it made itself when it fails. Nothing else is made, so no phase undoes anything.
 
+// Opens the compiled object. After it: p.obj is open.
+int open_object(const LoadSpec& spec, LoadedPolicy& p, const std::string& captured, LoadFailure& fail) {
   std::string objname = "syr_" + std::to_string(spec.policy_id);
   LIBBPF_OPTS(bpf_object_open_opts, oopts, .object_name = objname.c_str());
-  p->obj = bpf_object__open_file(spec.object_path.c_str(), &oopts);
-  if (!p->obj) {
+  p.obj = bpf_object__open_file(spec.object_path.c_str(), &oopts);
+  if (!p.obj) {
     int e = -errno;
-    p->obj = nullptr;
+    p.obj = nullptr;
     fail.message = "cannot open the compiled policy: " + std::string(std::strerror(-e));
     fail.log = captured;
     return e;
   }
+  return 0;
+}
 
+// Needs p.obj. A policy is one program (or exactly the programs its hook names, the first
+// of which is the policy's): p.prog is that program.
+int select_program(const LoadSpec& spec, LoadedPolicy& p, LoadFailure& fail) {
   int nprogs = 0;
   bpf_program* prog;
-  bpf_object__for_each_program(prog, p->obj) {
+  bpf_object__for_each_program(prog, p.obj) {
     nprogs++;
-    p->prog = prog;
+    p.prog = prog;
   }
   if (!spec.programs.empty()) {
-    p->prog = bpf_object__find_program_by_name(p->obj, spec.programs[0].c_str());
+    p.prog = bpf_object__find_program_by_name(p.obj, spec.programs[0].c_str());
     for (auto& n : spec.programs)
-      if (!bpf_object__find_program_by_name(p->obj, n.c_str())) p->prog = nullptr;
-    if (p->prog && nprogs == static_cast<int>(spec.programs.size())) nprogs = 1;
+      if (!bpf_object__find_program_by_name(p.obj, n.c_str())) p.prog = nullptr;
+    if (p.prog && nprogs == static_cast<int>(spec.programs.size())) nprogs = 1;
   }
-  if (nprogs != 1 || !p->prog) {
+  if (nprogs != 1 || !p.prog) {
     fail.message = "policy " + spec.policy_name +
                    " defines BPF programs of its own (a policy is one SYR_POLICY function)";
     return -EINVAL;
   }
+  return 0;
+}
 
-  // Read-only parameters.
-  if (int r = set_rodata(p->obj, SYR_NUM_EXECUTORS_VAR, spec.num_executors); r) {
+// Needs an opened, not yet loaded object: sets its read-only parameters.
+int set_parameters(const LoadSpec& spec, bpf_object* obj, LoadFailure& fail) {
+  if (int r = set_rodata(obj, SYR_NUM_EXECUTORS_VAR, spec.num_executors); r) {
     fail.message = "compiled policy has no syr_num_executors (was it built with <syrup/policy.h>?)";
     return r;
   }
   for (auto& [name, value] : spec.params) {
-    int r = set_rodata(p->obj, name, value);
+    int r = set_rodata(obj, name, value);
     if (r == -ENOENT) {
       fail.message = "policy " + spec.policy_name + " has no parameter '" + name +
                      "' (declare it with SYR_PARAM)";
@@ -603,26 +612,37 @@ int load_checked(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadF
       return r;
     }
   }
+  return 0;
+}
 
-  // Application maps: shared by name through the application's pin directory.
+// One of Syrup's own maps (syr_*): only those the hook declares, shared with the hook's
+// programs where it hands one over.
+int place_system_map(const LoadSpec& spec, bpf_map* m, const char* name, LoadedPolicy& p, LoadFailure& fail) {
+  if (std::find(spec.system_maps.begin(), spec.system_maps.end(), name) == spec.system_maps.end()) {
+    fail.message = std::string("map name '") + name + "' is reserved (names starting with syr_ belong to Syrup)";
+    return -EINVAL;
+  }
+  if (auto it = spec.reuse_maps.find(name); it != spec.reuse_maps.end()) {
+    if (int r = bpf_map__reuse_fd(m, it->second)) {
+      fail.message = std::string("cannot share system map ") + name + ": " + std::strerror(-r);
+      return r;
+    }
+  }
+  p.system_maps.emplace_back(name);
+  return 0;
+}
+
+// Needs p.obj, not loaded. Application maps are shared by name through the application's
+// pin directory; after it, p.system_maps and p.user_maps list the object's maps.
+int place_maps(const LoadSpec& spec, LoadedPolicy& p, LoadFailure& fail) {
   bpf_map* m;
-  bpf_object__for_each_map(m, p->obj) {
+  bpf_object__for_each_map(m, p.obj) {
     // A copy: bpf_map__reuse_fd() replaces the map's name string.
     std::string name_s = bpf_map__name(m);
     const char* name = name_s.c_str();
     if (bpf_map__is_internal(m)) continue;
     if (is_system_map(name)) {
-      if (std::find(spec.system_maps.begin(), spec.system_maps.end(), name) == spec.system_maps.end()) {
-        fail.message = std::string("map name '") + name + "' is reserved (names starting with syr_ belong to Syrup)";
-        return -EINVAL;
-      }
-      if (auto it = spec.reuse_maps.find(name); it != spec.reuse_maps.end()) {
-        if (int r = bpf_map__reuse_fd(m, it->second)) {
-          fail.message = std::string("cannot share system map ") + name + ": " + std::strerror(-r);
-          return r;
-        }
-      }
-      p->system_maps.emplace_back(name);
+      if (int r = place_system_map(spec, m, name, p, fail)) return r;
       continue;
     }
     if (std::string why = names::check("map", name); !why.empty()) {
@@ -634,24 +654,32 @@ int load_checked(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadF
       return r;
     }
     bpf_map__set_pin_path(m, pins::app_map(spec.app, name).c_str());
-    p->user_maps.emplace_back(name);
+    p.user_maps.emplace_back(name);
   }
+  return 0;
+}
 
-  // What the policy may call and declare, checked before the verifier sees it.
-  LoadFootprint fp;
-  bpf_object__for_each_map(m, p->obj) {
+// An application map's type must be one the hook allows.
+int check_map_type(const LoadSpec& spec, bpf_map* m, const std::string& name, LoadFailure& fail) {
+  if (spec.allowed.map_types.count(bpf_map__type(m))) return 0;
+  std::string allowed;
+  for (auto t : spec.allowed.map_types)
+    allowed += (allowed.empty() ? "" : ", ") + std::string(libbpf_bpf_map_type_str(t) ?: "?");
+  const char* type = libbpf_bpf_map_type_str(bpf_map__type(m));
+  fail.message = "map '" + name + "' is a " + (type ? type : "unknown type of") + " map, which the " +
+                 spec.hook + " hook does not allow (it allows: " + (allowed.empty() ? "none" : allowed) + ")";
+  return -EPERM;
+}
+
+// Needs place_maps(). What the policy may call and declare, checked before the verifier
+// sees it; fills `fp` with what it would add to the application.
+int check_footprint(const LoadSpec& spec, const LoadedPolicy& p, LoadFootprint& fp, LoadFailure& fail) {
+  bpf_map* m;
+  bpf_object__for_each_map(m, p.obj) {
     if (bpf_map__is_internal(m)) continue;
     std::string name = bpf_map__name(m);
-    if (std::find(p->user_maps.begin(), p->user_maps.end(), name) == p->user_maps.end()) continue;
-    if (!spec.allowed.map_types.count(bpf_map__type(m))) {
-      std::string allowed;
-      for (auto t : spec.allowed.map_types)
-        allowed += (allowed.empty() ? "" : ", ") + std::string(libbpf_bpf_map_type_str(t) ?: "?");
-      const char* type = libbpf_bpf_map_type_str(bpf_map__type(m));
-      fail.message = "map '" + name + "' is a " + (type ? type : "unknown type of") + " map, which the " +
-                     spec.hook + " hook does not allow (it allows: " + (allowed.empty() ? "none" : allowed) + ")";
-      return -EPERM;
-    }
+    if (std::find(p.user_maps.begin(), p.user_maps.end(), name) == p.user_maps.end()) continue;
+    if (int r = check_map_type(spec, m, name, fail)) return r;
     if (access(pins::app_map(spec.app, name).c_str(), F_OK) == 0) continue;  // shared, exists
     fp.new_maps.push_back(name);
     fp.new_map_bytes += uint64_t{bpf_map__key_size(m) + bpf_map__value_size(m)} * bpf_map__max_entries(m);
@@ -664,13 +692,18 @@ int load_checked(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadF
     return r;
   }
   for (auto& sec : code.sections) fp.insns += sec.insns.size();
-  if (std::string why = check_calls(spec, code, p->obj); !why.empty()) {
+  if (std::string why = check_calls(spec, code, p.obj); !why.empty()) {
     fail.message = why;
     return -EPERM;
   }
-  // The capabilities the verifier sees: what the object's program types need.
-  uint64_t caps = 0;
-  bpf_object__for_each_program(prog, p->obj) {
+  return 0;
+}
+
+// Needs p.obj. The capabilities the verifier sees: what the object's program types need.
+int program_caps(const LoadSpec& spec, bpf_object* obj, uint64_t& caps, LoadFailure& fail) {
+  caps = 0;
+  bpf_program* prog;
+  bpf_object__for_each_program(prog, obj) {
     uint64_t need = caps_for(bpf_program__type(prog));
     if (!need) {
       fail.message = "policy " + spec.policy_name + " has a program of type " +
@@ -679,17 +712,21 @@ int load_checked(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadF
     }
     caps |= need;
   }
-  if (spec.check_quota) {
-    std::string why = spec.check_quota(fp);
-    if (!why.empty()) {
-      fail.message = why;
-      return -EDQUOT;
-    }
-  }
+  return 0;
+}
 
-  prime_libbpf_probes();
-  if (!spec.verify_object_path.empty())
-    if (int r = verify_unprivileged(spec, fail)) return r;
+int check_quota(const LoadSpec& spec, const LoadFootprint& fp, LoadFailure& fail) {
+  if (!spec.check_quota) return 0;
+  std::string why = spec.check_quota(fp);
+  if (why.empty()) return 0;
+  fail.message = why;
+  return -EDQUOT;
+}
+
+// Needs every check above passed. Loads p.obj with `caps` (the verifier's view of the
+// caller) and reports the verifier's reason from `captured` when it refuses.
+int load_lowered(const LoadSpec& spec, LoadedPolicy& p, uint64_t caps, const std::string& captured,
+                 LoadFailure& fail) {
   // libbpf opens the application's pinned maps and pins new ones inside the load, in
   // the application's directory (not root's): CAP_DAC_OVERRIDE stays for that; it
   // changes nothing the verifier decides.
@@ -701,38 +738,62 @@ int load_checked(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadF
                      ": " + std::strerror(-lowered.error());
       return lowered.error();
     }
-    r = bpf_object__load(p->obj);
+    r = bpf_object__load(p.obj);
   }
-  if (r) {
-    std::string vlog = verifier_log(captured);
-    if (!vlog.empty()) {
-      std::string reason = verifier_reason(vlog);
-      fail.message = "the verifier rejected policy " + spec.policy_name +
-                     (reason.empty() ? std::string() : ": " + reason);
-      fail.log = tail_lines(vlog, 30);
-    } else {
-      fail.message = "loading policy " + spec.policy_name + " failed: " + std::strerror(-r);
-      fail.log = tail_lines(captured, 30);
-    }
-    return r;
+  if (!r) return 0;
+  std::string vlog = verifier_log(captured);
+  if (!vlog.empty()) {
+    std::string reason = verifier_reason(vlog);
+    fail.message = "the verifier rejected policy " + spec.policy_name +
+                   (reason.empty() ? std::string() : ": " + reason);
+    fail.log = tail_lines(vlog, 30);
+  } else {
+    fail.message = "loading policy " + spec.policy_name + " failed: " + std::strerror(-r);
+    fail.log = tail_lines(captured, 30);
   }
+  return r;
+}
 
-  // Pin what a later syrupd (or bpftool) needs to find this policy.
+// Needs a loaded p.obj. Pins what a later syrupd (or bpftool) needs to find this policy;
+// on failure removes the pins it made.
+int pin_policy(const LoadSpec& spec, LoadedPolicy& p, LoadFailure& fail) {
   std::string dir = pins::policy_dir(spec.app, spec.policy_id);
+  int r;
   if ((r = pins::make_dirs(dir)) ||
-      (r = bpf_program__pin(p->prog, pins::policy_prog(spec.app, spec.policy_id).c_str()))) {
+      (r = bpf_program__pin(p.prog, pins::policy_prog(spec.app, spec.policy_id).c_str()))) {
     fail.message = "cannot pin policy under " + dir + ": " + std::strerror(-r);
-    p->unpin();
+    p.unpin();
     return r;
   }
-  for (auto& sys : p->system_maps) {
-    bpf_map* sm = bpf_object__find_map_by_name(p->obj, sys.c_str());
+  for (auto& sys : p.system_maps) {
+    bpf_map* sm = bpf_object__find_map_by_name(p.obj, sys.c_str());
     if ((r = bpf_map__pin(sm, pins::policy_map(spec.app, spec.policy_id, sys).c_str()))) {
       fail.message = "cannot pin " + sys + " under " + dir + ": " + std::strerror(-r);
-      p->unpin();
+      p.unpin();
       return r;
     }
   }
+  return 0;
+}
+
+int load_checked(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFailure& fail) {
+  std::string captured;
+  CaptureScope capture(&captured);
+  auto p = std::make_unique<LoadedPolicy>();
+  p->app = spec.app;
+  p->policy_id = spec.policy_id;
+  LoadFootprint fp;
+  uint64_t caps = 0;
+  int r;
+  if ((r = open_object(spec, *p, captured, fail)) || (r = select_program(spec, *p, fail)) ||
+      (r = set_parameters(spec, p->obj, fail)) || (r = place_maps(spec, *p, fail)) ||
+      (r = check_footprint(spec, *p, fp, fail)) || (r = program_caps(spec, p->obj, caps, fail)) ||
+      (r = check_quota(spec, fp, fail)))
+    return r;
+  prime_libbpf_probes();
+  if (!spec.verify_object_path.empty())
+    if ((r = verify_unprivileged(spec, fail))) return r;
+  if ((r = load_lowered(spec, *p, caps, captured, fail)) || (r = pin_policy(spec, *p, fail))) return r;
   out = std::move(p);
   return 0;
 }

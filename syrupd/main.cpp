@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <fstream>
 #include <filesystem>
@@ -104,6 +105,136 @@ std::string default_kernel_dir() {
   return has_headers(beside) ? beside.string() : SYRUP_INSTALL_KERNEL_DIR;
 }
 
+// syrupd's start, in phases: each reads a group of flags into the DaemonConfig, in the
+// order the flags are checked, and returns 0 or -EINVAL after saying on stderr which flag
+// is wrong (syrupd then exits with 2). Nothing is made before Daemon::init(), so a phase
+// has nothing to undo.
+
+// Where syrupd listens and pins, what one request may carry, the quotas, who administers
+// and what becomes of the policies on exit.
+int access_from_flags(syrup::DaemonConfig& cfg) {
+  cfg.socket_path = FLAGS_socket;
+  cfg.bpffs_root = FLAGS_bpffs_root;
+  if (FLAGS_max_source_bytes > syrup::proto::kMaxPayload) {
+    std::fprintf(stderr, "syrupd: --max_source_bytes must be in 0..%u: a request frame carries at most 4 MiB\n",
+                 syrup::proto::kMaxPayload);
+    return -EINVAL;
+  }
+  cfg.max_source_bytes = FLAGS_max_source_bytes;
+  cfg.quotas = {FLAGS_quota_policies,     FLAGS_quota_maps,     FLAGS_quota_map_bytes,     FLAGS_quota_insns,
+                FLAGS_quota_rps,          FLAGS_quota_uid_policies, FLAGS_quota_uid_maps, FLAGS_quota_uid_map_bytes,
+                FLAGS_quota_uid_insns};
+  if (!FLAGS_admin_group.empty()) {
+    struct group* g = getgrnam(FLAGS_admin_group.c_str());
+    if (!g) {
+      std::fprintf(stderr, "syrupd: --admin_group: no group '%s'\n", FLAGS_admin_group.c_str());
+      return -EINVAL;
+    }
+    cfg.admin_gids.push_back(g->gr_gid);
+  }
+  if (FLAGS_on_exit != "keep" && FLAGS_on_exit != "remove") {
+    std::fprintf(stderr, "syrupd: --on_exit must be keep or remove\n");
+    return -EINVAL;
+  }
+  cfg.remove_on_exit = FLAGS_on_exit == "remove";
+  return 0;
+}
+
+// The CPUs the thread agent runs on: a CPU list of online CPUs.
+int agent_cpus_from_flags(syrup::DaemonConfig& cfg) {
+  if (FLAGS_agent_cpus.empty()) return 0;
+  if (syrup::thread::cpus_from_string(FLAGS_agent_cpus, cfg.agent_cpus)) {
+    std::fprintf(stderr, "syrupd: --agent_cpus: '%s' is not a CPU list (e.g. 0 or 0-1,4)\n", FLAGS_agent_cpus.c_str());
+    return -EINVAL;
+  }
+  std::vector<int> online;
+  std::ifstream f("/sys/devices/system/cpu/online");
+  std::string line;
+  std::getline(f, line);
+  if (syrup::thread::cpus_from_string(line, online) == 0)
+    for (int c : cfg.agent_cpus)
+      if (!std::binary_search(online.begin(), online.end(), c)) {
+        std::fprintf(stderr, "syrupd: --agent_cpus: CPU %d is not online (online: %s)\n", c, line.c_str());
+        return -EINVAL;
+      }
+  return 0;
+}
+
+// The config file, the clients' bounds and the compile workers' bounds.
+int clients_from_flags(syrup::DaemonConfig& cfg) {
+  cfg.config_path = FLAGS_config;
+  if (FLAGS_max_clients == 0) {
+    std::fprintf(stderr, "syrupd: --max_clients must be at least 1\n");
+    return -EINVAL;
+  }
+  if (FLAGS_max_clients_per_uid == 0) {
+    std::fprintf(stderr, "syrupd: --max_clients_per_uid must be at least 1\n");
+    return -EINVAL;
+  }
+  cfg.max_clients = FLAGS_max_clients;
+  cfg.max_clients_per_uid = FLAGS_max_clients_per_uid;
+  cfg.client_idle_timeout_s = FLAGS_client_idle_timeout_s;
+  if (FLAGS_compile_workers < 1 || FLAGS_compile_workers > 64) {
+    std::fprintf(stderr, "syrupd: --compile_workers must be 1 to 64\n");
+    return -EINVAL;
+  }
+  cfg.compile_workers = FLAGS_compile_workers;
+  cfg.compiles_per_uid = FLAGS_quota_compiles_per_uid;
+  return 0;
+}
+
+// The compiler's sandbox and bounds, the load timeout, the metrics endpoint and the
+// state file.
+int compiler_from_flags(syrup::DaemonConfig& cfg) {
+  if (FLAGS_compiler_uid == 0) {
+    std::fprintf(stderr, "syrupd: --compiler_uid must not be 0: the compiler runs without root's rights\n");
+    return -EINVAL;
+  }
+  if (FLAGS_compile_memory_mb < 64 || FLAGS_compile_memory_mb > (1u << 20)) {
+    std::fprintf(stderr, "syrupd: --compile_memory_mb must be 64 to 1048576\n");
+    return -EINVAL;
+  }
+  if (FLAGS_compile_cpu_seconds < 1 || FLAGS_compile_cpu_seconds > 3600) {
+    std::fprintf(stderr, "syrupd: --compile_cpu_seconds must be 1 to 3600\n");
+    return -EINVAL;
+  }
+  if (FLAGS_load_timeout_s < 1) {
+    std::fprintf(stderr, "syrupd: --load_timeout_s must be at least 1\n");
+    return -EINVAL;
+  }
+  cfg.load_timeout_s = FLAGS_load_timeout_s;
+  if (FLAGS_metrics_port > 65535) {
+    std::fprintf(stderr, "syrupd: --metrics_port must be at most 65535\n");
+    return -EINVAL;
+  }
+  cfg.metrics_port = static_cast<uint16_t>(FLAGS_metrics_port);
+  cfg.metrics_per_tenant = FLAGS_metrics_per_tenant;
+  cfg.state_file = FLAGS_state_file.empty()
+                       ? (std::filesystem::path(FLAGS_socket).parent_path() / "syrupd.state.json").string()
+                       : FLAGS_state_file;
+  cfg.compiler.clang = FLAGS_clang;
+  cfg.compiler.kernel_dir = FLAGS_kernel_dir.empty() ? default_kernel_dir() : FLAGS_kernel_dir;
+  cfg.compiler.cache_dir = FLAGS_cache_dir;
+  cfg.compiler.cache_max_bytes = FLAGS_cache_max_bytes;
+  cfg.compiler.multiarch_include = SYRUP_MULTIARCH_INCLUDE;
+  cfg.compiler.uid = FLAGS_compiler_uid;
+  cfg.compiler.memory_bytes = FLAGS_compile_memory_mb << 20;
+  cfg.compiler.cpu_seconds = FLAGS_compile_cpu_seconds;
+  cfg.compiler.allow_unconfined = FLAGS_allow_unconfined_compiler;
+  return 0;
+}
+
+// systemd (Type=notify): ready once adoption and the config are done, so units ordered
+// after syrupd find their policies in place. Without NOTIFY_SOCKET these do nothing.
+// The notify socket stays in the environment for STOPPING=1; processes syrupd starts
+// inherit it, but systemd's default NotifyAccess=main takes messages from syrupd only.
+void notify_systemd(syrup::DaemonConfig& cfg) {
+  cfg.on_ready = [](size_t policies) {
+    sd_notifyf(0, "READY=1\nSTATUS=serving; %zu policies at start", policies);
+  };
+  cfg.on_stopping = [] { sd_notify(0, "STOPPING=1\nSTATUS=shutting down"); };
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -128,108 +259,10 @@ int main(int argc, char** argv) {
   syrup::set_log_level(level);
 
   syrup::DaemonConfig cfg;
-  cfg.socket_path = FLAGS_socket;
-  cfg.bpffs_root = FLAGS_bpffs_root;
-  if (FLAGS_max_source_bytes > syrup::proto::kMaxPayload) {
-    std::fprintf(stderr, "syrupd: --max_source_bytes must be in 0..%u: a request frame carries at most 4 MiB\n",
-                 syrup::proto::kMaxPayload);
+  if (access_from_flags(cfg) || agent_cpus_from_flags(cfg) || clients_from_flags(cfg) ||
+      compiler_from_flags(cfg))
     return 2;
-  }
-  cfg.max_source_bytes = FLAGS_max_source_bytes;
-  cfg.quotas = {FLAGS_quota_policies,     FLAGS_quota_maps,     FLAGS_quota_map_bytes,     FLAGS_quota_insns,
-                FLAGS_quota_rps,          FLAGS_quota_uid_policies, FLAGS_quota_uid_maps, FLAGS_quota_uid_map_bytes,
-                FLAGS_quota_uid_insns};
-  if (!FLAGS_admin_group.empty()) {
-    struct group* g = getgrnam(FLAGS_admin_group.c_str());
-    if (!g) {
-      std::fprintf(stderr, "syrupd: --admin_group: no group '%s'\n", FLAGS_admin_group.c_str());
-      return 2;
-    }
-    cfg.admin_gids.push_back(g->gr_gid);
-  }
-  if (FLAGS_on_exit != "keep" && FLAGS_on_exit != "remove") {
-    std::fprintf(stderr, "syrupd: --on_exit must be keep or remove\n");
-    return 2;
-  }
-  cfg.remove_on_exit = FLAGS_on_exit == "remove";
-  if (!FLAGS_agent_cpus.empty()) {
-    if (syrup::thread::cpus_from_string(FLAGS_agent_cpus, cfg.agent_cpus)) {
-      std::fprintf(stderr, "syrupd: --agent_cpus: '%s' is not a CPU list (e.g. 0 or 0-1,4)\n", FLAGS_agent_cpus.c_str());
-      return 2;
-    }
-    std::vector<int> online;
-    std::ifstream f("/sys/devices/system/cpu/online");
-    std::string line;
-    std::getline(f, line);
-    if (syrup::thread::cpus_from_string(line, online) == 0)
-      for (int c : cfg.agent_cpus)
-        if (!std::binary_search(online.begin(), online.end(), c)) {
-          std::fprintf(stderr, "syrupd: --agent_cpus: CPU %d is not online (online: %s)\n", c, line.c_str());
-          return 2;
-        }
-  }
-  cfg.config_path = FLAGS_config;
-  if (FLAGS_max_clients == 0) {
-    std::fprintf(stderr, "syrupd: --max_clients must be at least 1\n");
-    return 2;
-  }
-  if (FLAGS_max_clients_per_uid == 0) {
-    std::fprintf(stderr, "syrupd: --max_clients_per_uid must be at least 1\n");
-    return 2;
-  }
-  cfg.max_clients = FLAGS_max_clients;
-  cfg.max_clients_per_uid = FLAGS_max_clients_per_uid;
-  cfg.client_idle_timeout_s = FLAGS_client_idle_timeout_s;
-  if (FLAGS_compile_workers < 1 || FLAGS_compile_workers > 64) {
-    std::fprintf(stderr, "syrupd: --compile_workers must be 1 to 64\n");
-    return 2;
-  }
-  cfg.compile_workers = FLAGS_compile_workers;
-  cfg.compiles_per_uid = FLAGS_quota_compiles_per_uid;
-  if (FLAGS_compiler_uid == 0) {
-    std::fprintf(stderr, "syrupd: --compiler_uid must not be 0: the compiler runs without root's rights\n");
-    return 2;
-  }
-  if (FLAGS_compile_memory_mb < 64 || FLAGS_compile_memory_mb > (1u << 20)) {
-    std::fprintf(stderr, "syrupd: --compile_memory_mb must be 64 to 1048576\n");
-    return 2;
-  }
-  if (FLAGS_compile_cpu_seconds < 1 || FLAGS_compile_cpu_seconds > 3600) {
-    std::fprintf(stderr, "syrupd: --compile_cpu_seconds must be 1 to 3600\n");
-    return 2;
-  }
-  if (FLAGS_load_timeout_s < 1) {
-    std::fprintf(stderr, "syrupd: --load_timeout_s must be at least 1\n");
-    return 2;
-  }
-  cfg.load_timeout_s = FLAGS_load_timeout_s;
-  if (FLAGS_metrics_port > 65535) {
-    std::fprintf(stderr, "syrupd: --metrics_port must be at most 65535\n");
-    return 2;
-  }
-  cfg.metrics_port = static_cast<uint16_t>(FLAGS_metrics_port);
-  cfg.metrics_per_tenant = FLAGS_metrics_per_tenant;
-  cfg.state_file = FLAGS_state_file.empty()
-                       ? (std::filesystem::path(FLAGS_socket).parent_path() / "syrupd.state.json").string()
-                       : FLAGS_state_file;
-  cfg.compiler.clang = FLAGS_clang;
-  cfg.compiler.kernel_dir = FLAGS_kernel_dir.empty() ? default_kernel_dir() : FLAGS_kernel_dir;
-  cfg.compiler.cache_dir = FLAGS_cache_dir;
-  cfg.compiler.cache_max_bytes = FLAGS_cache_max_bytes;
-  cfg.compiler.multiarch_include = SYRUP_MULTIARCH_INCLUDE;
-  cfg.compiler.uid = FLAGS_compiler_uid;
-  cfg.compiler.memory_bytes = FLAGS_compile_memory_mb << 20;
-  cfg.compiler.cpu_seconds = FLAGS_compile_cpu_seconds;
-  cfg.compiler.allow_unconfined = FLAGS_allow_unconfined_compiler;
-
-  // systemd (Type=notify): ready once adoption and the config are done, so units ordered
-  // after syrupd find their policies in place. Without NOTIFY_SOCKET these do nothing.
-  // The notify socket stays in the environment for STOPPING=1; processes syrupd starts
-  // inherit it, but systemd's default NotifyAccess=main takes messages from syrupd only.
-  cfg.on_ready = [](size_t policies) {
-    sd_notifyf(0, "READY=1\nSTATUS=serving; %zu policies at start", policies);
-  };
-  cfg.on_stopping = [] { sd_notify(0, "STOPPING=1\nSTATUS=shutting down"); };
+  notify_systemd(cfg);
 
   syrup::Daemon d;
   if (int r = d.init(cfg); r) return 1;

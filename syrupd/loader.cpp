@@ -52,9 +52,13 @@ int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list ap) {
   return 0;
 }
 
+// Scopes nest (load_checked's verification build opens one inside the load's): the
+// outer capture is restored, so the load's own verifier log after a passed verification
+// still reaches the caller's message, not syrupd's log.
 struct CaptureScope {
-  explicit CaptureScope(std::string* s) { g_capture = s; }
-  ~CaptureScope() { g_capture = nullptr; }
+  explicit CaptureScope(std::string* s) : prev(g_capture) { g_capture = s; }
+  ~CaptureScope() { g_capture = prev; }
+  std::string* prev;
 };
 
 bool is_system_map(const char* name) {

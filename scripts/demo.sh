@@ -55,6 +55,19 @@ wait "$demo"
 section "scan_avoid: the application marks worker 0 busy with one mmap'ed store; it gets nothing, the others share the rest"
 "$bin/reuseport_demo" --requests 1000 --busy policies/scan_avoid.c
 
+section "socket-lookup: ten ports (47100-47109) served in turn by two sockets bound to other ports (47001, 47002)"
+# One process, two listeners (examples/socket_lookup/two_listeners.py); syrupctl deploys
+# round_robin.c on them for 127.0.0.1's ports 47100-47109: each connection lands on the
+# next listener, whatever port it was made to.
+coproc lookup_srv { exec /usr/bin/python3 examples/socket_lookup/two_listeners.py serve 47001 47002; }
+read -r _ <&"${lookup_srv[0]}"
+"$bin/syrupctl" deploy --hook socket-lookup --pid "$lookup_srv_PID" --protocol tcp --port 47100 \
+  --port_end 47109 --address 127.0.0.1 --app lookup_demo policies/round_robin.c
+/usr/bin/python3 examples/socket_lookup/two_listeners.py ask 47100 47109
+"$bin/syrupctl" list | grep -E "^ *ID|socket-lookup" || true
+eval "exec ${lookup_srv[1]}>&-"
+wait "$lookup_srv_PID" 2>/dev/null || true
+
 section "a policy with a bug: the verifier's reason comes back to the application"
 printf '#include <syrup/policy.h>\nSYR_POLICY(struct syr_input *in)\n{\n\treturn *(__u32 *)(in->data + 8);\n}\n' > "$run/bad.c"
 "$bin/reuseport_demo" "$run/bad.c" 2>&1 | head -4 || true

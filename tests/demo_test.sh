@@ -26,6 +26,10 @@ scan_rows=$(table scan_avoid: | tr '\n' ';')
 check "scan_avoid: the marked worker 0 gets nothing, workers 1-3 share the 1000 evenly ($scan_rows)" \
   '[ "$(table scan_avoid: | awk "\$1 == 0 {print \$2}")" = 0 ] && [ "$(table scan_avoid: | awk "\$1 != 0 && \$2 >= 300 && \$2 <= 367" | wc -l)" = 3 ]'
 check "each run received every request" '[ "$(grep -c "1000 of 1000 requests received" <<<"$out")" = 4 ]'
+lookup=$(awk '/^=== socket-lookup:/ {on = 1; next} /^=== / {on = 0} on && $1 ~ /^471[0-9][0-9]$/' <<<"$out")
+check "socket-lookup: each of the ten ports answered, by blue and green in turn, 5 each ($(tr '\n' ';' <<<"$lookup"))" \
+  '[ "$(grep -c " blue:47001$" <<<"$lookup")" = 5 ] && [ "$(grep -c " green:47002$" <<<"$lookup")" = 5 ] &&
+   [ "$(awk "NR > 1 && \$2 == prev {same++} {prev = \$2} END {print same + 0}" <<<"$lookup")" = 0 ]'
 check "the buggy policy's verifier reason reaches the application" \
   'grep -A4 "=== a policy with a bug" <<<"$out" | grep -qi "verifier"'
 exit $fail

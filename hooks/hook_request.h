@@ -54,5 +54,15 @@ bool protocol(const nlohmann::json& fields, int fallback, int& out, Bad& bad);
 // The protocol's name in requests: "udp", "tcp", or "" for 0.
 const char* protocol_name(int protocol);
 
+// A hook spec's `check` (hooks/registry.h) for typed request `Req`: its parse(), and the
+// fields in canonical spelling from its to_json(). One for every hook.
+template <class Req, bool (*Parse)(const nlohmann::json&, Req&, Bad&), nlohmann::json (*ToJson)(const Req&)>
+bool check(const nlohmann::json& fields, Bad& bad, nlohmann::json* canonical) {
+  Req r;
+  if (!Parse(fields, r, bad)) return false;
+  if (canonical) *canonical = ToJson(r);
+  return true;
+}
+
 }  // namespace request
 }  // namespace syrup

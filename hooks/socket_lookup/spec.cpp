@@ -6,13 +6,6 @@
 namespace syrup {
 namespace {
 
-bool check(const nlohmann::json& fields, Bad& bad, nlohmann::json* canonical) {
-  socket_lookup::SocketLookupRequest r;
-  if (!socket_lookup::parse(fields, r, bad)) return false;
-  if (canonical) *canonical = socket_lookup::to_json(r);
-  return true;
-}
-
 // Claims are exclusive per protocol and port: two entries meet where their ranges do.
 std::string same_target(const nlohmann::json& a, const nlohmann::json& b, const std::string& process) {
   (void)process;
@@ -36,7 +29,7 @@ extern const HookSpec socket_lookup_spec = {
         "close: a persisting one would steer nothing and keep its ports from the new server's deploy",
     .usage = "syrupctl deploy --hook socket-lookup --pid PID --protocol tcp|udp --port LO [--port_end HI]\n"
              "                  [--address ADDR] [--app NAME] [--params K=V,...] POLICY.c",
-    .check = check,
+    .check = request::check<socket_lookup::SocketLookupRequest, socket_lookup::parse, socket_lookup::to_json>,
     .same_target = same_target,
 };
 

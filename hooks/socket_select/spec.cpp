@@ -6,13 +6,6 @@
 namespace syrup {
 namespace {
 
-bool check(const nlohmann::json& fields, Bad& bad, nlohmann::json* canonical) {
-  socket_select::SocketSelectRequest r;
-  if (!socket_select::parse(fields, r, bad)) return false;
-  if (canonical) *canonical = socket_select::to_json(r);
-  return true;
-}
-
 // One group per process, port, protocol and address; an unnamed protocol or address may
 // be either, so it meets every one.
 std::string same_target(const nlohmann::json& a, const nlohmann::json& b, const std::string& process) {
@@ -38,7 +31,7 @@ extern const HookSpec socket_select_spec = {
         "one would schedule nothing, and a new server's sockets form a new group that needs a deploy of its own",
     .usage = "syrupctl deploy --hook socket-select --pid PID --port PORT [--protocol udp|tcp]\n"
              "                  [--address ADDR] [--app NAME] [--params K=V,...] POLICY.c",
-    .check = check,
+    .check = request::check<socket_select::SocketSelectRequest, socket_select::parse, socket_select::to_json>,
     .same_target = same_target,
 };
 

@@ -10,4 +10,6 @@ bool parse(const nlohmann::json& f, ThreadRequest& out, Bad& bad) {
   return request::only_keys(f, "thread", kKeys, bad) && request::pid(f, out.pid, bad);
 }
 
+nlohmann::json to_json(const ThreadRequest&) { return nlohmann::json::object(); }
+
 }  // namespace syrup::thread

@@ -18,4 +18,7 @@ extern const std::vector<std::string> kKeys;
 
 bool parse(const nlohmann::json& fields, ThreadRequest& out, Bad& bad);
 
+// The request's fields as syrupd takes them: none (pid left out: the caller's to add).
+nlohmann::json to_json(const ThreadRequest& r);
+
 }  // namespace syrup::thread

@@ -5,13 +5,6 @@
 namespace syrup {
 namespace {
 
-bool check(const nlohmann::json& fields, Bad& bad, nlohmann::json* canonical) {
-  thread::ThreadRequest r;
-  if (!thread::parse(fields, r, bad)) return false;
-  if (canonical) *canonical = nlohmann::json::object();
-  return true;
-}
-
 // A process's threads take one policy.
 std::string same_target(const nlohmann::json&, const nlohmann::json&, const std::string& process) {
   return "the threads of " + process;
@@ -28,7 +21,7 @@ extern const HookSpec thread_spec = {
     .needs_process = true,
     .persist_refusal = "a persisting thread policy would hold on to the exited process's threads",
     .usage = "syrupctl deploy --hook thread --pid PID [--app NAME] [--params K=V,...] POLICY.c",
-    .check = check,
+    .check = request::check<thread::ThreadRequest, thread::parse, thread::to_json>,
     .same_target = same_target,
 };
 

@@ -5,13 +5,6 @@
 namespace syrup {
 namespace {
 
-bool check(const nlohmann::json& fields, Bad& bad, nlohmann::json* canonical) {
-  xdp::XdpRequest r;
-  if (!xdp::parse(fields, r, bad)) return false;
-  if (canonical) *canonical = xdp::to_json(r);
-  return true;
-}
-
 // A port of a protocol on an interface takes one policy, whichever process asks.
 std::string same_target(const nlohmann::json& a, const nlohmann::json& b, const std::string&) {
   if (a.value("ifname", "") != b.value("ifname", "") || a.value("protocol", "") != b.value("protocol", ""))
@@ -34,7 +27,7 @@ extern const HookSpec xdp_spec = {
     .persist_refusal = "",
     .usage = "syrupctl deploy --hook xdp --ifname IF --port PORT [--cpus C,...] [--pid PID [--persist]]\n"
              "                  [--app NAME] [--params K=V,...] POLICY.c",
-    .check = check,
+    .check = request::check<xdp::XdpRequest, xdp::parse, xdp::to_json>,
     .same_target = same_target,
 };
 

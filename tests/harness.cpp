@@ -541,8 +541,11 @@ TestNet::TestNet(int n) {
   host_if = "syh" + tag;
   peer_if = "syp" + tag;
   ns = "syrup-test-" + tag;
-  host_ip = "10.250." + std::to_string(n) + ".1";
-  peer_ip = "10.250." + std::to_string(n) + ".2";
+  // The second octet follows the pid, so test programs running side by side (several
+  // build trees on one machine) do not put one subnet on two interfaces of this namespace.
+  std::string net = "10." + std::to_string(20 + getpid() % 200) + "." + std::to_string(n);
+  host_ip = net + ".1";
+  peer_ip = net + ".2";
   // IPv6 is off on the pair before it comes up: neighbour discovery and MLD reports would
   // be traffic the tests did not send.
   std::string in_ns = "ip netns exec " + ns + " ";

@@ -104,8 +104,8 @@ Daemon* start_suite_daemon();
 // and deletes it.
 void stop_suite_daemon(Daemon*& daemon);
 
-// A veth pair made for one test: `host_if` in this network namespace with 10.250.N.1/30,
-// its peer in a new namespace `ns` with 10.250.N.2/30 (checksum offload off, so frames
+// A veth pair made for one test: `host_if` in this network namespace with 10.P.N.1/30 (P from the pid),
+// its peer in a new namespace `ns` with 10.P.N.2/30 (checksum offload off, so frames
 // carry complete checksums after an XDP redirect). Removed in the destructor.
 class TestNet {
  public:

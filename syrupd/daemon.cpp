@@ -39,6 +39,7 @@
 #include "text.h"
 #include "registry.h"
 #include "syrup/abi.h"
+#include "syrup/recording.h"
 
 namespace syrup {
 namespace fs = std::filesystem;
@@ -245,6 +246,7 @@ int Daemon::start_loop() {
   sigprocmask(SIG_BLOCK, &mask, nullptr);
   signal_fd_.reset(signalfd(-1, &mask, SFD_CLOEXEC));
   epoll_fd_.reset(epoll_create1(EPOLL_CLOEXEC));
+  recorder_.init(epoll_fd_.get(), cfg_.record);
   // The workers start with the signals blocked, as they now are: SIGTERM must reach the
   // signalfd, not end the process on a worker thread.
   if ((r = compile_pool_.start(compiler_, cfg_.compile_workers, cfg_.compiles_per_uid))) {
@@ -311,6 +313,7 @@ int Daemon::run() {
 // the --config retry. The epoll timeout (ms) until the next is due, -1 when none is.
 int Daemon::run_timers() {
   int timeout = sweep_clients();
+  if (int rec = recorder_.run_due(); rec >= 0) timeout = timeout < 0 ? rec : std::min(timeout, rec);
   auto now = std::chrono::steady_clock::now();
   auto wake_at = [&](std::chrono::steady_clock::time_point t) {
     int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(t - now).count() + 1);
@@ -363,6 +366,8 @@ bool Daemon::on_event(int fd) {
   } else if (fd == metrics_refresh_fd_) {
     uint64_t n;
     if (read(fd, &n, sizeof n) == sizeof n) publish_metrics();
+  } else if (recorder_.owns(fd)) {
+    recorder_.on_event(fd);
   } else if (Hook* h = hook_watching(fd)) {
     if (h->refresh()) follow_kernel();
   } else {
@@ -382,6 +387,7 @@ void Daemon::stop_serving() {
     for (auto& a : asks_) a->answer.set_value("syrupd is shutting down; the policy was not deployed");
     asks_.clear();
   }
+  recorder_.stop_all(SYR_REC_END_STOPPED);
   compile_pool_.stop();
   load_pool_.stop();
   for (auto& [ticket, job] : loads_)

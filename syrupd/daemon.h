@@ -63,6 +63,7 @@
 #include "hook.h"
 #include "loader.h"
 #include "protocol.h"
+#include "recorder.h"
 
 namespace syrup {
 
@@ -133,6 +134,8 @@ struct DaemonConfig {
   // --load_timeout_s: a parked load not done by then is answered ETIMEDOUT; the kernel's
   // verifier cannot be interrupted, so its worker finishes and syrupd undoes the load.
   unsigned load_timeout_s = 30;
+  // --record_max_bytes, --record_max_seconds, --max_recordings (recorder.h).
+  RecordLimits record;
   // Told by run() once the previous syrupd's policies are adopted and the --config file is
   // applied, just before the first request is served (with how many policies there are),
   // and when it stops serving. main() tells systemd (sd_notify: READY=1, STOPPING=1); a
@@ -295,6 +298,10 @@ class Daemon {
   Response map_open(const Caller& caller, const nlohmann::json& req);
   Response map_dump(const Caller& caller, const nlohmann::json& req);
   Response thread_tid(const Caller& caller, const nlohmann::json& req);
+  // record: starts recording a policy the caller may see, answered with the pipe the
+  // recording comes out of; record_stop ends it (recorder.h).
+  Response record(const Caller& caller, const nlohmann::json& req);
+  Response record_stop(const Caller& caller, const nlohmann::json& req);
 
   // Detaches (if `detach_hook`), unpins and forgets a policy; cleans its app's pins.
   void remove_policy(int id, bool detach_hook, const char* why);
@@ -452,6 +459,7 @@ class Daemon {
   std::set<std::string> config_waiting_;
   std::chrono::steady_clock::time_point config_retry_at_;
   std::chrono::steady_clock::time_point ended_check_at_;
+  Recorder recorder_;
   metrics::Metrics metrics_;
   metrics::Totals totals_;
   int metrics_refresh_fd_ = -1;

@@ -26,7 +26,8 @@ inline constexpr int kConfigRetrySec = 5;  // how often --config entries waiting
 // The operations dispatch() serves (docs/protocol.md), in the order its error lists them.
 // Only these become metric labels, so a client cannot grow the label set.
 inline const std::vector<std::string> kOps = {"ping",     "deploy",   "remove",    "list",
-                                              "stats",    "map_open", "map_dump", "thread_tid"};
+                                              "stats",    "map_open", "map_dump", "thread_tid",
+                                              "record",   "record_stop"};
 
 // Has the process behind `pidfd` exited? A pidfd is readable from its process's exit on;
 // false for -1 or a closed descriptor.

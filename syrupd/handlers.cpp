@@ -28,7 +28,9 @@
 #include "names.h"
 #include "pins.h"
 #include "proc.h"
+#include "registry.h"
 #include "syrup/abi.h"
+#include "syrup/recording.h"
 #include "text.h"
 
 namespace syrup {
@@ -124,6 +126,8 @@ Daemon::Response Daemon::dispatch(const Caller& caller, proto::Message& req, boo
     if (op == "map_open") return map_open(caller, b);
     if (op == "map_dump") return map_dump(caller, b);
     if (op == "thread_tid") return thread_tid(caller, b);
+    if (op == "record") return record(caller, b);
+    if (op == "record_stop") return record_stop(caller, b);
   } catch (const json::exception& e) {
     return {proto::error_response(EINVAL, std::string("malformed request: ") + e.what())};
   }
@@ -300,6 +304,51 @@ Daemon::Response Daemon::map_dump(const Caller& caller, const json& req) {
   // More entries follow, and the caller asked for more than this page: where to go on.
   if (more && entries.size() < static_cast<size_t>(limit)) resp["cursor"] = hex(key.data(), key.size());
   return {ok(resp)};
+}
+
+}  // namespace syrup
+
+namespace syrup {
+
+// The policy a record request names, if `caller` may see it; else the answer, in the
+// words of a missing one whether it does not exist or belongs to someone else.
+static std::optional<int> recorded_id(const nlohmann::json& req, std::string& why) {
+  int64_t v;
+  why = names::integer("id", req.contains("id") ? req["id"] : nlohmann::json(), 1, INT32_MAX, v);
+  return why.empty() ? std::optional<int>(static_cast<int>(v)) : std::nullopt;
+}
+
+Daemon::Response Daemon::record(const Caller& caller, const json& req) {
+  std::string err;
+  auto id = recorded_id(req, err);
+  if (!id) return {proto::error_response(EINVAL, err)};
+  auto it = policies_.find(*id);
+  if (it == policies_.end() || !visible(caller, *it->second))
+    return {proto::error_response(ENOENT, no_policy(caller, *id))};
+  RecordRequest rr;
+  if (int r = parse_record_request(req, recorder_.limits(), rr, err)) return {proto::error_response(-r, err)};
+  const Policy& p = *it->second;
+  const HookSpec* spec = find_hook(p.hook);
+  RecordSource src{p.id, spec ? spec->abi_id : 0, p.target->num_executors(), p.name, p.app,
+                   p.loaded->map_fd(kRecCtlMap), p.loaded->map_fd(kRecRingMap)};
+  UniqueFd out;
+  if (int r = recorder_.start(src, rr, out, err)) return {proto::error_response(-r, err)};
+  Response resp{ok({{"id", p.id}, {"seconds", rr.seconds}, {"max_bytes", rr.max_bytes}})};
+  resp.owned_fds.push_back(std::move(out));
+  resp.fds.push_back(resp.owned_fds.back().get());
+  return resp;
+}
+
+Daemon::Response Daemon::record_stop(const Caller& caller, const json& req) {
+  std::string err;
+  auto id = recorded_id(req, err);
+  if (!id) return {proto::error_response(EINVAL, err)};
+  auto it = policies_.find(*id);
+  if (it == policies_.end() || !visible(caller, *it->second))
+    return {proto::error_response(ENOENT, no_policy(caller, *id))};
+  if (!recorder_.stop(*id, SYR_REC_END_STOPPED))
+    return {proto::error_response(ENOENT, "policy " + std::to_string(*id) + " is not being recorded")};
+  return {ok({{"id", *id}})};
 }
 
 }  // namespace syrup

@@ -32,6 +32,11 @@ DEFINE_uint64(cache_max_bytes, 256ull << 20,
 DEFINE_uint32(load_timeout_s, 30,
               "a deploy whose policy the kernel has not verified and loaded within this many seconds is answered "
               "ETIMEDOUT (the load runs on a worker; it is undone when the kernel returns)");
+DEFINE_uint64(record_max_bytes, 64ull << 20,
+              "the size quota of one recording (syrupctl record/trace), in bytes; a recording that reaches "
+              "it ends (docs/recording.md)");
+DEFINE_uint32(record_max_seconds, 3600, "the longest a recording (syrupctl record/trace) runs, in seconds (1 to 86400)");
+DEFINE_uint32(max_recordings, 16, "recordings running at once, over all users (each one per policy)");
 DEFINE_uint32(compile_workers, 2,
               "threads compiling policies, and as many loading them; a deploy waiting for clang or "
               "the verifier holds up no other request (1 to 64)");
@@ -203,6 +208,11 @@ int compiler_from_flags(syrup::DaemonConfig& cfg) {
     return -EINVAL;
   }
   cfg.load_timeout_s = FLAGS_load_timeout_s;
+  if (FLAGS_record_max_seconds < 1 || FLAGS_record_max_seconds > 86400 || FLAGS_record_max_bytes < 4096) {
+    std::fprintf(stderr, "syrupd: --record_max_seconds must be 1 to 86400 and --record_max_bytes at least 4096\n");
+    return -EINVAL;
+  }
+  cfg.record = {FLAGS_record_max_bytes, FLAGS_record_max_seconds, FLAGS_max_recordings};
   if (FLAGS_metrics_port > 65535) {
     std::fprintf(stderr, "syrupd: --metrics_port must be at most 65535\n");
     return -EINVAL;

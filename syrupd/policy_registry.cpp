@@ -34,6 +34,7 @@
 #include "log.h"
 #include "names.h"
 #include "pins.h"
+#include "syrup/recording.h"
 #include "proc.h"
 #include "syrup/abi.h"
 #include "text.h"
@@ -190,6 +191,7 @@ void Daemon::remove_policy(int id, bool detach_hook, const char* why) {
   auto it = policies_.find(id);
   if (it == policies_.end()) return;
   Policy& p = *it->second;
+  recorder_.stop(id, SYR_REC_END_REMOVED);
   // A replaced policy's attachment now belongs to its successor: only a real removal
   // uninstalls.
   if (detach_hook && p.loaded) p.target->uninstall(*p.loaded);

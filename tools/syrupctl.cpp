@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "cmd_record.h"
 #include "client.h"
 #include "config.h"
 #include "names.h"
@@ -69,7 +70,7 @@ std::string usage_text() {
          "  syrupctl remove ID\n"
          "  syrupctl list\n"
          "  syrupctl stats [ID] [--by tenant|hook]\n"
-         "  syrupctl map dump --app APP MAP\n"
+         "  syrupctl map dump --app APP MAP\n" + std::string(syrupctl::kRecordUsage) +
          "  syrupctl ping\n"
          "  syrupctl validate [--max_source_bytes N] FILE\n"
          "                                check a syrupd --config file (no syrupd needed)\n\n"
@@ -505,7 +506,7 @@ int cmd_ping(const std::vector<std::string>&) {
 int main(int argc, char** argv) {
   static const std::string kUsage = usage_text();
   syrup::cli::parse_flags(&argc, &argv, kUsage.c_str(), "0.1.0", kRanges);
-  if (argc < 2) return usage("missing command (deploy, remove, list, stats, map, ping, validate)");
+  if (argc < 2) return usage("missing command (deploy, remove, list, stats, map, record, trace, ping, validate)");
   std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "deploy") return cmd_deploy(args);
@@ -515,5 +516,7 @@ int main(int argc, char** argv) {
   if (cmd == "map") return cmd_map(args);
   if (cmd == "ping") return cmd_ping(args);
   if (cmd == "validate") return cmd_validate(args);
+  if (cmd == "record") return syrupctl::cmd_record(args, socket_path(), FLAGS_json);
+  if (cmd == "trace") return syrupctl::cmd_trace(args, socket_path(), FLAGS_json);
   return usage("unknown command '" + cmd + "'");
 }

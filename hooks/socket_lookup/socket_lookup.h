@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "hook.h"
+#include "recorder.h"
 #include "syrup/abi.h"
 #include "unique_fd.h"
 
@@ -84,7 +85,9 @@ class SocketLookupHook : public Hook {
   const char* name() const override { return "socket-lookup"; }
   const char* compile_define() const override { return "SYR_HOOK_SOCKET_LOOKUP"; }
   const char* wrapper() const override { return "socket_lookup/wrapper.bpf.h"; }
-  std::vector<std::string> system_maps() const override { return {SYR_EXECUTORS_MAP, SYR_STATS_MAP}; }
+  std::vector<std::string> system_maps() const override {
+    return {SYR_EXECUTORS_MAP, SYR_STATS_MAP, kRecCtlMap, kRecRingMap};
+  }
   // The common helpers and the wrapper's socket assignment (a SOCKMAP lookup takes a
   // reference that bpf_sk_release drops); no packet reads (the input has no payload), no
   // kernel functions.

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "hook.h"
+#include "recorder.h"
 #include "inet_diag.h"
 #include "syrup/abi.h"
 #include "unique_fd.h"
@@ -156,7 +157,9 @@ class SocketSelectHook : public Hook {
   const char* name() const override { return "socket-select"; }
   const char* compile_define() const override { return "SYR_HOOK_SOCKET_SELECT"; }
   const char* wrapper() const override { return "socket_select/wrapper.bpf.h"; }
-  std::vector<std::string> system_maps() const override { return {SYR_EXECUTORS_MAP, SYR_STATS_MAP}; }
+  std::vector<std::string> system_maps() const override {
+    return {SYR_EXECUTORS_MAP, SYR_STATS_MAP, kRecCtlMap, kRecRingMap};
+  }
   // The common helpers, the packet read and the wrapper's socket pick; no kernel
   // functions.
   Allowlist allowlist() const override {

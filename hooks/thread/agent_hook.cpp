@@ -21,6 +21,7 @@
 #include "log.h"
 #include "pins.h"
 #include "proc.h"
+#include "recorder.h"
 #include "syrup/abi.h"
 #include "thread_agent.h"
 #include "thread_util.h"
@@ -414,7 +415,9 @@ ThreadAgentHook::ThreadAgentHook(std::vector<int> agent_cpus)
   news_->fd.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
 }
 
-std::vector<std::string> ThreadAgentHook::system_maps() const { return {SYR_EXECUTORS_MAP, SYR_STATS_MAP}; }
+std::vector<std::string> ThreadAgentHook::system_maps() const {
+  return {SYR_EXECUTORS_MAP, SYR_STATS_MAP, kRecCtlMap, kRecRingMap};
+}
 
 bool ThreadAgentHook::refresh() {
   uint64_t n = 0;

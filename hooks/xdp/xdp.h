@@ -28,6 +28,7 @@
 
 #include "compiler.h"
 #include "hook.h"
+#include "recorder.h"
 #include "unique_fd.h"
 #include "syrup/xdp_abi.h"
 
@@ -43,7 +44,7 @@ class XdpHook : public Hook {
   const char* wrapper() const override { return "xdp/wrapper.bpf.h"; }
   std::vector<std::string> system_maps() const override {
     return {SYR_XDP_META_MAP, SYR_XDP_CPUS_MAP, SYR_XDP_XSKS_MAP, SYR_XDP_EXEC_CPU_MAP, SYR_STATS_MAP,
-            "syr_xdp_scratch"};
+            "syr_xdp_scratch", kRecCtlMap, kRecRingMap};
   }
   // The common helpers, the packet read and length and the wrapper's redirect; no kernel
   // functions.

@@ -11,7 +11,8 @@
  *  - the only way to refuse a connection or datagram is the policy returning SYR_DROP; an
  *    index past the executors, or a slot whose socket has closed, leaves the lookup to
  *    the kernel (SYR_STAT_FALLBACK), as SYR_PASS does;
- *  - every decision on the claim is counted in syr_stats (abi.h's slot layout);
+ *  - every decision on the claim is counted in syr_stats (abi.h's slot layout), and
+ *    recorded while a recording runs (recording.bpf.h);
  *  - executors are the application's sockets in syr_executors (a SOCKMAP), slot i =
  *    executor i, filled by syrupd before the link is made.
  */
@@ -19,6 +20,29 @@
 #define SYRUP_HOOK_SOCKET_LOOKUP_WRAPPER_H
 
 #include "hook_stats.bpf.h"
+
+/* What a recording keeps of a lookup besides hash and protocol (recording.bpf.h). */
+#define SYR_REC_HOOK_CONTEXT(e, in) syr_sl_rec_context(&(e)->packet, syr_lookup_ctx(in))
+#define syr_sl_rec_context(p, c)                                                     \
+	do {                                                                           \
+		(p)->family = (c)->family;                                             \
+		(p)->local_port = (__u16)(c)->local_port;                              \
+		(p)->remote_port = bpf_ntohs((c)->remote_port);                        \
+		if ((c)->family == 2 /* AF_INET */) {                                  \
+			(p)->local_ip[0] = (c)->local_ip4;                             \
+			(p)->remote_ip[0] = (c)->remote_ip4;                           \
+		} else {                                                               \
+			(p)->local_ip[0] = (c)->local_ip6[0];                          \
+			(p)->local_ip[1] = (c)->local_ip6[1];                          \
+			(p)->local_ip[2] = (c)->local_ip6[2];                          \
+			(p)->local_ip[3] = (c)->local_ip6[3];                          \
+			(p)->remote_ip[0] = (c)->remote_ip6[0];                        \
+			(p)->remote_ip[1] = (c)->remote_ip6[1];                        \
+			(p)->remote_ip[2] = (c)->remote_ip6[2];                        \
+			(p)->remote_ip[3] = (c)->remote_ip6[3];                        \
+		}                                                                      \
+	} while (0)
+#include "recording.bpf.h"
 
 /* The claim, set by syrupd (hooks/socket_lookup). family 0: any local address. */
 const volatile __u32 syr_sl_protocol = 0;
@@ -80,20 +104,24 @@ int syr_socket_lookup(struct bpf_sk_lookup *c)
 	idx = syr_schedule(SYR_POLICY_ARG(&in));
 	if (idx == SYR_DROP) {
 		syr_count(SYR_STAT_DROP);
+		syr_rec_input(&in, idx, SYR_STAT_DROP);
 		return SK_DROP;
 	}
 	if (idx == SYR_PASS) {
 		syr_count(SYR_STAT_PASS);
+		syr_rec_input(&in, idx, SYR_STAT_PASS);
 		return SK_PASS;
 	}
 	sk = idx < syr_num_executors && idx < SYR_MAX_EXECUTORS ? bpf_map_lookup_elem(&syr_executors, &idx) : 0;
 	if (!sk) {
 		syr_count(SYR_STAT_FALLBACK);
+		syr_rec_input(&in, idx, SYR_STAT_FALLBACK);
 		return SK_PASS; /* the kernel's own lookup */
 	}
 	err = bpf_sk_assign(c, sk, 0);
 	bpf_sk_release(sk);
 	syr_count(err ? SYR_STAT_FALLBACK : SYR_STAT_EXECUTOR_BASE + idx);
+	syr_rec_input(&in, idx, err ? SYR_STAT_FALLBACK : SYR_STAT_EXECUTOR_BASE + idx);
 	return SK_PASS;
 }
 

@@ -7,7 +7,8 @@
  * Invariants:
  *  - the only way to drop an input is the policy returning SYR_DROP; an index past the
  *    executors, or a slot whose socket is gone, falls back to the kernel's hash choice;
- *  - every decision is counted in syr_stats (see abi.h for the slot layout);
+ *  - every decision is counted in syr_stats (see abi.h for the slot layout), and
+ *    recorded after it is enforced while a recording runs (recording.bpf.h);
  *  - executors are the application's sockets in syr_executors, slot i = executor i,
  *    filled by syrupd before the program is attached.
  */
@@ -15,6 +16,7 @@
 #define SYRUP_HOOK_SOCKET_SELECT_H
 
 #include "hook_stats.bpf.h"
+#include "recording.bpf.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_REUSEPORT_SOCKARRAY);
@@ -38,18 +40,22 @@ int syr_socket_select(struct sk_reuseport_md *md)
 
 	if (idx == SYR_DROP) {
 		syr_count(SYR_STAT_DROP);
+		syr_rec_input(&in, idx, SYR_STAT_DROP);
 		return SK_DROP;
 	}
 	if (idx == SYR_PASS) {
 		syr_count(SYR_STAT_PASS);
+		syr_rec_input(&in, idx, SYR_STAT_PASS);
 		return SK_PASS;
 	}
 	if (idx >= syr_num_executors || idx >= SYR_MAX_EXECUTORS ||
 	    bpf_sk_select_reuseport(md, &syr_executors, &idx, 0) != 0) {
 		syr_count(SYR_STAT_FALLBACK);
+		syr_rec_input(&in, idx, SYR_STAT_FALLBACK);
 		return SK_PASS; /* nothing selected: the kernel hashes */
 	}
 	syr_count(SYR_STAT_EXECUTOR_BASE + idx);
+	syr_rec_input(&in, idx, SYR_STAT_EXECUTOR_BASE + idx);
 	return SK_PASS;
 }
 

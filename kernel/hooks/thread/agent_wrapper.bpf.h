@@ -14,12 +14,15 @@
  *  - every decision is counted in syr_stats: SYR_PASS, a core, or FALLBACK (a core past
  *    nr_cpus, or SYR_DROP, which means nothing for threads): the agent treats FALLBACK as
  *    SYR_PASS;
+ *  - while a recording runs, each decision is recorded with the thread as the policy
+ *    was handed it (recording.bpf.h);
  *  - slot.core is always either a core < nr_cpus or SYR_PASS.
  */
 #ifndef SYRUP_HOOK_THREAD_AGENT_H
 #define SYRUP_HOOK_THREAD_AGENT_H
 
 #include "hook_stats.bpf.h"
+#include "recording.bpf.h"
 
 #define SYR_AGENT_BATCH 256
 
@@ -44,20 +47,25 @@ struct {
 static long syr_decide_one(__u32 i, void *unused)
 {
 	struct syr_thread_slot *s = bpf_map_lookup_elem(&syr_executors, &i);
-	__u32 core;
+	struct syr_rec_ctl *rc = syr_rec_active();
+	struct syr_thread before;
+	__u32 core, slot;
 
 	if (!s)
 		return 1;
+	if (rc)
+		before = s->t;
 	core = syr_schedule(SYR_POLICY_ARG(&s->t));
-	if (core == SYR_PASS) {
-		syr_count(SYR_STAT_PASS);
-	} else if (core >= s->t.nr_cpus || core >= SYR_MAX_EXECUTORS) {
-		syr_count(SYR_STAT_FALLBACK);
-		core = SYR_PASS;
-	} else {
-		syr_count(SYR_STAT_EXECUTOR_BASE + core);
-	}
-	s->core = core;
+	if (core == SYR_PASS)
+		slot = SYR_STAT_PASS;
+	else if (core >= s->t.nr_cpus || core >= SYR_MAX_EXECUTORS)
+		slot = SYR_STAT_FALLBACK;
+	else
+		slot = SYR_STAT_EXECUTOR_BASE + core;
+	syr_count(slot);
+	if (rc)
+		syr_rec_thread(rc, &before, &s->t, core, slot);
+	s->core = slot == SYR_STAT_FALLBACK ? SYR_PASS : core;
 	return 0;
 }
 

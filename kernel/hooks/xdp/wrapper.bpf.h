@@ -9,6 +9,7 @@
  *    the L4 header bounds-checked (offset 0 of the input is the UDP/TCP header);
  *  - it is verified with CAP_BPF and CAP_NET_ADMIN only (syrupd/loader.cpp), so it adds
  *    no variable offset to a packet pointer: inputs are read through the helper;
+ *  - every decision of the policy is recorded while a recording runs (recording.bpf.h);
  *  - SYR_PASS hands the frame to the stack untouched, SYR_DROP drops it, an index past
  *    the executors (or an executor that is gone) falls back to the stack;
  *  - executor i is the core syr_exec_cpu[i] (redirect through the CPUMAP syr_cpus) or
@@ -18,6 +19,7 @@
 #define SYRUP_HOOK_XDP_H
 
 #include "hook_stats.bpf.h"
+#include "recording.bpf.h"
 
 #include <syrup/xdp_abi.h>
 
@@ -58,6 +60,15 @@ static __always_inline int syr_counted(__u32 slot, int action)
 	return action;
 }
 
+/* The same for the policy's decision `idx` on `in`, which a running recording keeps. */
+#define syr_decided(in, idx, slot, action)                                           \
+	({                                                                             \
+		__u32 __slot = (slot);                                                 \
+		syr_count(__slot);                                                     \
+		syr_rec_input(in, idx, __slot);                                        \
+		(int)(action);                                                         \
+	})
+
 SEC("xdp")
 int syr_xdp(struct xdp_md *ctx)
 {
@@ -86,11 +97,11 @@ int syr_xdp(struct xdp_md *ctx)
 	__u32 idx = syr_schedule(SYR_POLICY_ARG(&in));
 
 	if (idx == SYR_DROP)
-		return syr_counted(SYR_STAT_DROP, XDP_DROP);
+		return syr_decided(&in, idx, SYR_STAT_DROP, XDP_DROP);
 	if (idx == SYR_PASS)
-		return syr_counted(SYR_STAT_PASS, XDP_PASS);
+		return syr_decided(&in, idx, SYR_STAT_PASS, XDP_PASS);
 	if (idx >= syr_num_executors || idx >= SYR_MAX_EXECUTORS)
-		return syr_counted(SYR_STAT_FALLBACK, XDP_PASS);
+		return syr_decided(&in, idx, SYR_STAT_FALLBACK, XDP_PASS);
 
 	long act;
 	if (syr_executor_kind == SYR_XDP_EXEC_XSK) {
@@ -98,12 +109,12 @@ int syr_xdp(struct xdp_md *ctx)
 	} else {
 		__u32 *cpu = bpf_map_lookup_elem(&syr_exec_cpu, &idx);
 		if (!cpu)
-			return syr_counted(SYR_STAT_FALLBACK, XDP_PASS);
+			return syr_decided(&in, idx, SYR_STAT_FALLBACK, XDP_PASS);
 		act = bpf_redirect_map(&syr_cpus, *cpu, XDP_PASS);
 	}
 	if (act != XDP_REDIRECT)
-		return syr_counted(SYR_STAT_FALLBACK, (int)act);
-	return syr_counted(SYR_STAT_EXECUTOR_BASE + idx, XDP_REDIRECT);
+		return syr_decided(&in, idx, SYR_STAT_FALLBACK, (int)act);
+	return syr_decided(&in, idx, SYR_STAT_EXECUTOR_BASE + idx, XDP_REDIRECT);
 }
 
 char _license[] SEC("license") = "Dual BSD/GPL";

@@ -25,6 +25,8 @@ namespace syrup {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// The wrappers wake no one (recording.bpf.h): the rings are drained this often.
+constexpr unsigned kDrainMs = 5;
 
 // struct syr_rec_ctl of kernel/hooks/recording.bpf.h.
 struct RecCtl {
@@ -96,7 +98,10 @@ struct Recorder::Recording {
   unsigned turn = 0;
   unsigned turn_limit = kTurnEvents;
   bool backlog = false, discard = false, ended = false, gone = false;
-  uint32_t limit_reason = 0;  // count or quota reached: ends after this drain
+  uint32_t limit_reason = 0;  // why it ends (SYR_REC_END_*), once it is known
+  // The count or the quota was reached: later events are not this recording's (past the
+  // count: not counted; past the quota: counted as not recorded).
+  uint32_t over = 0;
   std::string tail;           // the trailer, while the pipe has no room for it
 
   ~Recording() {
@@ -129,8 +134,8 @@ struct Recorder::Recording {
   }
 
   void add(const uint8_t* ev) {
-    if (limit_reason) {  // queued before the flag went off: over the count or quota
-      lagged++;
+    if (over) {  // queued before the flag went off
+      if (over == SYR_REC_END_QUOTA) lagged++;
       return;
     }
     syr_rec_record rec;
@@ -142,7 +147,8 @@ struct Recorder::Recording {
     rec.size = SYR_REC_RECORD_SIZE(rec.in.cap_len);
     if (bytes + rec.size > req.max_bytes) {
       lagged++;
-      switch_off(SYR_REC_END_QUOTA);
+      over = SYR_REC_END_QUOTA;
+      switch_off(over);
       return;
     }
     if (buf.size() + rec.size > PIPE_BUF) flush();
@@ -151,7 +157,10 @@ struct Recorder::Recording {
     buf.append(rec.size - sizeof rec - rec.in.cap_len, '\0');
     buf_records++;
     bytes += rec.size;
-    if (req.count && recorded + buf_records >= req.count) switch_off(SYR_REC_END_DONE);
+    if (req.count && recorded + buf_records >= req.count) {
+      over = SYR_REC_END_DONE;
+      switch_off(over);
+    }
   }
 };
 
@@ -352,7 +361,7 @@ int Recorder::run_due() {
   for (auto& [id, r] : recs_) ids.push_back(id);
   for (int id : ids) {
     Recording& r = *recs_.at(id);
-    if (!r.ended && r.backlog) drain(r, false);
+    if (!r.ended) drain(r, false);
     if (!r.ended && (now >= r.deadline || r.limit_reason)) finish(r, r.limit_reason ? r.limit_reason : SYR_REC_END_DONE);
     auto it = recs_.find(id);
     if (it == recs_.end()) continue;
@@ -360,7 +369,7 @@ int Recorder::run_due() {
       if (now >= it->second->tail_by) close(id);
       else wake_at(it->second->tail_by);
     } else {
-      wake_at(it->second->backlog ? now : it->second->deadline);
+      wake_at(it->second->backlog ? now : std::min(it->second->deadline, now + std::chrono::milliseconds(kDrainMs)));
     }
   }
   return timeout;

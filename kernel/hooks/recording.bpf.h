@@ -84,11 +84,14 @@ struct syr_rec_event {
 
 _Static_assert(sizeof(struct syr_rec_event) == 120 + SYR_REC_SNAP_MAX, "struct syr_rec_record changed");
 
+/* The lookup's key, read-only data: a key on the stack would cost a store that the
+ * verifier fences (Spectre v4) in every decision of a policy verified as unprivileged. */
+const volatile __u32 syr_rec_key = 0;
+
 /* The control element while a recording runs, else NULL. */
 static __always_inline struct syr_rec_ctl *syr_rec_active(void)
 {
-	__u32 zero = 0;
-	struct syr_rec_ctl *c = bpf_map_lookup_elem(&syr_rec_ctl, &zero);
+	struct syr_rec_ctl *c = bpf_map_lookup_elem(&syr_rec_ctl, (const void *)&syr_rec_key);
 
 	return c && c->on ? c : (void *)0;
 }
@@ -121,6 +124,13 @@ static __always_inline struct syr_rec_event *syr_rec_begin(struct syr_rec_ctl *c
 	return e;
 }
 
+/* Wakes no one: a wakeup per event (an irq_work and a context switch) would cost more
+ * than the event. syrupd drains the ring every few milliseconds instead. */
+static __always_inline void syr_rec_submit(struct syr_rec_event *e)
+{
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
 /* The hook's own context fields of a packet input (socket-lookup's addresses), set by
  * its wrapper before including this header. */
 #ifndef SYR_REC_HOOK_CONTEXT
@@ -146,15 +156,20 @@ static __noinline void syr_rec_input_event(struct syr_rec_ctl *c, const struct s
 		n = SYR_REC_SNAP_MAX;
 	if (n > 0 && syr_hook_read(in, 0, e->payload, n) == 0)
 		e->cap_len = n;
-	bpf_ringbuf_submit(e, 0);
+	syr_rec_submit(e);
 }
 
-/* After a packet hook counted its decision in `slot`: records it if a recording runs. */
+/* After a packet hook counted its decision in `slot`: records it if a recording runs.
+ * The input is copied only then: passing the wrapper's own struct by address would make
+ * the compiler keep it (its pointers) on the stack in every decision, and each pointer
+ * stored there costs a barrier the verifier adds for unprivileged code (Spectre v4). */
 #define syr_rec_input(in, decision, slot)                                            \
 	do {                                                                           \
 		struct syr_rec_ctl *__rc = syr_rec_active();                           \
-		if (__rc)                                                              \
-			syr_rec_input_event(__rc, in, decision, slot);                 \
+		if (__rc) {                                                            \
+			struct syr_input __copy = *(in);                               \
+			syr_rec_input_event(__rc, &__copy, decision, slot);            \
+		}                                                                      \
 	} while (0)
 
 /* A thread decision: `before` is the thread as the policy was handed it, `after` as it
@@ -169,7 +184,7 @@ static __noinline void syr_rec_thread(struct syr_rec_ctl *c, const struct syr_th
 	e->thread.in = *before;
 	e->thread.key_out = after->key;
 	e->thread.slice_out = after->slice_ns;
-	bpf_ringbuf_submit(e, 0);
+	syr_rec_submit(e);
 }
 
 #endif /* SYRUP_HOOK_RECORDING_H */

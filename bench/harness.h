@@ -62,8 +62,10 @@ struct Env {
 class PrivateDaemon {
  public:
   // `state_dir`: where syrupd writes its state file (default: the temporary directory
-  // beside its socket); the file goes with stop().
-  int start(const std::string& syrupd_path, const std::string& state_dir = "");
+  // beside its socket); the file goes with stop(). `extra_args` go to syrupd; `tag` tells
+  // the bpffs root of a second daemon of the same bench from the first's.
+  int start(const std::string& syrupd_path, const std::string& state_dir = "",
+            const std::vector<std::string>& extra_args = {}, const std::string& tag = "");
   void stop();
   const std::string& socket() const { return socket_; }
   const std::string& bpffs_root() const { return bpffs_root_; }
@@ -210,5 +212,6 @@ int run_xdp_scale(const Env& env, nlohmann::json& out);
 int run_xdp_pps(const Env& env, nlohmann::json& out);
 int run_isolation(const Env& env, nlohmann::json& out);
 int run_socket_lookup(const Env& env, nlohmann::json& out);
+int run_recording(const Env& env, nlohmann::json& out);
 
 }  // namespace syrup_bench

@@ -70,6 +70,7 @@ constexpr Benchmark kBenchmarks[] = {
     {"xdp-pps", run_xdp_pps},
     {"isolation", run_isolation},  // by name only: not part of "all"
     {"socket-lookup", run_socket_lookup},
+    {"recording", run_recording},
 };
 
 std::mutex g_cleanup_mu;
@@ -132,7 +133,7 @@ int write_json(const std::string& path, const json& j) {
 int main(int argc, char** argv) {
   syrup::cli::parse_flags(&argc, &argv,
       "Syrup's benchmarks (bench/README.md).\n\n"
-      "Usage: syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|socket-lookup] [flags]\n\n"
+      "Usage: syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|socket-lookup|recording] [flags]\n\n"
       "  decision   ns/decision of each shipped policy at the socket-select hook, and of a\n"
       "             hand-written sk_reuseport round robin (kernel BPF statistics)\n"
       "  hint       mmap'ed hint store vs bpf(BPF_MAP_UPDATE_ELEM)\n"
@@ -144,6 +145,8 @@ int main(int argc, char** argv) {
       "  xdp        the three XDP benchmarks\n"
       "  socket-lookup  ns/decision of Syrup's socket-lookup wrapper + round_robin vs a hand-written\n"
       "             sk_lookup round robin (BPF_PROG_TEST_RUN, --xdp_repeat x --xdp_rounds)\n"
+      "  recording  ns/decision of round_robin without the recording capture, with it off and\n"
+      "             with a recording running; inputs/s recorded (docs/recording.md)\n"
       "  isolation  p99 of one user's list on an idle syrupd and while another user trickles\n"
       "             requests, has a policy verified for seconds, compiles a bomb, dumps a huge\n"
       "             map (not part of all)\n\n"
@@ -157,7 +160,7 @@ int main(int argc, char** argv) {
   for (auto& b : kBenchmarks) known |= what == b.name;
   if (argc > 2 || !known) {
     std::fprintf(stderr,
-                 "syrup_bench: expected one of all, decision, hint, deploy, xdp, xdp-cost, xdp-scale, xdp-pps, socket-lookup, "
+                 "syrup_bench: expected one of all, decision, hint, deploy, xdp, xdp-cost, xdp-scale, xdp-pps, socket-lookup, recording, "
                  "isolation "
                  "(see --help)\n");
     return 2;
@@ -240,7 +243,8 @@ int main(int argc, char** argv) {
   for (auto& b : kBenchmarks) {
     if (!selected(b.name)) continue;
     json part = json::object();
-    int r = std::string(b.name) == "decision" ? enable_bpf_stats(stats) : 0;
+    bool kernel_stats = std::string(b.name) == "decision" || std::string(b.name) == "recording";
+    int r = kernel_stats ? enable_bpf_stats(stats) : 0;
     if (!r) r = b.run(env, part);
     stats.reset();
     if (r) {

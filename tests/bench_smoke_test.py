@@ -39,7 +39,7 @@ class EveryBenchmarkRunsAndReports(unittest.TestCase):
 
     def test_exits_0_with_every_section(self):
         self.assertEqual(self.run_.returncode, 0, self.output())
-        for section in ["decision", "hint", "deploy", "xdp-cost", "xdp-scale", "xdp-pps", "socket-lookup", "machine",
+        for section in ["decision", "hint", "deploy", "xdp-cost", "xdp-scale", "xdp-pps", "socket-lookup", "recording", "machine",
                         "command"]:
             self.assertIn(section, self.report, self.output())
 
@@ -84,6 +84,16 @@ class EveryBenchmarkRunsAndReports(unittest.TestCase):
         for name, c in cases.items():
             self.assertGreater(c["median_pps"], 0, name)
         self.assertGreater(cases["syr_rr"]["median_dispatched_pps"], 0, "Syrup's root dispatched nothing")
+
+    def test_recording_measured_all_three_and_accounted_for_every_input(self):
+        rec = self.report.get("recording", {})
+        progs = rec.get("programs", {})
+        self.assertEqual(sorted(progs), ["off", "on", "without"], self.output())
+        for name, p in progs.items():
+            self.assertGreater(p["median_ns_per_decision"], 0, name)
+        t = rec["throughput"]
+        self.assertEqual(t["recorded"] + t["lost"], DATAGRAMS, "the trailer must account for every input")
+        self.assertGreater(t["recorded"], 0)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@
 			(p)->remote_ip[3] = (c)->remote_ip6[3];                        \
 		}                                                                      \
 	} while (0)
-#include "recording.bpf.h"
 
 /* The claim, set by syrupd (hooks/socket_lookup). family 0: any local address. */
 const volatile __u32 syr_sl_protocol = 0;
@@ -87,6 +86,16 @@ static __always_inline __u32 syr_sl_hash(const struct bpf_sk_lookup *c)
 	return h;
 }
 
+#define SYR_REC_INPUT_FROM_CTX(in, ctx)                                              \
+	({                                                                             \
+		struct bpf_sk_lookup *__c = (ctx);                                     \
+		(in)->hash = syr_sl_hash(__c);                                         \
+		(in)->ip_protocol = __c->protocol;                                     \
+		(in)->ctx = __c;                                                       \
+		1;                                                                     \
+	})
+#include "recording.bpf.h"
+
 SEC("sk_lookup")
 int syr_socket_lookup(struct bpf_sk_lookup *c)
 {
@@ -104,24 +113,24 @@ int syr_socket_lookup(struct bpf_sk_lookup *c)
 	idx = syr_schedule(SYR_POLICY_ARG(&in));
 	if (idx == SYR_DROP) {
 		syr_count(SYR_STAT_DROP);
-		syr_rec_input(&in, idx, SYR_STAT_DROP);
+		syr_rec_input(c, idx, SYR_STAT_DROP);
 		return SK_DROP;
 	}
 	if (idx == SYR_PASS) {
 		syr_count(SYR_STAT_PASS);
-		syr_rec_input(&in, idx, SYR_STAT_PASS);
+		syr_rec_input(c, idx, SYR_STAT_PASS);
 		return SK_PASS;
 	}
 	sk = idx < syr_num_executors && idx < SYR_MAX_EXECUTORS ? bpf_map_lookup_elem(&syr_executors, &idx) : 0;
 	if (!sk) {
 		syr_count(SYR_STAT_FALLBACK);
-		syr_rec_input(&in, idx, SYR_STAT_FALLBACK);
+		syr_rec_input(c, idx, SYR_STAT_FALLBACK);
 		return SK_PASS; /* the kernel's own lookup */
 	}
 	err = bpf_sk_assign(c, sk, 0);
 	bpf_sk_release(sk);
 	syr_count(err ? SYR_STAT_FALLBACK : SYR_STAT_EXECUTOR_BASE + idx);
-	syr_rec_input(&in, idx, err ? SYR_STAT_FALLBACK : SYR_STAT_EXECUTOR_BASE + idx);
+	syr_rec_input(c, idx, err ? SYR_STAT_FALLBACK : SYR_STAT_EXECUTOR_BASE + idx);
 	return SK_PASS;
 }
 

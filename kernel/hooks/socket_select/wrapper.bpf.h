@@ -16,6 +16,17 @@
 #define SYRUP_HOOK_SOCKET_SELECT_H
 
 #include "hook_stats.bpf.h"
+
+/* What a recording keeps of a datagram (recording.bpf.h): the fields the policy got. */
+#define SYR_REC_INPUT_FROM_CTX(in, ctx)                                              \
+	({                                                                             \
+		struct sk_reuseport_md *__md = (ctx);                                  \
+		(in)->len = __md->len;                                                 \
+		(in)->hash = __md->hash;                                               \
+		(in)->ip_protocol = __md->ip_protocol;                                 \
+		(in)->ctx = __md;                                                      \
+		1;                                                                     \
+	})
 #include "recording.bpf.h"
 
 struct {
@@ -40,22 +51,22 @@ int syr_socket_select(struct sk_reuseport_md *md)
 
 	if (idx == SYR_DROP) {
 		syr_count(SYR_STAT_DROP);
-		syr_rec_input(&in, idx, SYR_STAT_DROP);
+		syr_rec_input(md, idx, SYR_STAT_DROP);
 		return SK_DROP;
 	}
 	if (idx == SYR_PASS) {
 		syr_count(SYR_STAT_PASS);
-		syr_rec_input(&in, idx, SYR_STAT_PASS);
+		syr_rec_input(md, idx, SYR_STAT_PASS);
 		return SK_PASS;
 	}
 	if (idx >= syr_num_executors || idx >= SYR_MAX_EXECUTORS ||
 	    bpf_sk_select_reuseport(md, &syr_executors, &idx, 0) != 0) {
 		syr_count(SYR_STAT_FALLBACK);
-		syr_rec_input(&in, idx, SYR_STAT_FALLBACK);
+		syr_rec_input(md, idx, SYR_STAT_FALLBACK);
 		return SK_PASS; /* nothing selected: the kernel hashes */
 	}
 	syr_count(SYR_STAT_EXECUTOR_BASE + idx);
-	syr_rec_input(&in, idx, SYR_STAT_EXECUTOR_BASE + idx);
+	syr_rec_input(md, idx, SYR_STAT_EXECUTOR_BASE + idx);
 	return SK_PASS;
 }
 

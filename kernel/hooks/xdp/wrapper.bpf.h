@@ -19,7 +19,6 @@
 #define SYRUP_HOOK_XDP_H
 
 #include "hook_stats.bpf.h"
-#include "recording.bpf.h"
 
 #include <syrup/xdp_abi.h>
 
@@ -53,6 +52,26 @@ struct {
 
 const volatile __u32 syr_executor_kind = SYR_XDP_EXEC_CPU;
 
+/* What a recording keeps of a packet (recording.bpf.h): the input the policy got, from
+ * the root program's parse, which is still this CPU's. */
+static __always_inline int syr_xdp_rec_input(struct syr_input *in, struct xdp_md *ctx)
+{
+	__u32 zero = 0;
+	struct syr_xdp_meta *m = bpf_map_lookup_elem(&syr_xdp_meta, &zero);
+	__u64 frame = bpf_xdp_get_buff_len(ctx);
+
+	if (!m || m->l4_off > 512 || m->l4_off > frame)
+		return 0;
+	in->len = (__u32)(frame - m->l4_off);
+	in->hash = m->hash;
+	in->ip_protocol = m->ip_protocol;
+	in->l4_off = m->l4_off;
+	in->ctx = ctx;
+	return 1;
+}
+#define SYR_REC_INPUT_FROM_CTX(in, ctx) syr_xdp_rec_input(in, ctx)
+#include "recording.bpf.h"
+
 /* Counts the answer in its slot and returns it. */
 static __always_inline int syr_counted(__u32 slot, int action)
 {
@@ -65,7 +84,7 @@ static __always_inline int syr_counted(__u32 slot, int action)
 	({                                                                             \
 		__u32 __slot = (slot);                                                 \
 		syr_count(__slot);                                                     \
-		syr_rec_input(in, idx, __slot);                                        \
+		syr_rec_input(ctx, idx, __slot);                                        \
 		(int)(action);                                                         \
 	})
 

@@ -62,7 +62,8 @@ std::string read_text(const std::string& path) {
 
 }  // namespace
 
-int PrivateDaemon::start(const std::string& syrupd_path, const std::string& state_dir) {
+int PrivateDaemon::start(const std::string& syrupd_path, const std::string& state_dir,
+                         const std::vector<std::string>& extra_args) {
   if (access(syrupd_path.c_str(), X_OK) != 0) {
     std::fprintf(stderr, "syrup_bench: no syrupd at %s (build it: ninja -C build syrupd)\n",
                  syrupd_path.c_str());
@@ -89,6 +90,7 @@ int PrivateDaemon::start(const std::string& syrupd_path, const std::string& stat
   std::vector<std::string> args = {syrupd_path, "--socket", socket_, "--bpffs_root", bpffs_root_,
                                    "--cache_dir", cache, "--state_file", state_file_, "--on_exit=remove",
                                    "--undefok=on_exit"};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

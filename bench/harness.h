@@ -54,6 +54,9 @@ struct Env {
   std::string syrupctl;         // next to this executable (isolation)
   double isolation_seconds = 0; // of lists per case (isolation)
   uint32_t isolation_lists = 0; // per case (isolation)
+  std::string syrupd;           // next to this executable (config-swap starts two more)
+  uint32_t config_tenants = 0;  // tenants of the --config file (config-swap)
+  uint32_t config_rounds = 0;   // changes timed per case (config-swap)
 };
 
 // A syrupd of the bench's own (socket, bpffs root and cache in fresh places), started
@@ -67,6 +70,8 @@ class PrivateDaemon {
   int start(const std::string& syrupd_path, const std::string& state_dir = "",
             const std::vector<std::string>& extra_args = {}, const std::string& tag = "");
   void stop();
+  pid_t pid() const { return pid_; }
+  const std::string& dir() const { return tmp_dir_; }  // its socket, log and status file
   const std::string& socket() const { return socket_; }
   const std::string& bpffs_root() const { return bpffs_root_; }
 
@@ -213,5 +218,6 @@ int run_xdp_pps(const Env& env, nlohmann::json& out);
 int run_isolation(const Env& env, nlohmann::json& out);
 int run_socket_lookup(const Env& env, nlohmann::json& out);
 int run_recording(const Env& env, nlohmann::json& out);
+int run_config_swap(const Env& env, nlohmann::json& out);
 
 }  // namespace syrup_bench

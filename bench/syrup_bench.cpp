@@ -1,6 +1,6 @@
 // syrup_bench: Syrup's benchmarks (see README.md).
 //
-//   syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|socket-lookup|isolation] [--out PATH] [flags]
+//   syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|socket-lookup|config-swap|isolation] [--out PATH] [flags]
 //
 // Design: runs as root. It starts a private syrupd found next to its own executable
 // (its own socket, bpffs root and cache under fresh temporary paths) and points libsyrup
@@ -48,6 +48,8 @@ DEFINE_double(pps_seconds, 1, "xdp-pps: measured seconds per case");
 DEFINE_uint32(pps_rounds, 7, "xdp-pps: interleaved rounds (medians are reported)");
 DEFINE_double(isolation_seconds, 10, "isolation: seconds of lists per case");
 DEFINE_uint32(isolation_lists, 200, "isolation: lists per case");
+DEFINE_uint32(config_tenants, 100, "config-swap: tenants of the --config file, one policy each");
+DEFINE_uint32(config_rounds, 5, "config-swap: changes timed per case (medians are reported)");
 
 namespace {
 
@@ -71,6 +73,7 @@ constexpr Benchmark kBenchmarks[] = {
     {"isolation", run_isolation},  // by name only: not part of "all"
     {"socket-lookup", run_socket_lookup},
     {"recording", run_recording},
+    {"config-swap", run_config_swap},
 };
 
 std::mutex g_cleanup_mu;
@@ -133,7 +136,7 @@ int write_json(const std::string& path, const json& j) {
 int main(int argc, char** argv) {
   syrup::cli::parse_flags(&argc, &argv,
       "Syrup's benchmarks (bench/README.md).\n\n"
-      "Usage: syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|socket-lookup|recording] [flags]\n\n"
+      "Usage: syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|socket-lookup|recording|config-swap] [flags]\n\n"
       "  decision   ns/decision of each shipped policy at the socket-select hook, and of a\n"
       "             hand-written sk_reuseport round robin (kernel BPF statistics)\n"
       "  hint       mmap'ed hint store vs bpf(BPF_MAP_UPDATE_ELEM)\n"
@@ -147,6 +150,8 @@ int main(int argc, char** argv) {
       "             sk_lookup round robin (BPF_PROG_TEST_RUN, --xdp_repeat x --xdp_rounds)\n"
       "  recording  ns/decision of round_robin without the recording capture, with it off and\n"
       "             with a recording running; inputs/s recorded (docs/recording.md)\n"
+      "  config-swap  a ConfigMap change replacing --config_tenants policies: ..data swap to\n"
+      "             applied, with --config_watch and with SIGHUP (two private syrupds)\n"
       "  isolation  p99 of one user's list on an idle syrupd and while another user trickles\n"
       "             requests, has a policy verified for seconds, compiles a bomb, dumps a huge\n"
       "             map (not part of all)\n\n"
@@ -160,16 +165,17 @@ int main(int argc, char** argv) {
   for (auto& b : kBenchmarks) known |= what == b.name;
   if (argc > 2 || !known) {
     std::fprintf(stderr,
-                 "syrup_bench: expected one of all, decision, hint, deploy, xdp, xdp-cost, xdp-scale, xdp-pps, socket-lookup, recording, "
+                 "syrup_bench: expected one of all, decision, hint, deploy, xdp, xdp-cost, xdp-scale, xdp-pps, socket-lookup, recording, config-swap, "
                  "isolation "
                  "(see --help)\n");
     return 2;
   }
   if (!FLAGS_datagrams || !FLAGS_rounds || !FLAGS_hints || !FLAGS_syscalls || !FLAGS_deploys ||
-      !FLAGS_xdp_repeat || !FLAGS_xdp_rounds || !FLAGS_pps_rounds || !(FLAGS_pps_seconds > 0)) {
+      !FLAGS_xdp_repeat || !FLAGS_xdp_rounds || !FLAGS_pps_rounds || !(FLAGS_pps_seconds > 0) ||
+      !FLAGS_config_tenants || !FLAGS_config_rounds) {
     std::fprintf(stderr,
                  "syrup_bench: --datagrams, --rounds, --hints, --syscalls, --deploys, --xdp_repeat, "
-                 "--xdp_rounds, --pps_seconds and --pps_rounds must be > 0\n");
+                 "--xdp_rounds, --pps_seconds, --pps_rounds, --config_tenants and --config_rounds must be > 0\n");
     return 2;
   }
   if (FLAGS_xdp_apps < 2 || FLAGS_xdp_apps > 1024) {
@@ -201,6 +207,9 @@ int main(int argc, char** argv) {
 
   Env env;
   env.policy_dir = FLAGS_policies;
+  env.syrupd = exe_dir / "syrupd";
+  env.config_tenants = FLAGS_config_tenants;
+  env.config_rounds = FLAGS_config_rounds;
   env.handwritten_obj = exe_dir / "handwritten_rr.bpf.o";
   env.bpffs_root = g_daemon.bpffs_root();
   env.app = kApp;

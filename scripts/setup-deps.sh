@@ -19,7 +19,7 @@ BOOKWORM_PKGS=(
   nlohmann-json3-dev libssl-dev libcpp-httplib-dev libsystemd-dev
   iproute2 procps ethtool
   qemu-system-x86 busybox-static cpio zstd python3 e2fsprogs xz-utils
-  librocksdb-dev python3-matplotlib
+  librocksdb-dev python3-matplotlib python3-venv
 )
 BACKPORTS_PKGS=(libbpf-dev libbpf1)
 
@@ -37,7 +37,21 @@ libbpf_ver=$(dpkg-query -W -f='${Version}' libbpf-dev 2>/dev/null || true)
 need_libbpf=0
 if [ -z "$libbpf_ver" ] || dpkg --compare-versions "$libbpf_ver" lt 1:1.4; then need_libbpf=1; fi
 
+# PyPI packages of the tests (scripts/requirements-test.txt, pinned) in a venv of their
+# own; after the Debian packages (python3-venv). Skipped when the venv has them already.
+venv=/opt/syrup-venv
+requirements="$(dirname "$0")/requirements-test.txt"
+install_pypi() {
+  if [ -x "$venv/bin/python" ] && "$venv/bin/pip" freeze 2>/dev/null | sort | \
+       diff -q - <(grep -v '^#' "$requirements" | sort) >/dev/null; then
+    return 0
+  fi
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements"
+}
+
 if [ ${#missing[@]} -eq 0 ] && [ $need_libbpf -eq 0 ]; then
+  install_pypi
   echo "setup-deps: all packages present"
   exit 0
 fi
@@ -51,4 +65,5 @@ fi
 if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -q -t bookworm "${missing[@]}"
 fi
+install_pypi
 echo "setup-deps: done"

@@ -1,5 +1,7 @@
-// The config reconciler: --config's tenants and policies, applied at start, on SIGHUP and
-// as entries waiting for their process or interface come back (docs/operations.md).
+// The config reconciler: --config's tenants and policies, applied at start, on SIGHUP, when
+// the watch saw the file change (--config_watch, config_watch.h) and as entries waiting
+// for their process or interface come back (docs/operations.md). What the running version
+// applied and what not goes to --status_file and the metrics.
 //
 // Design: config::plan() compares the file with the policies deployed from it (identity
 // and content hash) and yields what to deploy, replace and remove; only that changes. On
@@ -10,12 +12,15 @@
 //  - an entry's policy is deployed for its tenant with an operator's rights but its
 //    tenant's quotas;
 //  - an entry whose process or interface is missing waits, retried every kConfigRetrySec
-//    and logged once.
+//    and logged once;
+//  - the status file is written whole or not at all (a new file renamed over the old),
+//    by root, in a directory that only root may write: no tenant can point it elsewhere.
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -41,14 +46,20 @@ namespace syrup {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-void Daemon::reload_config() {
+void Daemon::reload_config(const char* trigger) {
+  config_trigger_ = trigger;
   config::Config next;
   std::vector<config::Diagnostic> errs;
   config::LoadOptions lo;
   lo.max_source_bytes = cfg_.max_source_bytes;
+  config_generation_++;
+  config_file_errors_.clear();
   if (config::load(cfg_.config_path, next, errs, lo)) {
-    for (auto& d : errs) log(LogLevel::kError, "%s", d.str().c_str());
-    log(LogLevel::kError, "SIGHUP: %s has errors; the running configuration stays", cfg_.config_path.c_str());
+    for (auto& d : errs) {
+      log(LogLevel::kError, "%s", d.str().c_str());
+      config_file_errors_.push_back(d.str());
+    }
+    log(LogLevel::kError, "%s: %s has errors; the running configuration stays", trigger, cfg_.config_path.c_str());
     totals_.config_reloads++;
     totals_.config_reload_failures++;
     changed();
@@ -56,6 +67,14 @@ void Daemon::reload_config() {
   }
   config_ = std::move(next);
   warm_config();
+}
+
+void Daemon::config_file_event() {
+  std::string err;
+  if (!config_watch_.on_event(err)) {
+    log(LogLevel::kWarn, "%s", err.c_str());
+    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, config_watch_.fd(), nullptr);
+  }
 }
 
 std::vector<config::Applied> Daemon::config_applied() const {
@@ -85,8 +104,8 @@ void Daemon::warm_config() {
     changed();
     return;
   }
-  log(LogLevel::kInfo, "SIGHUP: compiling %zu policies of %s before applying it", config_warming_.size(),
-      cfg_.config_path.c_str());
+  log(LogLevel::kInfo, "%s: compiling %zu policies of %s before applying it", config_trigger_.c_str(),
+      config_warming_.size(), cfg_.config_path.c_str());
 }
 
 void Daemon::apply_config(bool retry) {
@@ -100,6 +119,8 @@ void Daemon::apply_config(bool retry) {
     std::erase_if(config_waiting_, [&](const std::string& id) { return !planned.count(id); });
   } else {
     config_waiting_.clear();
+    config_failures_.clear();
+    config_last_apply_unix_ = static_cast<double>(time(nullptr));
     config_retry_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(kConfigRetrySec);
   }
   for (auto& a : plan.to_remove) remove_policy(a.policy_id, true, ("no longer in " + cfg_.config_path).c_str());
@@ -135,6 +156,7 @@ bool Daemon::apply_entry(const config::PlannedDeploy& d, bool retry) {
         waits && !again ? " (retried every 5 s)" : "");
     if (waits) config_waiting_.insert(e.identity);
     else config_waiting_.erase(e.identity);
+    config_failures_[e.identity] = {metrics::errno_name(r), why.substr(0, why.find('\n'))};
     if (!again) totals_.error("config", r);
   };
   proto::Message msg;
@@ -158,6 +180,7 @@ bool Daemon::apply_entry(const config::PlannedDeploy& d, bool retry) {
     return false;
   }
   config_waiting_.erase(e.identity);
+  config_failures_.erase(e.identity);
   int id = resp.body["id"];
   policies_[id]->config_identity = e.identity;
   policies_[id]->config_hash = e.hash;
@@ -165,6 +188,96 @@ bool Daemon::apply_entry(const config::PlannedDeploy& d, bool retry) {
   if (d.replaces && resp.body.value("replaced", 0) != d.replaces)
     remove_policy(d.replaces, true, ("replaced by " + e.identity).c_str());
   return true;
+}
+
+// Each entry of the running version: deployed (its policy's id), failed (its last try's
+// errno name and error; `waits`: retried every kConfigRetrySec), or pending (compiling,
+// or its policy ended and it waits for its process or interface).
+json Daemon::config_status() const {
+  std::map<std::string, int> live;
+  for (auto& [id, p] : policies_)
+    if (!p->config_identity.empty()) live[p->config_identity] = id;
+  json entries = json::array();
+  size_t applied = 0;
+  for (const config::PolicyEntry* e : config_.entries()) {
+    json j = {{"tenant", e->tenant}, {"name", e->name}, {"hook", e->hook}, {"line", e->line}};
+    if (auto l = live.find(e->identity); l != live.end()) {
+      j["state"] = "deployed";
+      j["id"] = l->second;
+      applied++;
+    } else if (auto f = config_failures_.find(e->identity); f != config_failures_.end()) {
+      j["state"] = "failed";
+      j["kind"] = f->second.kind;
+      j["error"] = f->second.error;
+      j["retried"] = config_waiting_.count(e->identity) > 0;
+    } else {
+      j["state"] = "pending";
+    }
+    entries.push_back(std::move(j));
+  }
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  return {{"node", host},
+          {"config", cfg_.config_path},
+          {"generation", config_generation_},
+          {"file", config_file_errors_.empty() ? "applied" : "refused"},
+          {"file_errors", config_file_errors_},
+          {"last_apply_unix", config_last_apply_unix_},
+          {"applied", applied},
+          {"not_applied", entries.size() - applied},
+          {"policies", entries},
+          {"ready", ready_},
+          {"syrupd_pid", getpid()},
+          {"written_unix", static_cast<double>(time(nullptr))}};
+}
+
+metrics::ConfigSample Daemon::config_sample() const {
+  metrics::ConfigSample c;
+  if (cfg_.config_path.empty()) return c;
+  json st = config_status();
+  c.present = true;
+  c.generation = config_generation_;
+  c.file_errors = config_file_errors_.size();
+  c.last_apply_unix = config_last_apply_unix_;
+  c.applied = st["applied"].get<uint64_t>();
+  c.not_applied = st["not_applied"].get<uint64_t>();
+  for (auto& e : st["policies"])
+    if (e["state"] == "failed") {
+      std::string kind = e["kind"].get<std::string>();
+      c.failed_by_kind[kind]++;
+      c.failed.push_back({e["tenant"].get<std::string>(), e["name"].get<std::string>(), kind});
+    }
+  return c;
+}
+
+// The status file's directory must be root's and writable by root alone, else a tenant
+// could swap the file's name for a link to somewhere root writes; the file is made anew
+// (O_EXCL, no links followed) and renamed over the old one, so a reader sees one whole
+// version. A failure is logged once per kind, not fatal: the metrics say the same.
+void Daemon::write_status() const {
+  if (cfg_.config_path.empty() || cfg_.status_file.empty()) return;
+  static std::string last_err;
+  auto fail = [&](const std::string& why) {
+    if (why != last_err) log(LogLevel::kWarn, "status file %s: %s", cfg_.status_file.c_str(), why.c_str());
+    last_err = why;
+  };
+  fs::path p(cfg_.status_file);
+  struct stat dir;
+  if (lstat(p.parent_path().c_str(), &dir) < 0) return fail(std::string("its directory: ") + std::strerror(errno));
+  if (!S_ISDIR(dir.st_mode) || dir.st_uid != 0 || (dir.st_mode & 022))
+    return fail("its directory must be root's and writable by root alone; not written");
+  std::string tmp = cfg_.status_file + ".tmp";
+  unlink(tmp.c_str());
+  UniqueFd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd) return fail(std::string("cannot create ") + tmp + ": " + std::strerror(errno));
+  std::string text = config_status().dump(2) + "\n";
+  if (write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) ||
+      rename(tmp.c_str(), cfg_.status_file.c_str()) < 0) {
+    fail(std::string("cannot write it: ") + std::strerror(errno));
+    unlink(tmp.c_str());
+    return;
+  }
+  last_err.clear();
 }
 
 }  // namespace syrup

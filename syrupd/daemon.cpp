@@ -117,6 +117,17 @@ int Daemon::init_fault_injection() {
 // running configuration stays (reload_config). 0 or -EINVAL.
 int Daemon::load_config_at_start() {
   if (cfg_.config_path.empty()) return 0;
+  // Watched before it is read: a change from now on is applied after this version.
+  if (cfg_.config_watch) {
+    std::string err;
+    if (int r = config_watch_.start(cfg_.config_path, err)) {
+      log(LogLevel::kError, "--config_watch: %s", err.c_str());
+      return r;
+    }
+    epoll_event ev{EPOLLIN, {.fd = config_watch_.fd()}};
+    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, config_watch_.fd(), &ev);
+  }
+  config_generation_++;
   std::vector<config::Diagnostic> errs;
   config::LoadOptions lo;
   lo.max_source_bytes = cfg_.max_source_bytes;
@@ -279,7 +290,7 @@ int Daemon::start_loop() {
 int Daemon::start_metrics() {
   if (!cfg_.metrics_port) return 0;
   std::string merr;
-  if (int r = metrics_.start(cfg_.metrics_port, merr)) {
+  if (int r = metrics_.start(cfg_.metrics_address, cfg_.metrics_port, merr)) {
     log(LogLevel::kError, "metrics endpoint: %s", merr.c_str());
     return r;
   }
@@ -292,6 +303,9 @@ int Daemon::start_metrics() {
 
 int Daemon::run() {
   // ready: adoption and --config done
+  ready_ = true;
+  metrics_.set_ready();
+  write_status();
   if (cfg_.on_ready) cfg_.on_ready(policies_.size());
   epoll_event evs[32];
   for (bool stop = false; !stop;) {
@@ -333,6 +347,14 @@ int Daemon::run_timers() {
     }
     if (!config_waiting_.empty()) wake_at(config_retry_at_);
   }
+  if (config_watch_.armed()) {
+    if (config_watch_.due(now)) {
+      log(LogLevel::kInfo, "%s changed: applying it", cfg_.config_path.c_str());
+      reload_config("file change");
+    } else {
+      wake_at(config_watch_.due_at());
+    }
+  }
   return timeout;
 }
 
@@ -363,6 +385,8 @@ bool Daemon::on_event(int fd) {
     resume_parked();
   } else if (fd == asks_fd_.get()) {
     answer_quota_asks();
+  } else if (fd >= 0 && fd == config_watch_.fd()) {
+    config_file_event();
   } else if (fd == metrics_refresh_fd_) {
     uint64_t n;
     if (read(fd, &n, sizeof n) == sizeof n) publish_metrics();
@@ -420,6 +444,7 @@ void Daemon::stop_serving() {
 
 void Daemon::changed() {
   save_state();
+  write_status();
   publish_metrics();
 }
 
@@ -435,6 +460,7 @@ void Daemon::publish_metrics() {
   s.connections = {.max_others = cfg_.max_clients, .max_per_user = cfg_.max_clients_per_uid};
   for (auto& [fd, c] : clients_) s.connections.by_uid[c.uid]++;
   s.per_tenant = cfg_.metrics_per_tenant;
+  s.config = config_sample();
   if (!s.per_tenant) {
     metrics_.publish(std::move(s));
     return;

@@ -58,6 +58,7 @@
 #include "compile_pool.h"
 #include "compiler.h"
 #include "config.h"
+#include "config_watch.h"
 #include "deploy_txn.h"
 #include "metrics.h"
 #include "hook.h"
@@ -112,6 +113,14 @@ struct DaemonConfig {
   std::string state_file;       // what is deployed, for the next syrupd to adopt
   std::string config_path;      // --config: tenants and their policies (docs/operations.md)
   uint16_t metrics_port = 0;    // --metrics_port: Prometheus text on localhost (0: off)
+  // --metrics_address: a numeric IPv4 or IPv6 address; "" or 127.0.0.1: loopback only
+  // (127.0.0.1 and ::1), as before the flag existed.
+  std::string metrics_address;
+  // --config_watch: apply --config when the file (or the kubelet's ..data link) changes.
+  bool config_watch = false;
+  // --status_file: what the last --config apply did, JSON, rewritten after every change
+  // (written only with --config).
+  std::string status_file;
   bool metrics_per_tenant = false;  // --metrics_per_tenant: series labelled by app, policy, uid
   bool remove_on_exit = false;  // SIGTERM: remove every policy (else leave them running)
   // Open control connections of callers other than root (--max_clients): each holds a
@@ -342,8 +351,16 @@ class Daemon {
   // Serialises `p`'s entry of the state file (once, when it is deployed or adopted).
   void record(Policy& p);
   void publish_metrics();
-  // --config: load at start, reload on SIGHUP, deploy/remove only what changed.
-  void reload_config();
+  // --config: load at start, reload on SIGHUP (or when the watch saw the file change;
+  // `trigger` names which in the log), deploy/remove only what changed.
+  void reload_config(const char* trigger = "SIGHUP");
+  // --config_watch: the watch's descriptor was readable.
+  void config_file_event();
+  // --status_file: the --config file's state now, written atomically (config_reconciler.cpp).
+  void write_status() const;
+  nlohmann::json config_status() const;
+  // The --config part of a metrics snapshot.
+  metrics::ConfigSample config_sample() const;
   // SIGHUP: the sources the new file would deploy that are not cached compile on the
   // workers first, while requests are served; the file is applied once they all have
   // (a failed compile is not cached: applying compiles it again, on the main thread, to
@@ -458,10 +475,24 @@ class Daemon {
   // without a reload.
   std::set<std::string> config_waiting_;
   std::chrono::steady_clock::time_point config_retry_at_;
+  ConfigWatch config_watch_;
+  std::string config_trigger_ = "SIGHUP";  // what started the running reload, for the log
+  // What the file's versions did, for --status_file and the metrics: reads of the file
+  // (good or bad), the last apply's time, the diagnostics of a refused version (empty:
+  // the version read last is the one running), and each entry not deployed at its last
+  // try, by identity (errno name and message).
+  uint64_t config_generation_ = 0;
+  double config_last_apply_unix_ = 0;
+  std::vector<std::string> config_file_errors_;
+  struct ConfigFailure {
+    std::string kind, error;
+  };
+  std::map<std::string, ConfigFailure> config_failures_;
   std::chrono::steady_clock::time_point ended_check_at_;
   Recorder recorder_;
   metrics::Metrics metrics_;
   metrics::Totals totals_;
+  bool ready_ = false;  // run() has begun: adopted, --config applied, serving
   int metrics_refresh_fd_ = -1;
   time_t start_time_ = time(nullptr);
   int next_id_ = 1;

@@ -1,6 +1,7 @@
 // syrupd: the Syrup daemon. Compiles, loads, attaches and keeps the scheduling policies
 // applications deploy through libsyrup or syrupctl (see README.md and docs/).
 #include <gflags/gflags.h>
+#include <arpa/inet.h>
 #include <grp.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
@@ -78,7 +79,19 @@ DEFINE_uint32(client_idle_timeout_s, 60,
               "close a control connection that sends no request for this many seconds (0: never)");
 DEFINE_string(config, "", "YAML file of tenants and their policies, applied at start and on SIGHUP "
               "(docs/operations.md; check one with syrupctl validate)");
-DEFINE_uint32(metrics_port, 0, "serve Prometheus metrics on 127.0.0.1/[::1]:PORT/metrics (0: off)");
+DEFINE_bool(config_watch, false,
+            "also apply --config when the file changes: inotify on its directory, which sees a "
+            "Kubernetes ConfigMap update (the kubelet's ..data symlink swap) and editors' "
+            "replacements; a version with errors is refused as on SIGHUP");
+DEFINE_string(status_file, "",
+              "with --config: where syrupd writes, as JSON, what the running version of the file "
+              "applied and what failed (default: status.json next to --socket; its directory "
+              "must be root's and writable by root alone)");
+DEFINE_uint32(metrics_port, 0, "serve Prometheus metrics (and /readyz) on --metrics_address:PORT (0: off)");
+DEFINE_string(metrics_address, "127.0.0.1",
+              "numeric IPv4 or IPv6 address the metrics endpoint listens on: 127.0.0.1 (the "
+              "default) serves 127.0.0.1 and ::1; 0.0.0.0, :: or a pod's address serve a network, "
+              "where every host that reaches it may scrape");
 DEFINE_bool(metrics_per_tenant, false,
             "also serve the series labelled by application, policy and uid (any local user can "
             "scrape the endpoint, so they are off by default)");
@@ -168,6 +181,14 @@ int agent_cpus_from_flags(syrup::DaemonConfig& cfg) {
 // The config file, the clients' bounds and the compile workers' bounds.
 int clients_from_flags(syrup::DaemonConfig& cfg) {
   cfg.config_path = FLAGS_config;
+  if (FLAGS_config_watch && FLAGS_config.empty()) {
+    std::fprintf(stderr, "syrupd: --config_watch needs --config (the file to watch)\n");
+    return -EINVAL;
+  }
+  cfg.config_watch = FLAGS_config_watch;
+  cfg.status_file = FLAGS_status_file.empty()
+                        ? (std::filesystem::path(FLAGS_socket).parent_path() / "status.json").string()
+                        : FLAGS_status_file;
   if (FLAGS_max_clients == 0) {
     std::fprintf(stderr, "syrupd: --max_clients must be at least 1\n");
     return -EINVAL;
@@ -218,6 +239,17 @@ int compiler_from_flags(syrup::DaemonConfig& cfg) {
     return -EINVAL;
   }
   cfg.metrics_port = static_cast<uint16_t>(FLAGS_metrics_port);
+  in6_addr a6;
+  in_addr a4;
+  if (inet_pton(AF_INET, FLAGS_metrics_address.c_str(), &a4) != 1 &&
+      inet_pton(AF_INET6, FLAGS_metrics_address.c_str(), &a6) != 1) {
+    std::fprintf(stderr,
+                 "syrupd: --metrics_address must be a numeric IPv4 or IPv6 address (e.g. 127.0.0.1, 0.0.0.0, ::), "
+                 "not '%s'\n",
+                 FLAGS_metrics_address.c_str());
+    return -EINVAL;
+  }
+  cfg.metrics_address = FLAGS_metrics_address;
   cfg.metrics_per_tenant = FLAGS_metrics_per_tenant;
   cfg.state_file = FLAGS_state_file.empty()
                        ? (std::filesystem::path(FLAGS_socket).parent_path() / "syrupd.state.json").string()

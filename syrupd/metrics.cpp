@@ -2,6 +2,7 @@
 
 #include "http_endpoint.h"
 
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -97,6 +98,23 @@ bool loopback_host(const std::string& host) {
   for (auto& c : h) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return h == "127.0.0.1" || h == "localhost" || h == "::1" || h == "ip6-localhost";
 }
+
+// An IP address literal as a Host header carries it ("10.0.0.5:9464", "[fd00::5]:9464").
+bool ip_literal_host(const std::string& host) {
+  std::string h = host;
+  if (!h.empty() && h[0] == '[') {
+    auto end = h.find(']');
+    if (end == std::string::npos) return false;
+    h = h.substr(1, end - 1);
+    in6_addr a6;
+    return inet_pton(AF_INET6, h.c_str(), &a6) == 1;
+  }
+  if (auto colon = h.rfind(':'); colon != std::string::npos) h = h.substr(0, colon);
+  in_addr a4;
+  return inet_pton(AF_INET, h.c_str(), &a4) == 1;
+}
+
+bool loopback_address(const std::string& a) { return a.empty() || a == "127.0.0.1" || a == "::1"; }
 
 double now_unix() {
   timespec ts;
@@ -196,6 +214,37 @@ static void render_tenants(Writer& w, const Snapshot& s) {
 
 }
 
+// The --config file's series (only with --config): what this node applied and what not.
+// Entries are named (tenant, policy) only with --metrics_per_tenant; else by errno name.
+static void render_config(Writer& w, const Snapshot& s) {
+  const ConfigSample& c = s.config;
+  if (!c.present) return;
+  w.family("syrup_config_generation", "counter",
+           "Versions of the --config file syrupd has read (at start, on SIGHUP, when the watch saw it change), refused ones too.");
+  w.sample("syrup_config_generation", {}, c.generation);
+  w.family("syrup_config_file_errors", "gauge",
+           "Errors in the version of the --config file read last; not 0: it was refused and the version before runs.");
+  w.sample("syrup_config_file_errors", {}, c.file_errors);
+  w.family("syrup_config_applied_policies", "gauge", "Entries of the running --config whose policy is deployed.");
+  w.sample("syrup_config_applied_policies", {}, c.applied);
+  w.family("syrup_config_failed_policies", "gauge",
+           "Entries of the running --config whose policy is not deployed, by the errno name of their last try "
+           "(pending: not tried yet, or ended and waiting for its process or interface).");
+  uint64_t named = 0;
+  for (auto& [kind, n] : c.failed_by_kind) {
+    w.sample("syrup_config_failed_policies", {{"kind", kind}}, n);
+    named += n;
+  }
+  if (c.not_applied > named) w.sample("syrup_config_failed_policies", {{"kind", "pending"}}, c.not_applied - named);
+  w.family("syrup_config_last_apply_timestamp_seconds", "gauge",
+           "Unix time syrupd last applied the --config file (0: never).");
+  w.sample("syrup_config_last_apply_timestamp_seconds", {}, c.last_apply_unix);
+  if (!s.per_tenant) return;
+  w.family("syrup_config_policy_failed", "gauge", "An entry of the running --config whose policy failed to deploy (always 1).");
+  for (auto& f : c.failed)
+    w.sample("syrup_config_policy_failed", {{"tenant", f.tenant}, {"policy", f.policy}, {"kind", f.kind}}, uint64_t{1});
+}
+
 std::string render(const Snapshot& s) {
   Writer w;
   w.family("syrupd_start_time_seconds", "gauge", "Unix time syrupd started.");
@@ -217,6 +266,7 @@ std::string render(const Snapshot& s) {
   w.family("syrup_config_last_reload_success_timestamp_seconds", "gauge",
            "Unix time the --config file was last applied successfully (0: never).");
   w.sample("syrup_config_last_reload_success_timestamp_seconds", {}, s.totals.config_last_success_unix);
+  render_config(w, s);
   const CompileSample& c = s.compiles;
   auto sum = [](const std::map<uid_t, uint64_t>& m) {
     uint64_t n = 0;
@@ -330,15 +380,22 @@ std::shared_ptr<const Snapshot> Metrics::fresh_or_ask(std::chrono::steady_clock:
   return latest_ ? latest_ : empty;
 }
 
-int Metrics::start(uint16_t port, std::string& err) {
+int Metrics::start(const std::string& address, uint16_t port, std::string& err) {
   if (endpoint_) {
     err = "the metrics server is already running";
     return -EALREADY;
   }
-  auto ep = std::make_unique<http::Endpoint>([this](const http::Request& req) -> http::Reply {
-    // Only under a loopback name: a browser tricked by DNS rebinding sends another.
-    if (!loopback_host(req.host))
-      return http::Response{.status = 403, .body = "syrupd metrics answer only to Host 127.0.0.1, [::1] or localhost\n"};
+  bool loopback = loopback_address(address);
+  auto ep = std::make_unique<http::Endpoint>([this, loopback](const http::Request& req) -> http::Reply {
+    // Only under a loopback name, or off loopback an address literal: a browser tricked
+    // by DNS rebinding sends another.
+    if (!loopback_host(req.host) && (loopback || !ip_literal_host(req.host)))
+      return http::Response{.status = 403,
+                            .body = loopback ? "syrupd metrics answer only to Host 127.0.0.1, [::1] or localhost\n"
+                                             : "syrupd metrics answer only to a Host that is an IP address or localhost\n"};
+    if (req.path == "/readyz")
+      return ready_ ? http::Response{.body = "ready\n"}
+                    : http::Response{.status = 503, .body = "syrupd is starting: adopting its policies and applying --config\n"};
     if (req.path == "/metrics") {
       std::chrono::milliseconds wait{};
       auto s = fresh_or_ask(req.arrived, req.last_call, wait);
@@ -348,15 +405,20 @@ int Metrics::start(uint16_t port, std::string& err) {
     if (req.path == "/") return http::Response{.body = "syrupd: metrics are at /metrics\n"};
     return http::Response{.status = 404, .body = "not found; metrics are at /metrics\n"};
   });
-  int bound = ep->add_listener("127.0.0.1", port);
+  std::string host = loopback ? "127.0.0.1" : address;
+  int bound = ep->add_listener(host, port);
+  auto shown = [&](int p) {
+    return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(p);
+  };
   if (bound < 0) {
-    err = "cannot listen on 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(-bound);
+    err = "cannot listen on " + shown(port) + ": " + std::strerror(-bound);
     return bound;
   }
-  // ::1 on the same port; a host without IPv6 (or with the port taken there) is served
-  // on 127.0.0.1 alone.
-  std::vector<std::string> addresses = {"127.0.0.1:" + std::to_string(bound)};
-  if (ep->add_listener("::1", static_cast<uint16_t>(bound)) > 0) addresses.push_back("[::1]:" + std::to_string(bound));
+  std::vector<std::string> addresses = {shown(bound)};
+  // Loopback: ::1 on the same port too; a host without IPv6 (or with the port taken
+  // there) is served on 127.0.0.1 alone.
+  if (loopback && ep->add_listener("::1", static_cast<uint16_t>(bound)) > 0)
+    addresses.push_back("[::1]:" + std::to_string(bound));
   // The endpoint's thread inherits this mask: every signal stays with the daemon's
   // signalfd, never the metrics thread.
   sigset_t all, old;

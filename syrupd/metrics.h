@@ -14,6 +14,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -87,6 +88,21 @@ struct ConnectionSample {
   uint64_t max_others = 0, max_per_user = 0;  // --max_clients, --max_clients_per_uid
 };
 
+// The --config file (docs/operations.md, "Watching the file"): what this node applied.
+struct ConfigSample {
+  bool present = false;     // syrupd runs with --config
+  uint64_t generation = 0;  // versions of the file read (at start, SIGHUP, the watch), refused ones too
+  uint64_t file_errors = 0; // diagnostics of the version read last; > 0: refused, the one before runs
+  uint64_t applied = 0;     // entries of the running version whose policy is deployed
+  uint64_t not_applied = 0; // its other entries (failed, waiting, compiling)
+  std::map<std::string, uint64_t> failed_by_kind;  // failed entries by errno name
+  double last_apply_unix = 0;  // 0: never
+  struct Failed {
+    std::string tenant, policy, kind;
+  };
+  std::vector<Failed> failed;  // per tenant: only rendered with per_tenant
+};
+
 struct Snapshot {
   // Series whose labels name a tenant's things (application, policy name and id, target,
   // uid): any local user can scrape the endpoint, so only with --metrics_per_tenant.
@@ -99,6 +115,7 @@ struct Snapshot {
   Totals totals;
   CompileSample compiles;
   ConnectionSample connections;
+  ConfigSample config;
 };
 
 // A PolicySample from one entry of the `stats` response (Daemon::policy_stats) and the
@@ -127,7 +144,14 @@ class Metrics {
   // Serves GET /metrics on 127.0.0.1:port and, when the host has IPv6, [::1]:port, on
   // threads of its own. port 0: an ephemeral port (see port()), the same on both.
   // 0 or -errno with `err`. Call once, before or after the first publish().
-  int start(uint16_t port, std::string& err);
+  int start(uint16_t port, std::string& err) { return start("", port, err); }
+  // On `address` (numeric IPv4 or IPv6; "" or 127.0.0.1: 127.0.0.1 and ::1 as above).
+  // Off loopback, a request's Host may also be an IP address literal (what Prometheus
+  // and the kubelet send for a pod): such a name cannot be rebound by DNS.
+  int start(const std::string& address, uint16_t port, std::string& err);
+  // GET /readyz answers 200 from now on (503 before): syrupd has adopted its policies
+  // and applied --config, and serves requests (the DaemonSet's readiness probe).
+  void set_ready() { ready_ = true; }
   uint16_t port() const { return port_; }
   std::vector<std::string> addresses() const { return addresses_; }  // "127.0.0.1:9464", "[::1]:9464"
   void stop();
@@ -161,6 +185,7 @@ class Metrics {
   std::unique_ptr<http::Endpoint> endpoint_;
   uint16_t port_ = 0;
   std::vector<std::string> addresses_;
+  std::atomic<bool> ready_{false};
 };
 
 }  // namespace syrup::metrics

@@ -18,7 +18,8 @@ BIN = os.environ.get("SYRUP_BUILD_BIN", os.path.join(os.path.dirname(os.path.abs
 DATAGRAMS = 2000
 XDP_PASS, XDP_REDIRECT = 2, 4
 SMALL = ["--datagrams=%d" % DATAGRAMS, "--rounds=1", "--hints=10000", "--syscalls=10000", "--deploys=2",
-         "--pps_rounds=1", "--pps_seconds=0.2", "--xdp_apps=4", "--xdp_repeat=1000", "--xdp_rounds=1"]
+         "--pps_rounds=1", "--pps_seconds=0.2", "--xdp_apps=4", "--xdp_repeat=1000", "--xdp_rounds=1",
+         "--config_tenants=4", "--config_rounds=1"]
 
 
 class EveryBenchmarkRunsAndReports(unittest.TestCase):
@@ -39,7 +40,7 @@ class EveryBenchmarkRunsAndReports(unittest.TestCase):
 
     def test_exits_0_with_every_section(self):
         self.assertEqual(self.run_.returncode, 0, self.output())
-        for section in ["decision", "hint", "deploy", "xdp-cost", "xdp-scale", "xdp-pps", "socket-lookup", "recording", "machine",
+        for section in ["decision", "hint", "deploy", "xdp-cost", "xdp-scale", "xdp-pps", "socket-lookup", "recording", "config-swap", "machine",
                         "command"]:
             self.assertIn(section, self.report, self.output())
 
@@ -65,6 +66,13 @@ class EveryBenchmarkRunsAndReports(unittest.TestCase):
         self.assertGreater(h.get("syscall_ns_per_update", {}).get("median", 0), 0, self.output())
         self.assertEqual(len(dep.get("cold", {}).get("samples_ms", [])), 2, self.output())
         self.assertEqual(len(dep.get("warm", {}).get("samples_ms", [])), 2, self.output())
+
+    def test_config_swap_applied_every_change_on_both_daemons(self):
+        c = self.report.get("config-swap", {})
+        for case in ("watch_ms", "sighup_ms"):
+            samples = c.get(case, {}).get("samples", [])
+            self.assertEqual(len(samples), 1, self.output())
+            self.assertGreater(samples[0], 0, self.output())
 
     def test_xdp_programs_return_their_verdicts(self):
         progs = self.report.get("xdp-cost", {}).get("programs", {})

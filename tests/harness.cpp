@@ -71,12 +71,13 @@ void Daemon::start(const std::string& bpffs_root, const std::vector<std::string>
     std::string a1 = "--socket=" + socket_, a2 = "--bpffs_root=" + bpffs_root_,
                 a3 = "--cache_dir=" + dir_ + "/cache", a4 = "--log_level=debug",
                 a5 = "--on_exit=remove";
-    std::vector<std::string> args = {bin, a1, a2, a3, a4, a5};
+    std::vector<std::string> args = launcher;
+    args.insert(args.end(), {bin, a1, a2, a3, a4, a5});
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    execv(bin.c_str(), argv.data());
+    execv(args[0].c_str(), argv.data());
     _exit(127);
   }
   std::string why = answers();

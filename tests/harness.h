@@ -55,6 +55,10 @@ class Daemon {
   std::string state_file() const;  // the --state_file it runs with, beside the socket
   std::string log() const;  // what syrupd printed so far
   pid_t pid() const { return pid_; }
+  // A command start() runs syrupd through (its argv; it must exec syrupd's command line,
+  // appended to it, in its own process): e.g. unshare and a shell that mounts first, as
+  // a container runtime would. Empty: syrupd is run directly.
+  std::vector<std::string> launcher;
 
  private:
   pid_t pid_ = -1;

@@ -556,6 +556,44 @@ TEST(MetricsHttp, ListensOnLoopbackOnly) {
   EXPECT_GE(found, 1);
 }
 
+// --metrics_address: the endpoint listens on that address alone; off loopback a Host that
+// is an IP address literal is served (what Prometheus and the kubelet send), a name only
+// if it is a loopback one (no DNS rebinding). /readyz: 503 until set_ready(), then 200.
+// 127.0.0.2 stands for a pod's address: loopback to the kernel, not to the endpoint.
+TEST(MetricsHttp, ServesAnotherAddressAndReadyz) {
+  metrics::Metrics m;
+  std::string err;
+  ASSERT_EQ(m.start("127.0.0.2", 0, err), 0) << err;
+  ASSERT_EQ(m.addresses(), std::vector<std::string>{"127.0.0.2:" + std::to_string(m.port())});
+  auto get = [&](const std::string& path, const std::string& host) {
+    int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(m.port());
+    inet_pton(AF_INET, "127.0.0.2", &a.sin_addr);
+    if (connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) {
+      close(c);
+      return std::string("connect: ") + std::strerror(errno);
+    }
+    std::string req = "GET " + path + " HTTP/1.1\r\nHost: " + host + "\r\n\r\n";
+    send(c, req.data(), req.size(), MSG_NOSIGNAL);
+    std::string r = read_all(c);
+    close(c);
+    return r.substr(0, r.find("\r\n"));
+  };
+  EXPECT_EQ(get("/metrics", "127.0.0.2:" + std::to_string(m.port())), "HTTP/1.1 200 OK");
+  EXPECT_EQ(get("/metrics", "[fd00::5]:9464"), "HTTP/1.1 200 OK");
+  EXPECT_EQ(get("/metrics", "localhost"), "HTTP/1.1 200 OK");
+  for (const char* host : {"evil.example", "10.0.0.1.evil.example:9464", "[fd00::5"})
+    EXPECT_EQ(get("/metrics", host), "HTTP/1.1 403 Forbidden") << host;
+  EXPECT_EQ(get("/readyz", "127.0.0.2"), "HTTP/1.1 503 Service Unavailable");
+  m.set_ready();
+  EXPECT_EQ(get("/readyz", "127.0.0.2"), "HTTP/1.1 200 OK");
+  EXPECT_EQ(get("/readyz", "evil.example"), "HTTP/1.1 403 Forbidden");
+  // Nothing listens on 127.0.0.1 at that port.
+  EXPECT_EQ(http_exchange(m.port(), "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").rfind("connect: ", 0), 0u);
+}
+
 TEST(MetricsHttp, ScrapeAsksTheDaemonForAFreshSnapshot) {
   metrics::Metrics m;
   int efd = m.refresh_fd(std::chrono::milliseconds(0), std::chrono::milliseconds(2000));

@@ -20,6 +20,7 @@ BOOKWORM_PKGS=(
   iproute2 procps ethtool
   qemu-system-x86 busybox-static cpio zstd python3 e2fsprogs xz-utils
   librocksdb-dev python3-matplotlib python3-venv
+  nginx-light  # syrup_servers_tests runs its own nginx through a reload (docs/servers.md)
 )
 BACKPORTS_PKGS=(libbpf-dev libbpf1)
 

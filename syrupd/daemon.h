@@ -313,7 +313,8 @@ class Daemon {
   Response record_stop(const Caller& caller, const nlohmann::json& req);
 
   // Detaches (if `detach_hook`), unpins and forgets a policy; cleans its app's pins.
-  void remove_policy(int id, bool detach_hook, const char* why);
+  // `ended`: no one asked (its owner exited, its attachment is gone): `list` shows it.
+  void remove_policy(int id, bool detach_hook, const char* why, bool ended = false);
   void owner_exited(int pidfd);
   // After a hook's refresh() found its kernel state changed by others: removes the
   // policies whose attachment the kernel no longer runs (Target::gone()), with that
@@ -457,6 +458,7 @@ class Daemon {
   struct Gone {
     uid_t uid = 0;
     std::string app, name, why, state_json;
+    bool ended = false;  // removed without a request (remove_policy's `ended`)
   };
   static constexpr size_t kGoneKept = 256;
   std::map<int, Gone> gone_;

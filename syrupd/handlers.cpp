@@ -172,7 +172,14 @@ Daemon::Response Daemon::list(const Caller& caller) {
   json arr = json::array();
   for (auto& [id, p] : policies_)
     if (visible(caller, *p)) arr.push_back(describe(*p));
-  return {ok({{"policies", arr}})};
+  // What ended without a request (its owner exited, its sockets all closed), so that the
+  // user sees why a policy is no longer listed, not only syrupd's log; to whom `no_policy`
+  // would say it.
+  json ended = json::array();
+  for (auto& [id, g] : gone_)
+    if (g.ended && (caller.admin() || g.uid == caller.uid))
+      ended.push_back({{"id", id}, {"app", g.app}, {"name", g.name}, {"why", g.why}});
+  return {ok({{"policies", arr}, {"ended", ended}})};
 }
 
 Daemon::Response Daemon::stats(const Caller& caller, const json& req) {

@@ -75,7 +75,9 @@ std::string Daemon::no_policy(const Caller& caller, int id) const {
 }
 
 void Daemon::remember_gone(int id, Gone g) {
-  g.state_json = state_entry(json{{"id", id}, {"uid", g.uid}, {"app", g.app}, {"name", g.name}, {"why", g.why}});
+  json entry{{"id", id}, {"uid", g.uid}, {"app", g.app}, {"name", g.name}, {"why", g.why}};
+  if (g.ended) entry["ended"] = true;
+  g.state_json = state_entry(entry);
   gone_[id] = std::move(g);
   if (gone_.size() > kGoneKept) gone_.erase(gone_.begin());
 }
@@ -187,7 +189,7 @@ std::string Daemon::check_uid_quota(const std::string& app, const Policy* replac
   return {};
 }
 
-void Daemon::remove_policy(int id, bool detach_hook, const char* why) {
+void Daemon::remove_policy(int id, bool detach_hook, const char* why, bool ended) {
   auto it = policies_.find(id);
   if (it == policies_.end()) return;
   Policy& p = *it->second;
@@ -199,7 +201,7 @@ void Daemon::remove_policy(int id, bool detach_hook, const char* why) {
   if (p.loaded) p.loaded->unpin();
   std::string app = p.app;
   log(LogLevel::kInfo, "removed policy %d (%s) of app '%s': %s", id, p.name.c_str(), app.c_str(), why);
-  remember_gone(id, Gone{p.uid, app, p.name, why});
+  remember_gone(id, Gone{p.uid, app, p.name, why, {}, ended});
   policies_.erase(it);
   gc_app(app);
   totals_.removals++;
@@ -272,7 +274,7 @@ void Daemon::end_policy(int id, const std::string& why) {
     if (config_waiting_.empty()) config_retry_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     config_waiting_.insert(entry);
   }
-  remove_policy(id, true, why.c_str());
+  remove_policy(id, true, why.c_str(), true);
 }
 
 json Daemon::describe(const Policy& p) const {

@@ -151,7 +151,7 @@ void Daemon::adopt_state() {
     bool owner_gone = pol->owner_pid && !pol->owner_pidfd;
     policies_.emplace(id, std::move(pol));
     adopted++;
-    if (owner_gone) remove_policy(id, true, "its owner exited while syrupd was down");
+    if (owner_gone) remove_policy(id, true, "its owner exited while syrupd was down", true);
   }
   if (!gone_.empty()) next_id_ = std::max(next_id_, gone_.rbegin()->first + 1);
   if (skipped)
@@ -210,7 +210,8 @@ int Daemon::adopt_gone(const json& gone) {
   for (auto& g : gone) try {
       if (g.value("id", 0) > 0)
         remember_gone(g.value("id", 0), Gone{g.value("uid", 0u), g.value("app", std::string()),
-                                             g.value("name", std::string()), g.value("why", std::string())});
+                                             g.value("name", std::string()), g.value("why", std::string()), {},
+                                             g.value("ended", false)});
     } catch (const json::exception&) {
       skipped++;
     }
@@ -224,7 +225,7 @@ void Daemon::not_adopted(const Policy& pol, int r, int entry, const std::string&
     log(LogLevel::kWarn, "cannot adopt policy %d (%s) of app '%s': %s", pol.id, pol.name.c_str(),
         pol.app.c_str(), err.c_str());
     if (r != -EEXIST)  // the policy of that id was adopted
-      remember_gone(pol.id, Gone{pol.uid, pol.app, pol.name, "not adopted when syrupd restarted: " + err});
+      remember_gone(pol.id, Gone{pol.uid, pol.app, pol.name, "not adopted when syrupd restarted: " + err, {}, true});
   } else {
     log(LogLevel::kWarn, "cannot adopt entry %d of the state file's policies: %s", entry,
         malformed.empty() ? err.c_str() : ("it is malformed (" + malformed + ")").c_str());

@@ -263,6 +263,12 @@ int cmd_deploy(const std::vector<std::string>& args) {
       std::printf("XDP root program on %s in %s mode\n", out["ifname"].get<std::string>().c_str(),
                   out["mode"].get<std::string>().c_str());
     if (FLAGS_pid <= 0) std::printf("the policy persists: remove it with 'syrupctl remove %d'\n", out["id"].get<int>());
+    // A server's worker named: the policy lives with the process that owns its sockets
+    // (hooks/socket_select/group_owner.h), or the reason it cannot.
+    if (out.contains("anchor_reason"))
+      std::fprintf(stderr, "note: anchored to process %d, not %d: %s\n", out["anchor_pid"].get<int>(),
+                   out["pid_given"].get<int>(), out["anchor_reason"].get<std::string>().c_str());
+    if (out.contains("anchor_note")) std::fprintf(stderr, "note: %s\n", out["anchor_note"].get<std::string>().c_str());
     if (out.contains("warnings")) std::fprintf(stderr, "%s", out["warnings"].get<std::string>().c_str());
   }
   return 0;
@@ -321,6 +327,19 @@ int cmd_remove(const std::vector<std::string>& args) {
   return 0;
 }
 
+// The policies that ended without a request (their owner exited, their sockets all
+// closed), the last few, so that one missing from the table says why.
+void print_ended(const nlohmann::json& out) {
+  constexpr size_t kShown = 10;
+  if (!out.contains("ended") || !out["ended"].is_array() || out["ended"].empty()) return;
+  const auto& e = out["ended"];
+  Table t({"ENDED", "APP", "POLICY", "WHY"}, {true, false, false, false});
+  for (size_t i = e.size() > kShown ? e.size() - kShown : 0; i < e.size(); i++)
+    t.add({std::to_string(e[i].value("id", 0)), e[i].value("app", ""), e[i].value("name", ""), e[i].value("why", "")});
+  std::printf("\n");
+  t.print();
+}
+
 int cmd_list(const std::vector<std::string>& args) {
   if (!args.empty()) return usage("list takes no arguments");
   nlohmann::json out;
@@ -331,12 +350,14 @@ int cmd_list(const std::vector<std::string>& args) {
   }
   if (out["policies"].empty()) {
     std::printf("no policies deployed\n");
+    print_ended(out);
     return 0;
   }
   Table t({"ID", "APP", "HOOK", "POLICY", "TARGET", "EXEC", "OWNER", "PROG"},
           {true, false, false, false, false, true, false, false});
   for (auto& p : out["policies"]) {
     std::string owner = p["persist"].get<bool>() ? "persist" : std::to_string(p["owner_pid"].get<int>());
+    if (p.contains("pid_given")) owner += " (given " + std::to_string(p["pid_given"].get<int>()) + ")";
     std::string status =
         p.contains("status") && p["status"].is_string() ? p["status"].get<std::string>() : "running";
     t.add({std::to_string(p["id"].get<int>()), p["app"].get<std::string>(), p["hook"].get<std::string>(),
@@ -345,6 +366,7 @@ int cmd_list(const std::vector<std::string>& args) {
           status == "running" ? "" : "status: " + status);
   }
   t.print();
+  print_ended(out);
   return 0;
 }
 

@@ -23,6 +23,7 @@
 #include "pins.h"
 #include "registry.h"
 #include "socket_select.h"
+#include "socket_select/group_owner.h"
 
 DEFINE_string(socket_lookup_ports, "",
               "socket-lookup hook: port ranges a user who is not an admin may steer, UID:LO-HI[,UID:LO-HI...] "
@@ -254,6 +255,7 @@ class LookupTarget : public Target {
   Sockets sockets;
   UniqueFd netns;  // until install(): where to attach
   pid_t holder = 0;
+  ss::Anchor anchor;  // deployed by pid: the process the policy lives with (group_owner.h)
 
   std::string key() const override { return claim_.name(); }
   uint32_t num_executors() const override { return static_cast<uint32_t>(sockets.inodes.size()); }
@@ -296,15 +298,18 @@ class LookupTarget : public Target {
     nlohmann::json d = {{"claim", claim_.name()}, {"executors", sockets.inodes.size()}};
     if (map_) d["open_executors"] = open_executors();
     if (std::string why = gone(); !why.empty()) d["status"] = "ended: " + why;
+    ss::describe_anchor(anchor, d);
     return d;
   }
 
   // The kernel has it all (link and SOCKMAP pinned): what a later syrupd needs is the
   // claim and the executors' identity, for messages and for the claim table.
   nlohmann::json save() const override {
-    return {{"protocol", claim_.protocol}, {"lo", claim_.lo},          {"hi", claim_.hi},
-            {"address", claim_.address},   {"netns", claim_.netns},    {"holder", holder},
-            {"inodes", sockets.inodes}};
+    nlohmann::json s = {{"protocol", claim_.protocol}, {"lo", claim_.lo},          {"hi", claim_.hi},
+                        {"address", claim_.address},   {"netns", claim_.netns},    {"holder", holder},
+                        {"inodes", sockets.inodes}};
+    ss::describe_anchor(anchor, s);
+    return s;
   }
 
   // A namespace that ended, or a link someone detached, reads as netns_ino 0.
@@ -409,11 +414,13 @@ int SocketLookupHook::make_target(const Caller& caller, proto::Message& req, std
   }
   Claim claim = claim_of(asked);
   Sockets sockets;
+  ss::Anchor anchor;
   owner = caller.pid;
   if (pid_t pid = asked.pid) {
     if (int r = check_target_process(caller, pid, err)) return r;
     if (int r = from_pid(pid, claim.protocol, sockets, err)) return r;
-    owner = pid;  // the steered process, not the tool that asked
+    anchor = ss::group_owner(caller, pid, sockets.inodes);
+    owner = anchor.pid;  // the steered server, not the tool that asked
   } else if (int r = from_fds(std::move(req.fds), claim.protocol, sockets, err)) {
     return r;
   }
@@ -429,6 +436,7 @@ int SocketLookupHook::make_target(const Caller& caller, proto::Message& req, std
   t->netns = std::move(netns);
   t->sockets = std::move(sockets);
   t->holder = owner;
+  t->anchor = std::move(anchor);
   out = std::move(t);
   return 0;
 }
@@ -464,6 +472,7 @@ int SocketLookupHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::u
   }
   auto t = std::make_unique<LookupTarget>(claims_, c, p.app);
   t->holder = saved.value("holder", 0);
+  if (saved.contains("anchor_pid")) t->anchor = ss::anchor_from(saved, t->holder);
   t->sockets.inodes = saved.value("inodes", std::vector<uint64_t>{});
   t->watch(std::move(link), p, pin);
   out = std::move(t);

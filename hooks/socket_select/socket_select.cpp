@@ -1,5 +1,6 @@
 #include "registry.h"
 #include "socket_select.h"
+#include "socket_select/group_owner.h"
 #include "socket_select/request.h"
 #include "pins.h"
 
@@ -435,7 +436,7 @@ namespace {
 
 class GroupTarget : public Target {
  public:
-  explicit GroupTarget(Executors ex) : ex_(std::move(ex)) {}
+  explicit GroupTarget(Executors ex, Anchor anchor = {}) : ex_(std::move(ex)), anchor_(std::move(anchor)) {}
   std::string key() const override { return ex_.group(); }
   uint32_t num_executors() const override { return static_cast<uint32_t>(ex_.size()); }
 
@@ -522,6 +523,7 @@ class GroupTarget : public Target {
 
   nlohmann::json describe() const override {
     nlohmann::json d = {{"group", ex_.group()}, {"executors", ex_.size()}};
+    describe_anchor(anchor_, d);
     if (!map_) return d;
     uint32_t open = open_executors();
     d["open_executors"] = open;
@@ -532,16 +534,35 @@ class GroupTarget : public Target {
   // The sockets themselves cannot be saved: their identity (inodes, in executor order)
   // and a process that holds them can, and a later syrupd takes them again from there.
   nlohmann::json save() const override {
-    return {{"protocol", ex_.protocol}, {"port", ex_.port},
-            {"address", ex_.address},   {"holder", ex_.holder}, {"inodes", ex_.inodes}};
+    nlohmann::json s = {{"protocol", ex_.protocol}, {"port", ex_.port},
+                        {"address", ex_.address},   {"holder", ex_.holder}, {"inodes", ex_.inodes}};
+    if (anchor_.pid) describe_anchor(anchor_, s);
+    return s;
   }
 
  private:
   Executors ex_;
+  Anchor anchor_;  // deployed by pid: the process the policy lives with (group_owner.h)
   UniqueFd map_;
   int prog_fd_ = -1;  // borrowed from its policy once installed or adopted (watch())
 };
 
+}  // namespace
+
+namespace {
+// A worker may hold only its own sockets of the group (a server may close the others'
+// after the fork): the anchor's, a superset in the same group, are the executors then,
+// so that whichever pid of the server was given, the policy schedules the same sockets.
+void take_whole_group(pid_t anchor, Executors& ex) {
+  Executors all;
+  std::string ignored;
+  if (from_pid(anchor, ex.port, ex.protocol, ex.address, all, ignored) || all.netns != ex.netns ||
+      all.size() <= ex.size())
+    return;
+  std::set<uint64_t> have(all.inodes.begin(), all.inodes.end());
+  if (std::all_of(ex.inodes.begin(), ex.inodes.end(), [&](uint64_t i) { return have.count(i) > 0; }))
+    ex = std::move(all);
+}
 }  // namespace
 
 int SocketSelectHook::make_target(const Caller& caller, proto::Message& req,
@@ -552,16 +573,19 @@ int SocketSelectHook::make_target(const Caller& caller, proto::Message& req,
     return -EINVAL;
   }
   Executors ex;
+  Anchor anchor;
   owner = caller.pid;
   if (r.pid) {
     if (int rc = check_target_process(caller, r.pid, err)) return rc;
     if (int rc = from_pid(r.pid, r.port, r.protocol, r.address, ex, err)) return rc;
-    owner = r.pid;  // the scheduled process, not the tool that asked
+    anchor = group_owner(caller, r.pid, ex.inodes);
+    if (anchor.pid != r.pid) take_whole_group(anchor.pid, ex);
+    owner = anchor.pid;  // the scheduled server, not the tool that asked
   } else if (int rc = from_fds(std::move(req.fds), ex, err)) {
     return rc;
   }
   ex.holder = owner;
-  out = std::make_unique<GroupTarget>(std::move(ex));
+  out = std::make_unique<GroupTarget>(std::move(ex), std::move(anchor));
   return 0;
 }
 
@@ -573,6 +597,7 @@ int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::u
   ex.address = saved.value("address", std::string());
   ex.holder = saved.value("holder", 0);
   ex.inodes = saved.value("inodes", std::vector<uint64_t>{});
+  Anchor anchor = saved.contains("anchor_pid") ? anchor_from(saved, ex.holder) : Anchor{};
   if (ex.inodes.empty()) {
     err = "no executors were saved";
     return -EINVAL;
@@ -589,7 +614,7 @@ int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::u
     }
   }
   ex.sockets.clear();
-  auto t = std::make_unique<GroupTarget>(std::move(ex));
+  auto t = std::make_unique<GroupTarget>(std::move(ex), std::move(anchor));
   t->watch(p);
   out = std::move(t);
   adopted_maps_.insert(map_id(p.map_fd(SYR_EXECUTORS_MAP)));

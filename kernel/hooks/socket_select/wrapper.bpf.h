@@ -45,7 +45,7 @@ int syr_socket_select(struct sk_reuseport_md *md)
 		return SK_PASS;
 	}
 	if (idx >= syr_num_executors || idx >= SYR_MAX_EXECUTORS ||
-	    bpf_sk_select_reuseport(md, &syr_executors, &idx, 0) != 0) {
+	    bpf_sk_select_reuseport(md, &syr_executors, (void *)syr_key(idx), 0) != 0) {
 		syr_count(SYR_STAT_FALLBACK);
 		return SK_PASS; /* nothing selected: the kernel hashes */
 	}

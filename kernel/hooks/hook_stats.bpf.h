@@ -49,9 +49,30 @@ static __always_inline __u32 syr_zext(__u32 v)
  * addition reached with a known offset on one path and an unknown one on another). */
 #define syr_key(i) (__builtin_constant_p(i) ? &syr_keys[(i)] : &syr_keys[syr_zext(i)])
 
+/* Counts one decision in `slot`. A constant slot's key comes from syr_keys; any other
+ * from the stack (a barrier for unprivileged code, but safe whatever paths clang merges
+ * into one call: the thread wrappers count that way). */
 static __always_inline void syr_count(__u32 slot)
 {
-	__u64 *c = bpf_map_lookup_elem(&syr_stats, syr_key(slot));
+	__u64 *c;
+
+	if (__builtin_constant_p(slot)) {
+		c = bpf_map_lookup_elem(&syr_stats, &syr_keys[slot]);
+	} else {
+		__u32 key = slot;
+
+		c = bpf_map_lookup_elem(&syr_stats, &key);
+	}
+	if (c)
+		*c += 1;
+}
+
+/* Counts a decision enforced with executor idx, its key from syr_keys. Only for a caller
+ * that checked idx < SYR_MAX_EXECUTORS and calls this on a path of its own (see
+ * syr_key()): the packet wrappers. */
+static __always_inline void syr_count_executor(__u32 idx)
+{
+	__u64 *c = bpf_map_lookup_elem(&syr_stats, syr_key(SYR_STAT_EXECUTOR_BASE + idx));
 
 	if (c)
 		*c += 1;

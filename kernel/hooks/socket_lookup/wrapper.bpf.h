@@ -98,7 +98,7 @@ int syr_socket_lookup(struct bpf_sk_lookup *c)
 	if (err)
 		syr_count(SYR_STAT_FALLBACK);
 	else
-		syr_count(SYR_STAT_EXECUTOR_BASE + idx);
+		syr_count_executor(idx);
 	return SK_PASS;
 }
 

@@ -49,7 +49,7 @@ int syr_socket_select(struct sk_reuseport_md *md)
 		syr_count(SYR_STAT_FALLBACK);
 		return SK_PASS; /* nothing selected: the kernel hashes */
 	}
-	syr_count(SYR_STAT_EXECUTOR_BASE + idx);
+	syr_count_executor(idx);
 	return SK_PASS;
 }
 

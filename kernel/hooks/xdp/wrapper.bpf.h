@@ -110,7 +110,8 @@ int syr_xdp(struct xdp_md *ctx)
 	}
 	if (act != XDP_REDIRECT)
 		return syr_counted(SYR_STAT_FALLBACK, (int)act);
-	return syr_counted(SYR_STAT_EXECUTOR_BASE + idx, XDP_REDIRECT);
+	syr_count_executor(idx);
+	return XDP_REDIRECT;
 }
 
 char _license[] SEC("license") = "Dual BSD/GPL";

@@ -20,8 +20,9 @@ struct {
  * on the stack. Tenant programs are loaded without CAP_PERFMON, so the verifier follows
  * every store into a stack slot not written before on that path with a speculation
  * barrier (Spectre v4; an lfence on x86-64), and a key on the stack is such a store per
- * lookup: 2 to 3 lfences per decision, most of what the wrappers cost over a
+ * lookup: 2 to 4 lfences per decision, most of what the wrappers cost over a
  * hand-written program (bench/README.md). A key read from a frozen map costs a load.
+ * Keys that depend on the policy's answer (the executor's) share one stack slot.
  */
 #define SYR_KEYS4(n) (n), (n) + 1, (n) + 2, (n) + 3
 #define SYR_KEYS16(n) SYR_KEYS4(n), SYR_KEYS4((n) + 4), SYR_KEYS4((n) + 8), SYR_KEYS4((n) + 12)
@@ -34,30 +35,19 @@ static const __u32 syr_keys[SYR_STAT_SLOTS] = {SYR_KEYS256(0), 256, 257, 258};
 #undef SYR_KEYS64
 #undef SYR_KEYS256
 
-/* v, with the upper half of its register cleared where the verifier sees it. After a
- * 32-bit modulo (a policy's `% syr_num_executors`) the verifier no longer knows that
- * half is zero, and clang indexes with the whole register: the pointer arithmetic of
- * syr_key() would then be refused as unbounded. */
-static __always_inline __u32 syr_zext(__u32 v)
-{
-	asm volatile("%[v] = %[v]" : [v] "+w"(v));
-	return v;
-}
-
-/* A pointer to the key i; i must be below SYR_STAT_SLOTS where the verifier sees it,
- * and be either a constant or computed on every path (the verifier refuses one pointer
- * addition reached with a known offset on one path and an unknown one on another). */
-#define syr_key(i) (__builtin_constant_p(i) ? &syr_keys[(i)] : &syr_keys[syr_zext(i)])
+/* A pointer to the key i, a constant. A variable index stays on the stack: pointer
+ * arithmetic into syr_keys is refused for unprivileged code when the index is a constant
+ * on one path to it and not on another, as a policy's answer can be. */
+#define syr_key(i) (&syr_keys[(i)])
 
 /* Counts one decision in `slot`. A constant slot's key comes from syr_keys; any other
- * from the stack (a barrier for unprivileged code, but safe whatever paths clang merges
- * into one call: the thread wrappers count that way). */
+ * from the stack. */
 static __always_inline void syr_count(__u32 slot)
 {
 	__u64 *c;
 
 	if (__builtin_constant_p(slot)) {
-		c = bpf_map_lookup_elem(&syr_stats, &syr_keys[slot]);
+		c = bpf_map_lookup_elem(&syr_stats, syr_key(slot));
 	} else {
 		__u32 key = slot;
 
@@ -67,12 +57,13 @@ static __always_inline void syr_count(__u32 slot)
 		*c += 1;
 }
 
-/* Counts a decision enforced with executor idx, its key from syr_keys. Only for a caller
- * that checked idx < SYR_MAX_EXECUTORS and calls this on a path of its own (see
- * syr_key()): the packet wrappers. */
-static __always_inline void syr_count_executor(__u32 idx)
+/* Counts a decision enforced with executor idx, its key written into *key: the stack
+ * slot the wrapper already used for idx's own key, so that the verifier fences only the
+ * first store into it (one barrier per decision, not one per key). */
+static __always_inline void syr_count_executor(__u32 *key, __u32 idx)
 {
-	__u64 *c = bpf_map_lookup_elem(&syr_stats, syr_key(SYR_STAT_EXECUTOR_BASE + idx));
+	*key = SYR_STAT_EXECUTOR_BASE + idx;
+	__u64 *c = bpf_map_lookup_elem(&syr_stats, key);
 
 	if (c)
 		*c += 1;

@@ -86,19 +86,19 @@ int syr_socket_lookup(struct bpf_sk_lookup *c)
 		syr_count(SYR_STAT_PASS);
 		return SK_PASS;
 	}
-	sk = idx < syr_num_executors && idx < SYR_MAX_EXECUTORS ? bpf_map_lookup_elem(&syr_executors, syr_key(idx)) : 0;
+	__u32 key = idx;
+
+	sk = idx < syr_num_executors && idx < SYR_MAX_EXECUTORS ? bpf_map_lookup_elem(&syr_executors, &key) : 0;
 	if (!sk) {
 		syr_count(SYR_STAT_FALLBACK);
 		return SK_PASS; /* the kernel's own lookup */
 	}
 	err = bpf_sk_assign(c, sk, 0);
 	bpf_sk_release(sk);
-	/* Two calls, not one with a chosen slot: syr_key() of a slot that is a constant on
-	 * one path and not on another is pointer arithmetic the verifier refuses. */
 	if (err)
 		syr_count(SYR_STAT_FALLBACK);
 	else
-		syr_count_executor(idx);
+		syr_count_executor(&key, idx);
 	return SK_PASS;
 }
 

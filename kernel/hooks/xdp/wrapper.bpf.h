@@ -98,11 +98,12 @@ int syr_xdp(struct xdp_md *ctx)
 	 * here. The two different no-op instructions after the calls keep clang from sinking
 	 * them into one. */
 	long act;
+	__u32 key = idx;
 	if (syr_executor_kind == SYR_XDP_EXEC_XSK) {
 		act = bpf_redirect_map(&syr_xsks, idx, XDP_PASS);
 		asm volatile("%[a] = %[a]" : [a] "+r"(act));
 	} else {
-		__u32 *cpu = bpf_map_lookup_elem(&syr_exec_cpu, syr_key(idx));
+		__u32 *cpu = bpf_map_lookup_elem(&syr_exec_cpu, &key);
 		if (!cpu)
 			return syr_counted(SYR_STAT_FALLBACK, XDP_PASS);
 		act = bpf_redirect_map(&syr_cpus, *cpu, XDP_PASS);
@@ -110,7 +111,7 @@ int syr_xdp(struct xdp_md *ctx)
 	}
 	if (act != XDP_REDIRECT)
 		return syr_counted(SYR_STAT_FALLBACK, (int)act);
-	syr_count_executor(idx);
+	syr_count_executor(&key, idx);
 	return XDP_REDIRECT;
 }
 

@@ -57,9 +57,9 @@ static __always_inline void syr_count(__u32 slot)
 		*c += 1;
 }
 
-/* Counts a decision enforced with executor idx, its key written into *key: the stack
- * slot the wrapper already used for idx's own key, so that the verifier fences only the
- * first store into it (one barrier per decision, not one per key). */
+/* Counts a decision enforced with executor idx, its key written into *key: where the
+ * wrapper already put idx's own key (a stack slot, which the verifier then fences only
+ * at its first store: one barrier per decision, not one per key; or a map value). */
 static __always_inline void syr_count_executor(__u32 *key, __u32 idx)
 {
 	*key = SYR_STAT_EXECUTOR_BASE + idx;

@@ -101,4 +101,37 @@ int handwritten_xdp_pass(struct xdp_md *ctx)
 	return XDP_PASS;
 }
 
+/* The floor of a dispatch: one tail call alone, into a program that returns XDP_PASS.
+ * handwritten_tail_direct's index is a constant (the JIT makes a direct jump, as for
+ * Syrup's root); handwritten_tail_indirect reads it from memory the verifier cannot
+ * see as constant (an indirect jump through this kernel's retpoline). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} tail_progs SEC(".maps");
+
+__u32 tail_index; /* 0, written by nobody; a .bss load is not a constant to the verifier */
+
+SEC("xdp")
+int handwritten_tail_target(struct xdp_md *ctx)
+{
+	return XDP_PASS;
+}
+
+SEC("xdp")
+int handwritten_tail_direct(struct xdp_md *ctx)
+{
+	bpf_tail_call_static(ctx, &tail_progs, 0);
+	return XDP_ABORTED;
+}
+
+SEC("xdp")
+int handwritten_tail_indirect(struct xdp_md *ctx)
+{
+	bpf_tail_call(ctx, &tail_progs, tail_index);
+	return XDP_ABORTED;
+}
+
 char _license[] SEC("license") = "Dual BSD/GPL";

@@ -28,7 +28,10 @@
 // phase 3 repeats the control. Reported: medians and the median of the per-round ratios
 // B/A. The control operations are timed too: each filler deploy, the removals, and the
 // `list` request (what `syrupctl list` sends) with 2, N/4, N/2, 3N/4 and N + 1 policies
-// deployed, to show that listing grows linearly with the policies, not faster.
+// deployed, to show that listing grows linearly with the policies, not faster. The
+// curve: on B, at 1, 10, 100, 1000 (and N) applications, the rr path and the root alone
+// beside the hand-written rr and pass programs over the same frames (bench/plot_dispatch.py
+// draws it).
 //
 // ns/packet is the calling thread's CPU time over the BPF_PROG_TEST_RUN call divided by
 // repeat (sub-ns resolution; the kernel's own `duration` is truncated to whole ns and is
@@ -161,7 +164,13 @@ int run_xdp_cost(const Env& env, json& out) {
       {"hw_rr", hw.rr_fd(), rr_frame, false, XDP_REDIRECT, "", 0, {}},
       {"syr_live", root.get(), rr_frame, true, 0, net.host_if, SYR_XDP_ROOT_DISPATCHED, {}},
       {"hw_live", hw.rr_fd(), rr_frame, true, 0, "", 0, {}},
+      {"tc_none", hw.tail_fd("target"), rr_frame, false, XDP_PASS, "", 0, {}},
+      {"tc_dir", hw.tail_fd("direct"), rr_frame, false, XDP_PASS, "", 0, {}},
+      {"tc_ind", hw.tail_fd("indirect"), rr_frame, false, XDP_PASS, "", 0, {}},
   };
+  // The floor: one tail call alone, with a constant index (direct jump) and with one
+  // loaded from memory (indirect), minus the target program run on its own.
+  std::vector<double> tc_direct, tc_indirect;
   std::vector<Pair> pairs = {{"d_pass", 1, 2, {}, {}}, {"d_rr", 3, 4, {}, {}}, {"d_live", 5, 6, {}, {}}};
 
   std::printf("\n== XDP dispatch cost per packet (BPF_PROG_TEST_RUN) ==\n"
@@ -180,9 +189,11 @@ int run_xdp_cost(const Env& env, json& out) {
   for (auto& p : pairs) std::printf(" %7s", p.label);
   std::printf("\n");
   for (uint32_t round = 0; round < env.xdp_rounds; round++) {
-    std::vector<size_t> order = {0, 1, 2, 3, 4, 5, 6};
-    if (round % 2)
+    std::vector<size_t> order = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    if (round % 2) {
       for (auto& p : pairs) std::swap(order[p.syrup], order[p.hw]);
+      std::swap(order[7], order[9]);
+    }
     for (size_t i : order)
       if (int r = run_subject(env, s[i], env.xdp_repeat)) return r;
     std::printf("%-6u", round + 1);
@@ -193,6 +204,8 @@ int run_xdp_cost(const Env& env, json& out) {
       p.ratios.push_back(a / b);
       std::printf(" %7.2f", p.diffs.back());
     }
+    tc_direct.push_back(s[8].runs.back().ns - s[7].runs.back().ns);
+    tc_indirect.push_back(s[9].runs.back().ns - s[7].runs.back().ns);
     std::printf("\n");
     std::fflush(stdout);
   }
@@ -211,6 +224,10 @@ int run_xdp_cost(const Env& env, json& out) {
                 "per-round values)\n",
                 p.label + 2, median(ns_of(s[p.syrup])), median(ns_of(s[p.hw])), median(p.diffs),
                 median(p.ratios));
+
+  std::printf("one tail call alone: %.2f ns with a constant index (direct jump), %.2f ns with an index "
+              "from memory (indirect jump)\n",
+              median(tc_direct), median(tc_indirect));
 
   double overhead = median(pairs[1].diffs), total = median(ns_of(s[3]));
   std::printf("\ntargets:\n");
@@ -235,6 +252,11 @@ int run_xdp_cost(const Env& env, json& out) {
          {"bpf_stats_were_on", g_stats_warned},
          {"programs", subjects},
          {"syrup_minus_handwritten", jp},
+         {"tail_call_alone_ns",
+          {{"direct", median(tc_direct)},
+           {"indirect", median(tc_indirect)},
+           {"direct_per_round", tc_direct},
+           {"indirect_per_round", tc_indirect}}},
          {"targets",
           {{"overhead_ns_max", kTargetOverheadNs},
            {"overhead_met", overhead <= kTargetOverheadNs},
@@ -321,9 +343,43 @@ int run_xdp_scale(const Env& env, json& out) {
     return 0;
   };
 
+  // The curve: B's rr path and root alone beside the hand-written programs (loaded, not
+  // attached) over the same frames, with 1, 10, 100, ... applications on B; each point
+  // env.xdp_rounds interleaved rounds, the per-round ratios' medians reported.
+  Handwritten hw;
+  if (int r = hw.load(env.handwritten_xdp_obj, kRrPort, cpus)) return r;
+  json curve = json::array();
+  auto curve_point = [&](uint32_t apps) -> int {
+    std::vector<Subject> c = {make("B_rr", b, root_b.get(), kRrPort, XDP_REDIRECT, SYR_XDP_ROOT_DISPATCHED),
+                              {"hw_rr", hw.rr_fd(), udp_frame(b, kRrPort), false, XDP_REDIRECT, "", 0, {}},
+                              make("B_unclaimed", b, root_b.get(), kUnclaimedPort, XDP_PASS, SYR_XDP_ROOT_UNCLAIMED),
+                              {"hw_pass", hw.pass_fd(), udp_frame(b, kRrPort), false, XDP_PASS, "", 0, {}}};
+    for (auto& x : c)
+      if (int r = run_subject(env, x, env.xdp_repeat / 10 + 1, false)) return r;
+    std::vector<double> rr_ratio, pass_ratio;
+    for (uint32_t round = 0; round < env.xdp_rounds; round++) {
+      std::vector<size_t> order = round % 2 ? std::vector<size_t>{1, 0, 3, 2} : std::vector<size_t>{0, 1, 2, 3};
+      for (size_t i : order)
+        if (int r = run_subject(env, c[i], env.xdp_repeat)) return r;
+      rr_ratio.push_back(c[0].runs.back().ns / c[1].runs.back().ns);
+      pass_ratio.push_back(c[2].runs.back().ns / c[3].runs.back().ns);
+    }
+    std::printf("curve: %4u applications on B: rr %.2f ns (hand-written %.2f, %.3fx), root alone %.2f ns "
+                "(hand-written pass %.2f, %.3fx)\n",
+                apps, median(ns_of(c[0])), median(ns_of(c[1])), median(rr_ratio), median(ns_of(c[2])),
+                median(ns_of(c[3])), median(pass_ratio));
+    std::fflush(stdout);
+    json p = {{"applications", apps}, {"rr_over_hw_rr", median(rr_ratio)}, {"unclaimed_over_hw_pass", median(pass_ratio)}};
+    for (auto& x : c) p[x.name] = subject_json(x);
+    curve.push_back(std::move(p));
+    return 0;
+  };
+
   std::vector<Subject> before = subjects();
   std::vector<double> before_ratios[2];
   if (int r = phase("Phase 1 (control): 1 application on A, 1 on B", before, before_ratios)) return r;
+  std::printf("\n");
+  if (int r = curve_point(1)) return r;
 
   // `list` with 2, about N/4, N/2, 3N/4 and N + 1 policies: the time per extra policy
   // stays flat if listing is linear.
@@ -354,6 +410,10 @@ int run_xdp_scale(const Env& env, json& out) {
     deploy_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     if (i == env.xdp_apps / 4 || i == env.xdp_apps / 2 || i == 3 * env.xdp_apps / 4)
       if (int r = measure_list()) return r;
+    // Points at 10, 100, 1000 applications and at the last (i + 1 applications on B).
+    bool decade = i + 1 == 10 || i + 1 == 100 || i + 1 == 1000;
+    if (decade || i + 1 == env.xdp_apps)
+      if (int r = curve_point(i + 1)) return r;
   }
   if (int r = measure_list()) return r;
   // Medians per block of (up to) 100 deploys, in order: whether a deploy gets slower as the
@@ -440,6 +500,7 @@ int run_xdp_scale(const Env& env, json& out) {
          {"phase1_control_1_vs_1", phase_json(before, before_ratios)},
          {"phase2_1_vs_N", phase_json(after, after_ratios)},
          {"phase3_control_1_vs_1_again", phase_json(again, again_ratios)},
+         {"curve", curve},
          {"filler_deploy_ms",
           {{"median", median(deploy_ms)},
            {"p90", percentile(deploy_ms, 90)},

@@ -51,7 +51,18 @@ int Handwritten::load(const std::string& path, uint16_t port, const std::vector<
       return -e;
     }
   }
+  uint32_t zero = 0;
+  int target = obj_.prog_fd("handwritten_tail_target");
+  if (bpf_map_update_elem(obj_.map_fd("tail_progs"), &zero, &target, BPF_ANY) < 0) {
+    int e = errno;
+    std::fprintf(stderr, "syrup_bench: cannot fill the hand-written prog array: %s\n", std::strerror(e));
+    return -e;
+  }
   return 0;
+}
+
+int Handwritten::tail_fd(const char* which) const {
+  return obj_.prog_fd((std::string("handwritten_tail_") + which).c_str());
 }
 
 int Handwritten::rr_fd() const { return obj_.prog_fd("handwritten_xdp_rr"); }

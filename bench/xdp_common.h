@@ -21,6 +21,9 @@ class Handwritten {
   int load(const std::string& path, uint16_t port, const std::vector<int>& cpus);
   int rr_fd() const;    // handwritten_xdp_rr: round robin to the cores through the CPUMAP
   int pass_fd() const;  // handwritten_xdp_pass: same parsing, XDP_PASS
+  // handwritten_tail_<which>: "target" (returns XDP_PASS), "direct" (a constant-index
+  // tail call to it), "indirect" (the same call, its index loaded from memory).
+  int tail_fd(const char* which) const;
 
  private:
   HandwrittenObject obj_;

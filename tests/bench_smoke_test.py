@@ -77,11 +77,16 @@ class EveryBenchmarkRunsAndReports(unittest.TestCase):
     def test_xdp_programs_return_their_verdicts(self):
         progs = self.report.get("xdp-cost", {}).get("programs", {})
         want = {"unclaimed": XDP_PASS, "syr_pass": XDP_PASS, "hw_pass": XDP_PASS,
-                "syr_rr": XDP_REDIRECT, "hw_rr": XDP_REDIRECT}
+                "syr_rr": XDP_REDIRECT, "hw_rr": XDP_REDIRECT,
+                "tc_none": XDP_PASS, "tc_dir": XDP_PASS, "tc_ind": XDP_PASS}
         for name, verdict in want.items():
             self.assertIn(name, progs, self.output())
             self.assertEqual(progs[name]["retval"], verdict, name)
         self.assertEqual(self.report.get("xdp-scale", {}).get("applications_on_B"), 4, self.output())
+        curve = self.report["xdp-scale"].get("curve", [])
+        self.assertEqual([c["applications"] for c in curve], [1, 4], self.output())
+        for c in curve:
+            self.assertEqual((c["B_rr"]["retval"], c["hw_rr"]["retval"]), (XDP_REDIRECT, XDP_REDIRECT))
         for phase in ["phase1_control_1_vs_1", "phase2_1_vs_N", "phase3_control_1_vs_1_again"]:
             p = self.report["xdp-scale"][phase]
             self.assertEqual((p["A_rr"]["retval"], p["B_rr"]["retval"]), (XDP_REDIRECT, XDP_REDIRECT), phase)

@@ -121,7 +121,9 @@ int syr_socket_lookup(struct bpf_sk_lookup *c)
 		syr_rec_input(c, idx, SYR_STAT_PASS);
 		return SK_PASS;
 	}
-	sk = idx < syr_num_executors && idx < SYR_MAX_EXECUTORS ? bpf_map_lookup_elem(&syr_executors, &idx) : 0;
+	__u32 key = idx;
+
+	sk = idx < syr_num_executors && idx < SYR_MAX_EXECUTORS ? bpf_map_lookup_elem(&syr_executors, &key) : 0;
 	if (!sk) {
 		syr_count(SYR_STAT_FALLBACK);
 		syr_rec_input(c, idx, SYR_STAT_FALLBACK);
@@ -129,7 +131,10 @@ int syr_socket_lookup(struct bpf_sk_lookup *c)
 	}
 	err = bpf_sk_assign(c, sk, 0);
 	bpf_sk_release(sk);
-	syr_count(err ? SYR_STAT_FALLBACK : SYR_STAT_EXECUTOR_BASE + idx);
+	if (err)
+		syr_count(SYR_STAT_FALLBACK);
+	else
+		syr_count_executor(&key, idx);
 	syr_rec_input(c, idx, err ? SYR_STAT_FALLBACK : SYR_STAT_EXECUTOR_BASE + idx);
 	return SK_PASS;
 }

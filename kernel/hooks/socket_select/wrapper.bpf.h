@@ -59,13 +59,15 @@ int syr_socket_select(struct sk_reuseport_md *md)
 		syr_rec_input(md, idx, SYR_STAT_PASS);
 		return SK_PASS;
 	}
+	__u32 key = idx;
+
 	if (idx >= syr_num_executors || idx >= SYR_MAX_EXECUTORS ||
-	    bpf_sk_select_reuseport(md, &syr_executors, &idx, 0) != 0) {
+	    bpf_sk_select_reuseport(md, &syr_executors, &key, 0) != 0) {
 		syr_count(SYR_STAT_FALLBACK);
 		syr_rec_input(md, idx, SYR_STAT_FALLBACK);
 		return SK_PASS; /* nothing selected: the kernel hashes */
 	}
-	syr_count(SYR_STAT_EXECUTOR_BASE + idx);
+	syr_count_executor(&key, idx);
 	syr_rec_input(md, idx, SYR_STAT_EXECUTOR_BASE + idx);
 	return SK_PASS;
 }

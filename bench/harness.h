@@ -16,6 +16,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
@@ -31,6 +32,8 @@ struct bpf_object;
 namespace syrup_bench {
 
 using syrup::UniqueFd;
+
+class PrivateDaemon;
 
 // What the benchmarks are run with (the command line, resolved).
 struct Env {
@@ -54,6 +57,10 @@ struct Env {
   std::string syrupctl;         // next to this executable (isolation)
   double isolation_seconds = 0; // of lists per case (isolation)
   uint32_t isolation_lists = 0; // per case (isolation)
+  // control-plane: the most policies, policies per application, samples per request.
+  uint32_t cp_max = 0, cp_per_app = 0, cp_samples = 0;
+  uint32_t lu_gap_us = 0, lu_replaces = 0;  // live-upgrade: send pace, replacements per hook
+  PrivateDaemon* daemon = nullptr;  // the private syrupd (control-plane restarts it)
 };
 
 // A syrupd of the bench's own (socket, bpffs root and cache in fresh places), started
@@ -65,12 +72,19 @@ class PrivateDaemon {
   // beside its socket); the file goes with stop().
   int start(const std::string& syrupd_path, const std::string& state_dir = "");
   void stop();
+  // SIGKILL, then the same syrupd started again on the same socket, pins and state file,
+  // as a crash and a restart by its supervisor: `ms` from the start until it accepts a
+  // connection (it adopts the previous one's policies before it listens).
+  int restart_after_kill(std::chrono::seconds timeout, double& ms);
+  pid_t pid() const { return pid_; }
   const std::string& socket() const { return socket_; }
   const std::string& bpffs_root() const { return bpffs_root_; }
 
  private:
+  int spawn(std::chrono::seconds timeout);
+
   pid_t pid_ = 0;
-  std::string tmp_dir_, socket_, bpffs_root_, log_path_, state_file_;
+  std::string syrupd_path_, tmp_dir_, socket_, bpffs_root_, log_path_, state_file_;
 };
 
 // Turns on run_cnt/run_time_ns accounting of BPF programs for as long as `out` is open
@@ -189,6 +203,11 @@ void remove_stale_leftovers();
 void set_terminating();
 bool terminating();
 
+// One `op` (list or stats) of everything, as syrupctl makes it: one connection, page after
+// page (syrupd answers at most 1000 entries at a time), each answer received and parsed.
+// `n`: the entries of `field` over all pages. 0 or -errno (said on stderr).
+int request_all_pages(const char* op, const char* field, size_t& n);
+
 // Runs `cmd` with /bin/sh; its exit status (or -1). stdout+stderr in `out` if given.
 int run_cmd(const std::string& cmd, std::string* out = nullptr);
 
@@ -210,5 +229,7 @@ int run_xdp_scale(const Env& env, nlohmann::json& out);
 int run_xdp_pps(const Env& env, nlohmann::json& out);
 int run_isolation(const Env& env, nlohmann::json& out);
 int run_socket_lookup(const Env& env, nlohmann::json& out);
+int run_control_plane(const Env& env, nlohmann::json& out);
+int run_live_upgrade(const Env& env, nlohmann::json& out);
 
 }  // namespace syrup_bench

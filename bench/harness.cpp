@@ -33,6 +33,7 @@
 #include <syrup/syrup.h>
 
 #include "bpf_rodata.h"
+#include "client.h"
 
 namespace syrup_bench {
 namespace fs = std::filesystem;
@@ -79,18 +80,36 @@ int PrivateDaemon::start(const std::string& syrupd_path, const std::string& stat
   socket_ = tmp_dir_ + "/syrupd.sock";
   log_path_ = tmp_dir_ + "/syrupd.log";
   bpffs_root_ = "/sys/fs/bpf/syrup-bench-" + std::to_string(getpid()) + tag;
-  std::string cache = tmp_dir_ + "/cache";
   state_file_ = (state_dir.empty() ? tmp_dir_ : state_dir) + "/syrup-bench-" + std::to_string(getpid()) + tag + ".state.json";
+  extra_args_ = extra_args;
 
+  syrupd_path_ = syrupd_path;
+  return spawn(kDaemonStartTimeout);
+}
+
+int PrivateDaemon::restart_after_kill(std::chrono::seconds timeout, double& ms) {
+  if (pid_ <= 0) return -ESRCH;
+  int status;
+  kill(pid_, SIGKILL);
+  waitpid(pid_, &status, 0);
+  pid_ = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  int r = spawn(timeout);
+  ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+int PrivateDaemon::spawn(std::chrono::seconds timeout) {
   // Everything the child needs is prepared before fork: it only calls async-signal-safe
   // functions.
   // --on_exit=remove: on SIGTERM (also the one PR_SET_PDEATHSIG sends if the bench dies)
   // syrupd removes every policy instead of leaving them for a successor; --undefok keeps a
   // syrupd without that flag (which always removes them) starting.
-  std::vector<std::string> args = {syrupd_path, "--socket", socket_, "--bpffs_root", bpffs_root_,
+  std::string cache = tmp_dir_ + "/cache";
+  std::vector<std::string> args = {syrupd_path_, "--socket", socket_, "--bpffs_root", bpffs_root_,
                                    "--cache_dir", cache, "--state_file", state_file_, "--on_exit=remove",
                                    "--undefok=on_exit"};
-  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  args.insert(args.end(), extra_args_.begin(), extra_args_.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -105,7 +124,7 @@ int PrivateDaemon::start(const std::string& syrupd_path, const std::string& stat
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);
-    int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (log >= 0) {
       dup2(log, STDOUT_FILENO);
       dup2(log, STDERR_FILENO);
@@ -118,7 +137,7 @@ int PrivateDaemon::start(const std::string& syrupd_path, const std::string& stat
   }
   pid_ = pid;
 
-  auto deadline = std::chrono::steady_clock::now() + kDaemonStartTimeout;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     int status;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -129,7 +148,7 @@ int PrivateDaemon::start(const std::string& syrupd_path, const std::string& stat
       return -ECHILD;
     }
     if (can_connect(socket_)) return 0;
-    std::this_thread::sleep_for(10ms);
+    std::this_thread::sleep_for(1ms);
   }
   std::fprintf(stderr, "syrup_bench: syrupd did not listen on %s in time; its log:\n%s",
                socket_.c_str(), read_text(log_path_).c_str());
@@ -467,6 +486,23 @@ double percentile(std::vector<double> v, double p) {
 
 void print_target(const char* what, double value, const char* unit, const char* bound, bool met) {
   std::printf("  %-30s %9.2f %-12s %-10s %s\n", what, value, unit, bound, met ? "ok" : "MISSED");
+}
+
+int request_all_pages(const char* op, const char* field, size_t& n) {
+  syrup::Client c;
+  syrup::Message resp;
+  nlohmann::json req = {{"op", op}};
+  n = 0;
+  int r = c.connect(syr_socket_path());
+  while (!r) {
+    r = c.call(req, resp);
+    if (r || !resp.body.value("ok", false)) break;
+    n += resp.body[field].size();
+    if (!resp.body.contains("next")) return 0;
+    req["after"] = resp.body["next"];
+  }
+  std::fprintf(stderr, "syrup_bench: %s failed: %s\n", op, r ? c.error().c_str() : resp.body.dump().c_str());
+  return r ? r : -EIO;
 }
 
 }  // namespace syrup_bench

@@ -16,6 +16,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
@@ -31,6 +32,8 @@ struct bpf_object;
 namespace syrup_bench {
 
 using syrup::UniqueFd;
+
+class PrivateDaemon;
 
 // What the benchmarks are run with (the command line, resolved).
 struct Env {
@@ -57,6 +60,10 @@ struct Env {
   std::string syrupd;           // next to this executable (config-swap starts two more)
   uint32_t config_tenants = 0;  // tenants of the --config file (config-swap)
   uint32_t config_rounds = 0;   // changes timed per case (config-swap)
+  // control-plane: the most policies, policies per application, samples per request.
+  uint32_t cp_max = 0, cp_per_app = 0, cp_samples = 0;
+  uint32_t lu_gap_us = 0, lu_replaces = 0;  // live-upgrade: send pace, replacements per hook
+  PrivateDaemon* daemon = nullptr;  // the private syrupd (control-plane restarts it)
 };
 
 // A syrupd of the bench's own (socket, bpffs root and cache in fresh places), started
@@ -72,12 +79,19 @@ class PrivateDaemon {
   void stop();
   pid_t pid() const { return pid_; }
   const std::string& dir() const { return tmp_dir_; }  // its socket, log and status file
+  // SIGKILL, then the same syrupd started again on the same socket, pins and state file,
+  // as a crash and a restart by its supervisor: `ms` from the start until it accepts a
+  // connection (it adopts the previous one's policies before it listens).
+  int restart_after_kill(std::chrono::seconds timeout, double& ms);
   const std::string& socket() const { return socket_; }
   const std::string& bpffs_root() const { return bpffs_root_; }
 
  private:
+  int spawn(std::chrono::seconds timeout);
+
   pid_t pid_ = 0;
-  std::string tmp_dir_, socket_, bpffs_root_, log_path_, state_file_;
+  std::string syrupd_path_, tmp_dir_, socket_, bpffs_root_, log_path_, state_file_;
+  std::vector<std::string> extra_args_;  // start()'s, kept for a restart
 };
 
 // Turns on run_cnt/run_time_ns accounting of BPF programs for as long as `out` is open
@@ -196,6 +210,11 @@ void remove_stale_leftovers();
 void set_terminating();
 bool terminating();
 
+// One `op` (list or stats) of everything, as syrupctl makes it: one connection, page after
+// page (syrupd answers at most 1000 entries at a time), each answer received and parsed.
+// `n`: the entries of `field` over all pages. 0 or -errno (said on stderr).
+int request_all_pages(const char* op, const char* field, size_t& n);
+
 // Runs `cmd` with /bin/sh; its exit status (or -1). stdout+stderr in `out` if given.
 int run_cmd(const std::string& cmd, std::string* out = nullptr);
 
@@ -219,5 +238,7 @@ int run_isolation(const Env& env, nlohmann::json& out);
 int run_socket_lookup(const Env& env, nlohmann::json& out);
 int run_recording(const Env& env, nlohmann::json& out);
 int run_config_swap(const Env& env, nlohmann::json& out);
+int run_control_plane(const Env& env, nlohmann::json& out);
+int run_live_upgrade(const Env& env, nlohmann::json& out);
 
 }  // namespace syrup_bench

@@ -1,6 +1,6 @@
 // syrup_bench: Syrup's benchmarks (see README.md).
 //
-//   syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|socket-lookup|config-swap|isolation] [--out PATH] [flags]
+//   syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|socket-lookup|config-swap|isolation|control-plane|live-upgrade] [--out PATH] [flags]
 //
 // Design: runs as root. It starts a private syrupd found next to its own executable
 // (its own socket, bpffs root and cache under fresh temporary paths) and points libsyrup
@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -50,6 +51,11 @@ DEFINE_double(isolation_seconds, 10, "isolation: seconds of lists per case");
 DEFINE_uint32(isolation_lists, 200, "isolation: lists per case");
 DEFINE_uint32(config_tenants, 100, "config-swap: tenants of the --config file, one policy each");
 DEFINE_uint32(config_rounds, 5, "config-swap: changes timed per case (medians are reported)");
+DEFINE_uint32(cp_max, 10000, "control-plane: the most policies deployed (the curve's last point)");
+DEFINE_uint32(cp_per_app, 10, "control-plane: policies per application");
+DEFINE_uint32(lu_gap_us, 20, "live-upgrade: microseconds between two datagrams of the steady load");
+DEFINE_uint32(lu_replaces, 10, "live-upgrade: replacements per hook");
+DEFINE_uint32(cp_samples, 5, "control-plane: list and stats requests per point (medians are reported)");
 
 namespace {
 
@@ -74,6 +80,8 @@ constexpr Benchmark kBenchmarks[] = {
     {"socket-lookup", run_socket_lookup},
     {"recording", run_recording},
     {"config-swap", run_config_swap},
+    {"control-plane", run_control_plane},
+    {"live-upgrade", run_live_upgrade},
 };
 
 std::mutex g_cleanup_mu;
@@ -136,7 +144,7 @@ int write_json(const std::string& path, const json& j) {
 int main(int argc, char** argv) {
   syrup::cli::parse_flags(&argc, &argv,
       "Syrup's benchmarks (bench/README.md).\n\n"
-      "Usage: syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|socket-lookup|recording|config-swap] [flags]\n\n"
+      "Usage: syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|socket-lookup|recording|config-swap|control-plane|live-upgrade] [flags]\n\n"
       "  decision   ns/decision of each shipped policy at the socket-select hook, and of a\n"
       "             hand-written sk_reuseport round robin (kernel BPF statistics)\n"
       "  hint       mmap'ed hint store vs bpf(BPF_MAP_UPDATE_ELEM)\n"
@@ -154,7 +162,11 @@ int main(int argc, char** argv) {
       "             applied, with --config_watch and with SIGHUP (two private syrupds)\n"
       "  isolation  p99 of one user's list on an idle syrupd and while another user trickles\n"
       "             requests, has a policy verified for seconds, compiles a bomb, dumps a huge\n"
-      "             map (not part of all)\n\n"
+      "             map (not part of all)\n"
+      "  control-plane  deploy, list, stats, restart after SIGKILL, syrupd's RSS and descriptors\n"
+      "             at 10 .. --cp_max policies\n"
+      "  live-upgrade  datagrams lost and the longest gap while a policy is replaced under load,\n"
+      "             per hook (socket-select, socket-lookup, xdp)\n\n"
       "Runs as root; starts its own syrupd from the directory of this executable.");
   std::string what = argc > 1 ? argv[1] : "all";
   // "xdp": the three XDP benchmarks.
@@ -166,7 +178,7 @@ int main(int argc, char** argv) {
   if (argc > 2 || !known) {
     std::fprintf(stderr,
                  "syrup_bench: expected one of all, decision, hint, deploy, xdp, xdp-cost, xdp-scale, xdp-pps, socket-lookup, recording, config-swap, "
-                 "isolation "
+                 "isolation, control-plane, live-upgrade "
                  "(see --help)\n");
     return 2;
   }
@@ -189,11 +201,14 @@ int main(int argc, char** argv) {
 
   handle_termination_signals();
   // syrupd (started from here, so it inherits this) holds several descriptors per policy;
-  // xdp-scale deploys ~1000 policies, more than the usual soft limit of 1024 allows.
+  // xdp-scale deploys ~1000 policies, more than the usual soft limit of 1024 allows, and
+  // control-plane 10,000, one socket each in this process, more than a usual hard limit
+  // of 20,000 allows for both (root may raise it).
   rlimit nofile{};
-  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+    rlimit more{std::max<rlim_t>(nofile.rlim_max, 1 << 18), std::max<rlim_t>(nofile.rlim_max, 1 << 18)};
     nofile.rlim_cur = nofile.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &nofile);
+    if (setrlimit(RLIMIT_NOFILE, &more) != 0) setrlimit(RLIMIT_NOFILE, &nofile);
   }
   std::error_code ec;
   fs::path exe_dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
@@ -228,6 +243,12 @@ int main(int argc, char** argv) {
   env.syrupctl = exe_dir / "syrupctl";
   env.isolation_seconds = FLAGS_isolation_seconds;
   env.isolation_lists = FLAGS_isolation_lists;
+  env.cp_max = FLAGS_cp_max;
+  env.cp_per_app = FLAGS_cp_per_app;
+  env.cp_samples = FLAGS_cp_samples;
+  env.daemon = &g_daemon;
+  env.lu_gap_us = FLAGS_lu_gap_us;
+  env.lu_replaces = FLAGS_lu_replaces;
 
   json report = {{"machine", machine()},
                  {"command", what},
@@ -242,6 +263,7 @@ int main(int argc, char** argv) {
                    {"xdp_apps", env.xdp_apps},
                    {"pps_seconds", env.pps_seconds},
                    {"pps_rounds", env.pps_rounds},
+                   {"cp_max", env.cp_max},
                    {"policies", env.policy_dir}}}};
   std::printf("syrup_bench: kernel %s, %ld CPUs; private syrupd on %s\n",
               report["machine"]["kernel"].get<std::string>().c_str(), sysconf(_SC_NPROCESSORS_ONLN),

@@ -265,22 +265,14 @@ int run_xdp_cost(const Env& env, json& out) {
   return deployed.remove_all();
 }
 
-// Times `samples` list requests to syrupd, each on its own connection as syrupctl makes it:
-// connect, send, receive and parse the whole answer. Adds one sample per request (ms) to
-// `ms`; `listed` is the number of policies in the last answer.
+// Times `samples` lists of everything, each on its own connection as syrupctl makes it:
+// connect, send, receive and parse the whole answer (every page). Adds one sample per list
+// (ms) to `ms`; `listed` is the number of policies in the last one.
 int time_list(int samples, std::vector<double>& ms, size_t& listed) {
   for (int i = 0; i < samples; i++) {
     auto t0 = std::chrono::steady_clock::now();
-    syrup::Client c;
-    syrup::Message resp;
-    int r = c.connect(syr_socket_path());
-    if (!r) r = c.call({{"op", "list"}}, resp);
-    if (r || !resp.body.value("ok", false)) {
-      std::fprintf(stderr, "syrup_bench: list failed: %s\n", r ? c.error().c_str() : resp.body.dump().c_str());
-      return r ? r : -EIO;
-    }
+    if (int r = request_all_pages("list", "policies", listed)) return r;
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    listed = resp.body["policies"].size();
   }
   return 0;
 }

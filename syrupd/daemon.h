@@ -86,6 +86,10 @@ struct Policy {
   std::string config_identity;  // "<tenant>/<name>" when deployed from --config
   std::string config_hash;
   std::string state_json;  // its entry in the state file (Daemon::record)
+  // The loaded program's kernel id and instruction count, read once (Daemon::record):
+  // list and the quota checks need them for every policy, and they never change.
+  uint32_t prog_id = 0;
+  uint32_t insns = 0;
 };
 
 // Per-application limits for callers that are not admins (docs/protocol.md).
@@ -296,7 +300,11 @@ class Daemon {
   void register_step(std::unique_ptr<Policy>& pol, DeployTxn& txn);
   Response run_deploy(const Caller& caller, DeployRun& run, pid_t owner);
   Response remove(const Caller& caller, const nlohmann::json& req);
-  Response list(const Caller& caller);
+  Response list(const Caller& caller, const nlohmann::json& req);
+  // Most entries of one list or stats answer (docs/protocol.md, list).
+  static constexpr int64_t kListPage = 1000;
+  std::optional<Response> page(const Caller& caller, const nlohmann::json& req, nlohmann::json& arr,
+                               nlohmann::json& next, nlohmann::json (Daemon::*entry)(const Policy&) const) const;
   Response stats(const Caller& caller, const nlohmann::json& req);
   struct AppMap {
     std::string app, map;

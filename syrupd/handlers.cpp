@@ -3,8 +3,8 @@
 //
 // Invariants: a request of the wrong shape is answered, never ends syrupd (handle());
 // every refusal is one error naming the field or limit; another user's policy or
-// application is answered as one that does not exist; a map dump is one bounded page per
-// request.
+// application is answered as one that does not exist; a map dump, a list and a stats are
+// one bounded page per request.
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <fcntl.h>
@@ -121,7 +121,7 @@ Daemon::Response Daemon::dispatch(const Caller& caller, proto::Message& req, boo
                                            "namespace")};
     if (op == "deploy") return deploy(caller, req, !caller.admin());
     if (op == "remove") return remove(caller, b);
-    if (op == "list") return list(caller);
+    if (op == "list") return list(caller, b);
     if (op == "stats") return stats(caller, b);
     if (op == "map_open") return map_open(caller, b);
     if (op == "map_dump") return map_dump(caller, b);
@@ -168,22 +168,50 @@ Daemon::Response Daemon::remove(const Caller& caller, const json& req) {
   return {ok({{"id", id}})};
 }
 
-Daemon::Response Daemon::list(const Caller& caller) {
-  json arr = json::array();
-  for (auto& [id, p] : policies_)
-    if (visible(caller, *p)) arr.push_back(describe(*p));
+// The page of `list` or `stats` that `req` asks for: the caller's policies with ids above
+// "after" (default 0), at most "limit" (default and most kListPage) of them, each as
+// `entry` makes it, into `arr`. A 10,000-policy answer in one piece would hold the main
+// loop (and everyone else's request) for its whole build and could pass the 4 MiB frame
+// limit; a page bounds both. "next" (the page's last id) is set when more may follow: it
+// names only a policy the caller sees. 0, or the error to answer.
+std::optional<Daemon::Response> Daemon::page(const Caller& caller, const json& req, json& arr, json& next,
+                                             json (Daemon::*entry)(const Policy&) const) const {
+  int64_t after = 0, limit = kListPage;
+  if (req.contains("after"))
+    if (std::string why = names::integer("after", req["after"], 0, INT32_MAX, after); !why.empty())
+      return Response{proto::error_response(EINVAL, why)};
+  if (req.contains("limit"))
+    if (std::string why = names::integer("limit", req["limit"], 1, kListPage, limit); !why.empty())
+      return Response{proto::error_response(EINVAL, why)};
+  arr = json::array();
+  for (auto it = policies_.upper_bound(static_cast<int>(after)); it != policies_.end(); ++it) {
+    if (!visible(caller, *it->second)) continue;
+    if (arr.size() == static_cast<size_t>(limit)) {
+      next = arr.back()["id"];
+      break;
+    }
+    arr.push_back((this->*entry)(*it->second));
+  }
+  return std::nullopt;
+}
+
+Daemon::Response Daemon::list(const Caller& caller, const json& req) {
+  json arr, next;
+  if (auto err = page(caller, req, arr, next, &Daemon::describe)) return std::move(*err);
   // What ended without a request (its owner exited, its sockets all closed), so that the
   // user sees why a policy is no longer listed, not only syrupd's log; to whom `no_policy`
-  // would say it.
+  // would say it. At most 256 (gone_'s bound), on every page.
   json ended = json::array();
   for (auto& [id, g] : gone_)
     if (g.ended && (caller.admin() || g.uid == caller.uid))
       ended.push_back({{"id", id}, {"app", g.app}, {"name", g.name}, {"why", g.why}});
-  return {ok({{"policies", arr}, {"ended", ended}})};
+  json out = {{"policies", std::move(arr)}, {"ended", std::move(ended)}};
+  if (!next.is_null()) out["next"] = next;
+  return {ok(std::move(out))};
 }
 
 Daemon::Response Daemon::stats(const Caller& caller, const json& req) {
-  json arr = json::array();
+  json arr = json::array(), next;
   if (req.contains("id") && !req["id"].is_null()) {
     int64_t v;
     if (std::string why = names::integer("id", req["id"], 1, INT32_MAX, v); !why.empty())
@@ -193,11 +221,12 @@ Daemon::Response Daemon::stats(const Caller& caller, const json& req) {
     if (it == policies_.end() || !visible(caller, *it->second))
       return {proto::error_response(ENOENT, no_policy(caller, id))};
     arr.push_back(policy_stats(*it->second));
-  } else {
-    for (auto& [id, p] : policies_)
-      if (visible(caller, *p)) arr.push_back(policy_stats(*p));
+  } else if (auto err = page(caller, req, arr, next, &Daemon::policy_stats)) {
+    return std::move(*err);
   }
-  return {ok({{"stats", arr}})};
+  json out = {{"stats", std::move(arr)}};
+  if (!next.is_null()) out["next"] = next;
+  return {ok(std::move(out))};
 }
 
 // The map `req` names ("app", "map"), opened for `caller`: its fd and info, or the error

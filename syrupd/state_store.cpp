@@ -40,6 +40,14 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 void Daemon::record(Policy& p) {
+  if (!p.prog_id) {
+    bpf_prog_info info{};
+    uint32_t len = sizeof info;
+    if (bpf_prog_get_info_by_fd(p.loaded->prog_fd(), &info, &len) == 0) {
+      p.prog_id = info.id;
+      p.insns = info.xlated_prog_len / 8;
+    }
+  }
   json saved = p.target->save();
   if (saved.is_null()) {
     p.state_json.clear();

@@ -19,7 +19,8 @@ DATAGRAMS = 2000
 XDP_PASS, XDP_REDIRECT = 2, 4
 SMALL = ["--datagrams=%d" % DATAGRAMS, "--rounds=1", "--hints=10000", "--syscalls=10000", "--deploys=2",
          "--pps_rounds=1", "--pps_seconds=0.2", "--xdp_apps=4", "--xdp_repeat=1000", "--xdp_rounds=1",
-         "--config_tenants=4", "--config_rounds=1"]
+         "--config_tenants=4", "--config_rounds=1",
+         "--cp_max=20", "--cp_samples=1", "--lu_replaces=2", "--lu_gap_us=100"]
 
 
 class EveryBenchmarkRunsAndReports(unittest.TestCase):
@@ -40,7 +41,8 @@ class EveryBenchmarkRunsAndReports(unittest.TestCase):
 
     def test_exits_0_with_every_section(self):
         self.assertEqual(self.run_.returncode, 0, self.output())
-        for section in ["decision", "hint", "deploy", "xdp-cost", "xdp-scale", "xdp-pps", "socket-lookup", "recording", "config-swap", "machine",
+        for section in ["decision", "hint", "deploy", "xdp-cost", "xdp-scale", "xdp-pps", "socket-lookup", "recording", "config-swap",
+                        "control-plane", "live-upgrade", "machine",
                         "command"]:
             self.assertIn(section, self.report, self.output())
 
@@ -107,6 +109,29 @@ class EveryBenchmarkRunsAndReports(unittest.TestCase):
         t = rec["throughput"]
         self.assertEqual(t["recorded"] + t["lost"], DATAGRAMS, "the trailer must account for every input")
         self.assertGreater(t["recorded"], 0)
+
+    def test_control_plane_every_point_listed_and_adopted_all(self):
+        curve = self.report.get("control-plane", {}).get("curve", [])
+        # 0 (the baseline), 10, the half and the maximum; each checked by the bench itself:
+        # list and stats counted every policy, the restarted syrupd listed them all again.
+        self.assertEqual([p["policies"] for p in curve], [0, 10, 20], self.output())
+        for p in curve:
+            self.assertGreater(p["restart_ms"], 0, p)
+            self.assertGreater(p["fds"], 0, p)
+
+    def test_live_upgrade_lost_nothing_and_decided_with_both_policies(self):
+        lu = self.report.get("live-upgrade", {})
+        for hook in ["socket-select", "socket-lookup", "xdp"]:
+            case = lu.get(hook, {})
+            self.assertNotIn("error", case, self.output())
+            self.assertGreater(case.get("sent", 0), 0, hook)
+            self.assertEqual(case["lost"], 0, "%s lost datagrams while its policy was replaced" % hook)
+            self.assertEqual(case["replacements"], 2, hook)
+        # Round robin spreads over the 4 sockets, the other policy picks socket 0: both ran.
+        per = lu["socket-select"]["received_per_executor"]
+        self.assertTrue(all(n > 0 for n in per), per)
+        self.assertGreater(per[0], max(per[1:]), per)
+        self.assertGreater(lu.get("thread-agent", {}).get("replacements", 0), 0, self.output())
 
 
 if __name__ == "__main__":

@@ -340,10 +340,24 @@ void print_ended(const nlohmann::json& out) {
   t.print();
 }
 
+// `req` (list or stats) page after page (syrupd answers at most 1000 entries at a time,
+// with "next" when more follow): every page's `field` in one array of `out`.
+int call_pages(nlohmann::json req, const char* field, nlohmann::json& out) {
+  nlohmann::json all = nlohmann::json::array();
+  for (;;) {
+    if (int r = call(req, out)) return r;
+    for (auto& e : out[field]) all.push_back(std::move(e));
+    if (!out.contains("next")) break;
+    req["after"] = out["next"];
+  }
+  out[field] = std::move(all);
+  return 0;
+}
+
 int cmd_list(const std::vector<std::string>& args) {
   if (!args.empty()) return usage("list takes no arguments");
   nlohmann::json out;
-  if (int r = call({{"op", "list"}}, out)) return r;
+  if (int r = call_pages({{"op", "list"}}, "policies", out)) return r;
   if (FLAGS_json) {
     std::cout << out["policies"].dump(2) << "\n";
     return 0;
@@ -378,7 +392,7 @@ int cmd_stats(const std::vector<std::string>& args) {
   if (!FLAGS_by.empty() && FLAGS_by != "tenant" && FLAGS_by != "hook")
     return usage("--by takes 'tenant' or 'hook'");
   nlohmann::json out;
-  if (int r = call(req, out)) return r;
+  if (int r = call_pages(req, "stats", out)) return r;
   if (!FLAGS_by.empty()) {
     // Sums of the per-policy counters, per application or per hook.
     std::map<std::string, nlohmann::json> groups;

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <unordered_map>
 #include <set>
 
 #include <bpf/bpf.h>
@@ -323,26 +324,52 @@ void each_process(const std::function<bool(pid_t)>& fn) {
   if (d) closedir(d);
 }
 
+using Listing = std::unordered_map<uint64_t, int>;  // socket inode -> its lowest fd number
+
+// While syrupd adopts a previous one's policies (SocketSelectHook::adopt() until
+// recover()), every policy's sockets are taken from the same few holders: each holder's
+// descriptors are listed once for the whole adoption, not once per policy (10,000
+// policies of one process were 10^8 readlinks). A listing goes stale only by the holder
+// closing or reusing a descriptor, which take() notices (it checks the inode of what it
+// took): then that holder is listed again. Main thread only, like adoption.
+bool g_adopting = false;
+std::map<pid_t, Listing> g_listings;
+
+int list_sockets(pid_t pid, Listing& out) {
+  std::vector<std::pair<int, uint64_t>> fds;
+  if (int r = socket_descriptors(pid, fds)) return r;
+  out.clear();
+  for (auto [n, ino] : fds) out.emplace(ino, n);  // ascending: the lowest number stays
+  return 0;
+}
+
 // Takes from process `pid` the executors of `ex` it holds that ex.sockets lacks, by inode.
 // Adds to `held` the number taken; the first failure other than a descriptor closed
 // meanwhile goes to `failed` and `err`. -ESRCH if the process is gone.
 int take_from(pid_t pid, Executors& ex, size_t& held, int& failed, std::string& err) {
-  UniqueFd pidfd;
-  std::vector<std::pair<int, uint64_t>> fds;
-  std::string ignored;
-  if (socket_fds(pid, pidfd, fds, ignored)) return -ESRCH;
-  for (auto [n, ino] : fds)
-    for (size_t i = 0; i < ex.inodes.size(); i++) {
-      if (ex.inodes[i] != ino || ex.sockets[i]) continue;
-      int r = take(pidfd.get(), n, ino, ex.sockets[i]);
-      held += r == 0;
-      if (r && r != -EBADF && !failed) {
-        failed = r;
-        err = "cannot take socket fd " + std::to_string(n) + " of process " + std::to_string(pid) + ": " +
-              std::strerror(-r);
-      }
-      break;
+  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+  if (!pidfd) return -ESRCH;
+  Listing own;
+  bool cached = g_adopting && g_listings.count(pid);
+  Listing& fds = g_adopting ? g_listings[pid] : own;
+  if (!cached && list_sockets(pid, fds)) return -ESRCH;
+  bool stale = false;
+  for (size_t i = 0; i < ex.inodes.size(); i++) {
+    auto it = fds.find(ex.inodes[i]);
+    if (ex.sockets[i] || it == fds.end()) continue;
+    int r = take(pidfd.get(), it->second, ex.inodes[i], ex.sockets[i]);
+    held += r == 0;
+    stale |= r == -EBADF;
+    if (r && r != -EBADF && !failed) {
+      failed = r;
+      err = "cannot take socket fd " + std::to_string(it->second) + " of process " + std::to_string(pid) + ": " +
+            std::strerror(-r);
     }
+  }
+  if (stale && cached) {  // listed before the holder changed its descriptors: again, fresh
+    g_listings.erase(pid);
+    return take_from(pid, ex, held, failed, err);
+  }
   return 0;
 }
 }  // namespace
@@ -591,6 +618,7 @@ int SocketSelectHook::make_target(const Caller& caller, proto::Message& req,
 
 int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
                             std::string& err) {
+  g_adopting = true;
   Executors ex;
   ex.protocol = saved.value("protocol", 0);
   ex.port = saved.value("port", 0);
@@ -619,6 +647,11 @@ int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::u
   out = std::move(t);
   adopted_maps_.insert(map_id(p.map_fd(SYR_EXECUTORS_MAP)));
   return 0;
+}
+
+void SocketSelectHook::recover() {
+  g_adopting = false;
+  g_listings.clear();
 }
 
 void SocketSelectHook::release_leftover(std::string_view, const std::string& policy_dir) {

@@ -170,6 +170,7 @@ class SocketSelectHook : public Hook {
   int make_target(const Caller& caller, proto::Message& req, std::unique_ptr<Target>& out,
                   pid_t& owner, std::string& err) override;
   void release_leftover(std::string_view app, const std::string& policy_dir) override;
+  void recover() override;  // the end of an adoption
   int adopt(const nlohmann::json& saved, LoadedPolicy& p, std::unique_ptr<Target>& out,
             std::string& err) override;
 

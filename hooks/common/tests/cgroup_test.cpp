@@ -6,6 +6,7 @@
 //    to worker key % 3 (executors in ascending pid order);
 //  - a server of spinning threads: thread_prio.c pins them to one core, one runs and the
 //    rest wait as SCHED_IDLE, a thread started after the deploy included.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -170,8 +171,17 @@ TEST_F(CgroupTarget, ASocketSelectPolicyByCgroupSchedulesAContainersWorkerProces
                              rc);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("with 3 executors"), std::string::npos) << out;
-  UdpClient client(kPort, net.peer_ip.c_str());
-  for (uint32_t k = 0; k < 90; k++) client.send_request(1, k);
+  // One client socket on the host (one 5-tuple: the kernel's hash alone would give one
+  // worker all 90), sending over the veth into the container's namespace.
+  UniqueFd client(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(kPort);
+  inet_pton(AF_INET, net.peer_ip.c_str(), &to.sin_addr);
+  for (uint32_t k = 0; k < 90; k++) {
+    uint32_t msg[4] = {1, k, 0, 0};
+    ASSERT_EQ(sendto(client.get(), msg, sizeof msg, 0, reinterpret_cast<sockaddr*>(&to), sizeof to), 16);
+  }
   wait_for([&] { return s->got[0] + s->got[1] + s->got[2] == 90; }, 3000);
   for (int i = 0; i < kWorkers; i++) {
     EXPECT_EQ(s->got[i].load(), 30) << "worker " << i;

@@ -711,9 +711,6 @@ TEST(Resolve, Groups) {
   EXPECT_EQ(err, "no group 'no-such-group-xyz'");
 }
 
-}  // namespace
-}  // namespace syrup
-
 // `cgroup` names the target instead of a process (docs/operations.md): sent as the
 // request's field, checked by the hook's parse(); entries of one cgroup meet.
 TEST(Config, CgroupNamesTheTargetInsteadOfAProcess) {
@@ -737,3 +734,6 @@ TEST(Config, CgroupNamesTheTargetInsteadOfAProcess) {
             "syrup.yaml:6: tenants[0].policies[1]: same target as tenants[0].policies[0] (line 5): the threads of "
             "cgroup /a; a target has at most one policy");
 }
+
+}  // namespace
+}  // namespace syrup

@@ -4,6 +4,9 @@
 #include <netinet/in.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <string_view>
 
 #include "names.h"
 
@@ -58,6 +61,36 @@ bool pid(const json& fields, pid_t& out, Bad& bad) {
   int64_t v;
   if (!integer(fields, "pid", 1, names::kMaxPid, v, bad)) return false;
   out = static_cast<pid_t>(v);
+  return true;
+}
+
+bool cgroup(const json& fields, pid_t pid, std::string& out, Bad& bad) {
+  out.clear();
+  if (!fields.contains("cgroup")) return true;
+  const json& v = fields["cgroup"];
+  auto refuse = [&](const std::string& why) {
+    bad = {"cgroup", why + ", got " + quote(v)};
+    return false;
+  };
+  const std::string accepts = "must be a cgroup v2 path as /proc/PID/cgroup's 0:: line prints it "
+                              "(e.g. /system.slice/nginx.service): '/' then names of letters, digits and . _ @ : + = , -";
+  if (!v.is_string()) return refuse(accepts);
+  const std::string& s = v.get_ref<const std::string&>();
+  if (s.size() > kMaxCgroupPath) return refuse("is longer than " + std::to_string(kMaxCgroupPath) + " bytes");
+  if (s.size() < 2 || s[0] != '/') return refuse(accepts + ", below the root");
+  for (size_t b = 1; b <= s.size();) {
+    size_t e = std::min(s.find('/', b), s.size());
+    std::string_view name(s.data() + b, e - b);
+    if (name.empty() || name == "." || name == "..") return refuse(accepts + " (no empty, '.' or '..' name)");
+    for (char c : name)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && (c == '\0' || !std::strchr("._@:+=,-", c))) return refuse(accepts);
+    b = e + 1;
+  }
+  if (pid) {
+    bad = {"cgroup", "give either a process (pid) or a cgroup, not both"};
+    return false;
+  }
+  out = s;
   return true;
 }
 

@@ -49,6 +49,12 @@ bool only_keys(const nlohmann::json& fields, const char* hook, const std::vector
 bool integer(const nlohmann::json& fields, const char* key, int64_t lo, int64_t hi, int64_t& out, Bad& bad);
 // "pid", optional: 0 when absent, else 1..names::kMaxPid.
 bool pid(const nlohmann::json& fields, pid_t& out, Bad& bad);
+// "cgroup", optional: a cgroup v2 path as the "0::" line of /proc/PID/cgroup prints it,
+// relative to the v2 root ("/system.slice/nginx.service"): at most kMaxCgroupPath bytes of
+// letters, digits and . _ @ : + = , - in '/'-separated names, none "." or "..". Empty
+// when absent. Refused beside a `pid` (one target, named one way).
+inline constexpr size_t kMaxCgroupPath = 1024;
+bool cgroup(const nlohmann::json& fields, pid_t pid, std::string& out, Bad& bad);
 // "protocol", optional: "udp" (IPPROTO_UDP) or "tcp" (IPPROTO_TCP); `fallback` when absent.
 bool protocol(const nlohmann::json& fields, int fallback, int& out, Bad& bad);
 // The protocol's name in requests: "udp", "tcp", or "" for 0.

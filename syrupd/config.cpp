@@ -703,8 +703,9 @@ void Parser::policy_target(const std::map<std::string, Field>& f, const std::str
       e.target.kind = ProcessSelector::Kind::kProcess;
       e.target.process = p;
     }
-  } else if (!sel && find_hook(e.hook) && find_hook(e.hook)->needs_process) {
-    error(e.line, sub(path, "process"), "the " + e.hook + " hook needs the process it schedules: process, pid or pidfile");
+  } else if (!sel && !f.count("cgroup") && find_hook(e.hook) && find_hook(e.hook)->needs_process) {
+    error(e.line, sub(path, "process"),
+          "the " + e.hook + " hook needs the process it schedules: process, pid or pidfile (or a cgroup)");
   }
 }
 
@@ -746,11 +747,20 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
   // The hook's own keys: its parse() checks them (a process that schedules nothing is
   // already refused above, and the hook's keys are not checked on top of that).
   if (const HookSpec* spec = hook_keys ? find_hook(e.hook) : nullptr;
-      spec && (!spec->needs_process || e.target.kind != ProcessSelector::Kind::kNone))
+      spec && (!spec->needs_process || e.target.kind != ProcessSelector::Kind::kNone || f.count("cgroup")))
     hook_request(f, path, e, *spec, req);
 
   if (errs_.size() != before) return;
   finish_policy(e, std::move(req), out);
+}
+
+// For entries that name a cgroup (a request field, not a ProcessSelector): what they share
+// if both name the same one, "" if either names another target; "-" if neither names one.
+std::string same_cgroup(const PolicyEntry& a, const PolicyEntry& b, const HookSpec& s) {
+  std::string ca = a.request.value("cgroup", std::string()), cb = b.request.value("cgroup", std::string());
+  if (ca.empty() && cb.empty()) return "-";
+  if (ca != cb) return {};
+  return s.same_target(a.request, b.request, "cgroup " + ca);
 }
 
 // Whether two entries would be deployed to one target (at most one policy each), and if
@@ -758,6 +768,7 @@ void Parser::policy(const YAML::Node& n, const std::string& path, const Tenant& 
 std::string same_target(const PolicyEntry& a, const PolicyEntry& b) {
   const HookSpec* s = find_hook(a.hook);
   if (a.hook != b.hook || !s || !s->same_target) return {};
+  if (std::string c = same_cgroup(a, b, *s); c != "-") return c;
   if (s->needs_process && (a.target.kind == ProcessSelector::Kind::kNone || !(a.target == b.target))) return {};
   return s->same_target(a.request, b.request, a.target.str());
 }

@@ -136,7 +136,7 @@ TEST(Cli, SyrupctlNamesTheFlagAndItsValuesAndSpeaksJsonWhenUnreachable) {
        "--address: must be an IPv4 or IPv6 address as the sockets are bound (e.g. 127.0.0.1, ::, 0.0.0.0), got "
        "\"300.1.2.3\""},
       {"deploy --port 70000 --pid 1 p.c", "--port: must be an integer in 1..65535, got 70000"},
-      {"deploy --hook thread --pid 1 --port 9000 p.c", "--port: is not a key of the thread hook (its keys: pid)"},
+      {"deploy --hook thread --pid 1 --port 9000 p.c", "--port: is not a key of the thread hook (its keys: pid, cgroup)"},
       {"deploy --hook xdp --ifname lo --port 9000 --cpus 0-3,x p.c",
        "--cpus: must be a list of CPU numbers (0..4095) or ranges such as 0-3, got \"x\""},
   };

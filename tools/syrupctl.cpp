@@ -35,6 +35,10 @@ DEFINE_string(socket, "", "syrupd's control socket (default: $SYRUP_SOCKET or /r
 DEFINE_bool(json, false, "print syrupd's answer as JSON, for scripts");
 DEFINE_string(hook, "socket-select", "deploy: the hook (syrupctl --help lists them)");
 DEFINE_int64(pid, 0, "deploy: the process whose sockets (or, --hook thread, threads) to schedule");
+DEFINE_string(cgroup, "",
+              "deploy: instead of --pid, a cgroup v2 path as /proc/PID/cgroup's 0:: line prints it "
+              "(e.g. /system.slice/nginx.service): its processes' sockets, threads (also of those that join "
+              "later) or, --hook xdp, ports");
 DEFINE_int64(port, 0, "deploy: the port its SO_REUSEPORT sockets are bound to (socket-lookup: the first port steered)");
 DEFINE_int64(port_end, 0, "deploy --hook socket-lookup: the last port steered (default: --port alone)");
 DEFINE_string(protocol, "", "deploy: udp or tcp (default: udp if the process has both)");
@@ -150,7 +154,8 @@ std::string hook_fields(const syrup::HookSpec& spec, nlohmann::json& out) {
   if (given("pid")) f["pid"] = FLAGS_pid;
   if (given("port")) f["port"] = FLAGS_port;
   if (given("port_end")) f["port_end"] = FLAGS_port_end;
-  for (auto [key, v] : {std::pair{"protocol", &FLAGS_protocol}, {"address", &FLAGS_address}, {"ifname", &FLAGS_ifname}})
+  for (auto [key, v] : {std::pair{"protocol", &FLAGS_protocol}, {"address", &FLAGS_address}, {"ifname", &FLAGS_ifname},
+                                  {"cgroup", &FLAGS_cgroup}})
     if (given(key)) f[key] = *v;
   if (given("cpus")) {
     // CPU numbers as numbers (so a huge one is quoted as given), anything else as text.
@@ -171,6 +176,14 @@ std::string hook_fields(const syrup::HookSpec& spec, nlohmann::json& out) {
     if (c.get<int64_t>() >= ncpu)
       return "--cpus: must be cores 0.." + std::to_string(ncpu - 1) + " (this machine's), got " + c.dump();
   return {};
+}
+
+// A deploy by --cgroup names its application after the cgroup's last name
+// ("/system.slice/nginx.service": nginx.service) when that is a valid application name.
+std::string cgroup_app(const std::string& cgroup) {
+  std::string last = cgroup.substr(cgroup.rfind('/') + 1);
+  if (last.empty() || !syrup::names::check("application", last, syrup::names::Kind::kPinned).empty()) return "syrupctl";
+  return last;
 }
 
 int cmd_deploy(const std::vector<std::string>& args) {
@@ -194,11 +207,12 @@ int cmd_deploy(const std::vector<std::string>& args) {
     return usage(why);
   bool thread_hook = FLAGS_hook == "thread";  // --pid alone: every thread of the process
   bool xdp_hook = FLAGS_hook == "xdp";  // --pid optional: without it the policy persists
-  if (thread_hook && !given("pid")) return usage("deploy --hook thread needs --pid PID");
-  if (xdp_hook && (!given("ifname") || !given("port")))
-    return usage("deploy --hook xdp needs --ifname IF and --port PORT");
-  if (!thread_hook && !xdp_hook && (!given("pid") || !given("port")))
-    return usage("deploy from the command line needs --pid PID and --port PORT "
+  bool process = given("pid") || given("cgroup");
+  if (thread_hook && !process) return usage("deploy --hook thread needs --pid PID or --cgroup PATH");
+  if (xdp_hook && (!given("ifname") || !(given("port") || given("cgroup"))))
+    return usage("deploy --hook xdp needs --ifname IF and --port PORT (or --cgroup PATH)");
+  if (!thread_hook && !xdp_hook && (!process || !given("port")))
+    return usage("deploy from the command line needs --pid PID (or --cgroup PATH) and --port PORT "
                  "(applications deploy with libsyrup and pass their sockets)");
   nlohmann::json fields;
   if (std::string why = hook_fields(*syrup::find_hook(FLAGS_hook), fields); !why.empty()) return usage(why);
@@ -244,12 +258,12 @@ int cmd_deploy(const std::vector<std::string>& args) {
                         {"hook", FLAGS_hook},
                         {"app", !FLAGS_app.empty() ? FLAGS_app
                                 : FLAGS_pid > 0    ? process_name(FLAGS_pid)
-                                                   : std::string("syrupctl")},
+                                                   : cgroup_app(FLAGS_cgroup)},
                         {"name", args[0]},
                         {"source_name", args[0]},
                         {"source", ss.str()},
                         {"params", params},
-                        {"persist", FLAGS_persist || FLAGS_pid <= 0}};
+                        {"persist", FLAGS_persist || (FLAGS_pid <= 0 && FLAGS_cgroup.empty())}};
   req.update(fields);
   nlohmann::json out;
   if (int r = call(req, out)) return r;
@@ -262,7 +276,7 @@ int cmd_deploy(const std::vector<std::string>& args) {
     if (out.contains("mode"))
       std::printf("XDP root program on %s in %s mode\n", out["ifname"].get<std::string>().c_str(),
                   out["mode"].get<std::string>().c_str());
-    if (FLAGS_pid <= 0) std::printf("the policy persists: remove it with 'syrupctl remove %d'\n", out["id"].get<int>());
+    if (FLAGS_pid <= 0 && FLAGS_cgroup.empty()) std::printf("the policy persists: remove it with 'syrupctl remove %d'\n", out["id"].get<int>());
     // A server's worker named: the policy lives with the process that owns its sockets
     // (hooks/socket_select/group_owner.h), or the reason it cannot.
     if (out.contains("anchor_reason"))

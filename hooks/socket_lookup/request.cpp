@@ -7,12 +7,12 @@ namespace syrup::socket_lookup {
 
 using nlohmann::json;
 
-const std::vector<std::string> kKeys = {"pid", "protocol", "port", "port_end", "address"};
+const std::vector<std::string> kKeys = {"pid", "cgroup", "protocol", "port", "port_end", "address"};
 
 bool parse(const json& f, SocketLookupRequest& out, Bad& bad) {
   out = {};
   if (!request::only_keys(f, "socket-lookup", kKeys, bad) || !request::pid(f, out.pid, bad) ||
-      !request::protocol(f, 0, out.protocol, bad))
+      !request::cgroup(f, out.pid, out.cgroup, bad) || !request::protocol(f, 0, out.protocol, bad))
     return false;
   if (!out.protocol) {
     bad = {"protocol", "required key is missing (tcp or udp)"};
@@ -41,6 +41,7 @@ bool parse(const json& f, SocketLookupRequest& out, Bad& bad) {
 
 json to_json(const SocketLookupRequest& r) {
   json j = {{"protocol", request::protocol_name(r.protocol)}, {"port", r.port}};
+  if (!r.cgroup.empty()) j["cgroup"] = r.cgroup;
   if (r.port_end != r.port) j["port_end"] = r.port_end;
   if (!r.address.empty()) j["address"] = r.address;
   return j;

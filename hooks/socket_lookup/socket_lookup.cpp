@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -18,6 +19,7 @@
 #include <bpf/bpf.h>
 #include <gflags/gflags.h>
 
+#include "cgroup.h"
 #include "inet_diag.h"
 #include "names.h"
 #include "pins.h"
@@ -176,6 +178,44 @@ int from_pid(pid_t pid, int protocol, Sockets& out, std::string& err) {
   }
   if (out.fds.empty()) {
     err = "process " + std::to_string(pid) + " has no " +
+          (protocol == IPPROTO_TCP ? "listening TCP socket" : "bound, unconnected UDP socket");
+    return -ENOENT;
+  }
+  return 0;
+}
+
+// The listening (bound) sockets of a cgroup's processes (--cgroup): from_pid() of each,
+// each socket once (a forked worker shares its parent's), in ascending pid then fd order,
+// all in one network namespace. The lowest pid that has one holds them and owns the policy.
+int from_cgroup(const Caller& caller, const std::string& path, int protocol, Sockets& out, pid_t& holder,
+                std::string& err) {
+  std::vector<pid_t> pids;
+  if (int r = cgroup::processes(path, caller.uid, caller.admin(), pids, err)) return r;
+  for (pid_t pid : pids) {
+    Sockets one;
+    std::string why;
+    int r = from_pid(pid, protocol, one, why);
+    if (r == -ENOENT || r == -ESRCH) continue;
+    if (r) {
+      err = "cgroup " + path + ": " + why;
+      return r;
+    }
+    for (size_t i = 0; i < one.fds.size(); i++) {
+      if (std::count(out.inodes.begin(), out.inodes.end(), one.inodes[i])) continue;
+      if (out.fds.size() == SYR_MAX_EXECUTORS) {
+        err = "cgroup " + path + " has more than " + std::to_string(SYR_MAX_EXECUTORS) +
+              " such sockets; a policy steers to at most that many";
+        return -E2BIG;
+      }
+      if (out.fds.empty()) holder = pid;
+      if (int rc = add(out, std::move(one.fds[i]), protocol, "fd " + std::to_string(one.source_fds[i]) +
+                                                                " of process " + std::to_string(pid), err))
+        return rc;
+      out.source_fds.push_back(one.source_fds[i]);
+    }
+  }
+  if (out.fds.empty()) {
+    err = "no process of cgroup " + path + " has a " +
           (protocol == IPPROTO_TCP ? "listening TCP socket" : "bound, unconnected UDP socket");
     return -ENOENT;
   }
@@ -421,6 +461,8 @@ int SocketLookupHook::make_target(const Caller& caller, proto::Message& req, std
     if (int r = from_pid(pid, claim.protocol, sockets, err)) return r;
     anchor = ss::group_owner(caller, pid, sockets.inodes);
     owner = anchor.pid;  // the steered server, not the tool that asked
+  } else if (!asked.cgroup.empty()) {
+    if (int r = from_cgroup(caller, asked.cgroup, claim.protocol, sockets, owner, err)) return r;
   } else if (int r = from_fds(std::move(req.fds), claim.protocol, sockets, err)) {
     return r;
   }

@@ -22,12 +22,12 @@ extern const HookSpec socket_lookup_spec = {
     .name = "socket-lookup",
     .abi_id = 4,  // SYR_HOOK_SOCKET_LOOKUP
     .summary = "new connection or datagram for a port range -> socket of the application, any port",
-    .keys = {"process", "pid", "pidfile", "port", "port_end", "protocol", "address"},
+    .keys = {"process", "pid", "pidfile", "cgroup", "port", "port_end", "protocol", "address"},
     .needs_process = true,
     .persist_refusal =
         "a socket-lookup policy's executors are the process's sockets, which leave its SOCKMAP when they "
         "close: a persisting one would steer nothing and keep its ports from the new server's deploy",
-    .usage = "syrupctl deploy --hook socket-lookup --pid PID --protocol tcp|udp --port LO [--port_end HI]\n"
+    .usage = "syrupctl deploy --hook socket-lookup --pid PID|--cgroup PATH --protocol tcp|udp --port LO [--port_end HI]\n"
              "                  [--address ADDR] [--app NAME] [--params K=V,...] POLICY.c",
     .check = request::check<socket_lookup::SocketLookupRequest, socket_lookup::parse, socket_lookup::to_json>,
     .same_target = same_target,

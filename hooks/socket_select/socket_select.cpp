@@ -3,6 +3,7 @@
 #include "socket_select/group_owner.h"
 #include "socket_select/request.h"
 #include "pins.h"
+#include "cgroup.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -574,6 +575,58 @@ class GroupTarget : public Target {
   int prog_fd_ = -1;  // borrowed from its policy once installed or adopted (watch())
 };
 
+// The group on the port among the sockets of a cgroup's processes (--cgroup): each
+// process's group as from_pid() finds it, merged, each socket once (a forked worker shares
+// its parent's), in ascending pid then fd order. The lowest pid that has one holds the
+// group (Executors::holder) and owns the policy, as --pid's process would.
+int from_cgroup(const Caller& caller, const SocketSelectRequest& r, Executors& out, pid_t& holder, std::string& err) {
+  std::vector<pid_t> pids;
+  if (int rc = cgroup::processes(r.cgroup, caller.uid, caller.admin(), pids, err)) return rc;
+  std::string none;  // why the first process without the group has none
+  out = Executors{};
+  for (pid_t pid : pids) {
+    Executors ex;
+    std::string why;
+    int rc = from_pid(pid, r.port, r.protocol, r.address, ex, why);
+    if (rc == -ENOENT || rc == -ESRCH) {
+      if (none.empty()) none = why;
+      continue;
+    }
+    if (rc) {
+      err = "cgroup " + r.cgroup + ": " + why;
+      return rc;
+    }
+    if (out.inodes.empty()) {
+      out = std::move(ex);
+      holder = pid;
+      continue;
+    }
+    if (ex.group() != out.group()) {
+      err = "cgroup " + r.cgroup + " has two SO_REUSEPORT groups on port " + std::to_string(r.port) + ": " +
+            out.group() + " (process " + std::to_string(holder) + ") and " + ex.group() + " (process " +
+            std::to_string(pid) + "): say which with protocol or address";
+      return -EINVAL;
+    }
+    for (size_t i = 0; i < ex.inodes.size(); i++) {
+      if (std::count(out.inodes.begin(), out.inodes.end(), ex.inodes[i])) continue;
+      out.inodes.push_back(ex.inodes[i]);
+      out.sockets.push_back(std::move(ex.sockets[i]));
+      out.source_fds.push_back(ex.source_fds[i]);
+    }
+  }
+  if (out.inodes.empty()) {
+    err = "no process of cgroup " + r.cgroup + " has an SO_REUSEPORT socket bound to port " + std::to_string(r.port) +
+          (none.empty() ? "" : " (" + none + ")");
+    return -ENOENT;
+  }
+  if (out.inodes.size() > SYR_MAX_EXECUTORS) {
+    err = "the group " + out.group() + " of cgroup " + r.cgroup + " has " + std::to_string(out.inodes.size()) +
+          " sockets; a policy schedules at most " + std::to_string(SYR_MAX_EXECUTORS);
+    return -E2BIG;
+  }
+  return 0;
+}
+
 }  // namespace
 
 namespace {
@@ -608,6 +661,8 @@ int SocketSelectHook::make_target(const Caller& caller, proto::Message& req,
     anchor = group_owner(caller, r.pid, ex.inodes);
     if (anchor.pid != r.pid) take_whole_group(anchor.pid, ex);
     owner = anchor.pid;  // the scheduled server, not the tool that asked
+  } else if (!r.cgroup.empty()) {
+    if (int rc = from_cgroup(caller, r, ex, owner, err)) return rc;
   } else if (int rc = from_fds(std::move(req.fds), ex, err)) {
     return rc;
   }

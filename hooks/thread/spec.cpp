@@ -17,10 +17,10 @@ extern const HookSpec thread_spec = {
     .name = "thread",
     .abi_id = 3,  // SYR_HOOK_THREAD
     .summary = "thread -> core",
-    .keys = {"process", "pid", "pidfile"},
+    .keys = {"process", "pid", "pidfile", "cgroup"},
     .needs_process = true,
     .persist_refusal = "a persisting thread policy would hold on to the exited process's threads",
-    .usage = "syrupctl deploy --hook thread --pid PID [--app NAME] [--params K=V,...] POLICY.c",
+    .usage = "syrupctl deploy --hook thread --pid PID|--cgroup PATH [--app NAME] [--params K=V,...] POLICY.c",
     .check = request::check<thread::ThreadRequest, thread::parse, thread::to_json>,
     .same_target = same_target,
 };

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "agent_hook.h"
+#include "cgroup.h"
 #include "log.h"
 #include "proc.h"
 #include "registry.h"
@@ -28,6 +29,23 @@ namespace {
 
 constexpr int kStopTimeoutMs = 1000;
 
+// The one process of cgroup `path` (--cgroup), whose threads the policy schedules as
+// --pid's, those it starts later included. Both backends follow one process (the agent's
+// tracer filters on its tgid; the sched_ext root keys policies by process), so a cgroup
+// of several processes is refused rather than scheduled in part.
+int cgroup_process(const Caller& caller, const std::string& path, pid_t& out, std::string& err) {
+  std::vector<pid_t> pids;
+  if (int r = cgroup::processes(path, caller.uid, caller.admin(), pids, err)) return r;
+  if (pids.size() > 1) {
+    err = "cgroup " + path + " holds " + std::to_string(pids.size()) + " processes (pids " + std::to_string(pids[0]) +
+          ", " + std::to_string(pids[1]) + (pids.size() > 2 ? ", ..." : "") +
+          "): a thread policy schedules the threads of one process; deploy one per process with pid";
+    return -EINVAL;
+  }
+  out = pids[0];
+  return 0;
+}
+
 // Parses and checks the request's body: which process, and whether all its threads.
 int parse_request(const Caller& caller, const nlohmann::json& b, ProcessThreads& rq, std::string& err) {
   ThreadRequest asked;
@@ -37,8 +55,12 @@ int parse_request(const Caller& caller, const nlohmann::json& b, ProcessThreads&
   }
   rq.pid = asked.pid ? asked.pid : caller.pid;
   rq.all = asked.pid != 0;  // another process: every thread of it
-  if (rq.all)
+  if (!asked.cgroup.empty()) {
+    if (int r = cgroup_process(caller, asked.cgroup, rq.pid, err)) return r;
+    rq.all = true;
+  } else if (rq.all) {
     if (int r = check_target_process(caller, rq.pid, err)) return r;
+  }
   // Scheduling classes of another process's threads: syrupd does it, as root, for the
   // caller's own process only (checked above).
   if (int r = capture_baseline(rq.pid, rq.base)) {

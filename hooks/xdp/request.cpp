@@ -9,7 +9,7 @@ namespace syrup::xdp {
 
 using nlohmann::json;
 
-const std::vector<std::string> kKeys = {"ifname", "port", "ports", "protocol", "cpus", "pid"};
+const std::vector<std::string> kKeys = {"ifname", "port", "ports", "protocol", "cpus", "pid", "cgroup"};
 
 namespace {
 
@@ -28,7 +28,7 @@ bool ifname(const json& f, std::string& out, Bad& bad) {
   return true;
 }
 
-bool ports(const json& f, std::set<uint16_t>& out, Bad& bad) {
+bool ports(const json& f, bool cgroup, std::set<uint16_t>& out, Bad& bad) {
   int64_t v;
   if (f.contains("port")) {
     if (!request::integer(f, "port", 1, names::kMaxPort, v, bad)) return false;
@@ -52,8 +52,8 @@ bool ports(const json& f, std::set<uint16_t>& out, Bad& bad) {
       }
     }
   }
-  if (out.empty()) {
-    bad = {"ports", "the xdp hook needs the ports it schedules: port or ports"};
+  if (out.empty() && !cgroup) {
+    bad = {"ports", "the xdp hook needs the ports it schedules: port or ports (or a cgroup: its processes' ports)"};
     return false;
   }
   return true;
@@ -109,14 +109,17 @@ bool cpus(const json& f, std::vector<uint32_t>& out, Bad& bad) {
 bool parse(const json& f, XdpRequest& out, Bad& bad) {
   out = {};
   return request::only_keys(f, "xdp", kKeys, bad) && ifname(f, out.ifname, bad) &&
-         request::protocol(f, IPPROTO_UDP, out.protocol, bad) && ports(f, out.ports, bad) &&
-         cpus(f, out.cpus, bad) && request::pid(f, out.pid, bad);
+         request::protocol(f, IPPROTO_UDP, out.protocol, bad) && request::pid(f, out.pid, bad) &&
+         request::cgroup(f, out.pid, out.cgroup, bad) && ports(f, !out.cgroup.empty(), out.ports, bad) &&
+         cpus(f, out.cpus, bad);
 }
 
 json to_json(const XdpRequest& r) {
   json j = {{"ifname", r.ifname},
             {"protocol", request::protocol_name(r.protocol)},
             {"ports", std::vector<uint16_t>(r.ports.begin(), r.ports.end())}};
+  if (r.ports.empty()) j.erase("ports");
+  if (!r.cgroup.empty()) j["cgroup"] = r.cgroup;
   if (!r.cpus.empty()) j["cpus"] = r.cpus;
   return j;
 }

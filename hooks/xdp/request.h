@@ -25,9 +25,10 @@ inline constexpr size_t kMaxCpus = 256;  // SYR_MAX_EXECUTORS
 struct XdpRequest {
   std::string ifname;
   int protocol = 0;               // IPPROTO_UDP (the default) or IPPROTO_TCP
-  std::set<uint16_t> ports;       // port and ports together: at least one
+  std::set<uint16_t> ports;       // port and ports together: at least one, unless a cgroup gives them
   std::vector<uint32_t> cpus;     // in the order given; empty: every core, or the passed sockets
   pid_t pid = 0;                  // 0: the caller's process
+  std::string cgroup;             // instead of pid: its processes' ports, when none are named
 };
 
 extern const std::vector<std::string> kKeys;

@@ -22,10 +22,11 @@ extern const HookSpec xdp_spec = {
     .name = "xdp",
     .abi_id = 2,  // SYR_HOOK_XDP
     .summary = "packet -> core or AF_XDP socket",
-    .keys = {"ifname", "port", "ports", "protocol", "cpus", "process", "pid", "pidfile"},
+    .keys = {"ifname", "port", "ports", "protocol", "cpus", "process", "pid", "pidfile", "cgroup"},
     .needs_process = false,
     .persist_refusal = "",
     .usage = "syrupctl deploy --hook xdp --ifname IF --port PORT [--cpus C,...] [--pid PID [--persist]]\n"
+             "                  [--cgroup PATH: its processes' ports, or those of --port]\n"
              "                  [--app NAME] [--params K=V,...] POLICY.c",
     .check = request::check<xdp::XdpRequest, xdp::parse, xdp::to_json>,
     .same_target = same_target,

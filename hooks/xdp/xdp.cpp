@@ -22,8 +22,10 @@
 #include <cstdarg>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
 
+#include "cgroup.h"
 #include "inet_diag.h"
 #include "log.h"
 #include "names.h"
@@ -153,6 +155,47 @@ int pinned_root(const std::string& ifname, UniqueFd& prog, uint32_t& prog_id, bp
     if_freenameindex(all);
   }
   return found;
+}
+
+// --cgroup: the ports (of the request's protocol; of its ports, if it names some) that
+// the cgroup's processes have a UDP socket bound to or a TCP socket listening on, in
+// syrupd's network namespace (where the interfaces are), each with the process that
+// holds it: the claim rules are then checked per process, as for --pid. The ports are
+// read once, at the deploy; a port the cgroup opens later is not added.
+int cgroup_claims(const Caller& caller, const XdpRequest& r, std::map<pid_t, std::set<Claim>>& out,
+                  std::string& err) {
+  std::vector<pid_t> pids;
+  if (int rc = cgroup::processes(r.cgroup, caller.uid, caller.admin(), pids, err)) return rc;
+  std::vector<inet_diag::InetSock> here;
+  if (int rc = inet_diag::own_sockets(here, err)) return rc;
+  std::map<uint64_t, uint16_t> port_of;  // by inode
+  for (const auto& s : here)
+    if (s.inode && s.port && s.protocol == r.protocol && s.state == (s.protocol == IPPROTO_UDP ? TCP_CLOSE : TCP_LISTEN))
+      port_of[s.inode] = s.port;
+  out.clear();
+  std::set<uint16_t> taken;
+  for (pid_t pid : pids) {
+    std::vector<std::pair<int, uint64_t>> fds;
+    socket_descriptors(pid, fds);
+    for (auto [n, ino] : fds) {
+      auto it = port_of.find(ino);
+      if (it == port_of.end() || (!r.ports.empty() && !r.ports.count(it->second))) continue;
+      if (taken.insert(it->second).second) out[pid].insert({static_cast<uint8_t>(r.protocol), it->second});
+    }
+  }
+  const char* proto = r.protocol == IPPROTO_TCP ? "tcp" : "udp";
+  for (uint16_t p : r.ports)
+    if (!taken.count(p)) {
+      err = std::string(proto) + ":" + std::to_string(p) + ": no process of cgroup " + r.cgroup +
+            " has a socket on it in syrupd's network namespace, where " + r.ifname + " is";
+      return -ENOENT;
+    }
+  if (taken.empty()) {
+    err = "no process of cgroup " + r.cgroup + " has a " + (r.protocol == IPPROTO_TCP ? "listening TCP" : "bound UDP") +
+          " socket in syrupd's network namespace, where " + r.ifname + " is: no ports to schedule";
+    return -ENOENT;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -682,12 +725,21 @@ int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_
     owner = r.pid;
     if (int rc = check_target_process(caller, owner, err)) return rc;
   }
+  // Which process holds which claimed port: with --cgroup, each of the cgroup's.
+  std::map<pid_t, std::set<Claim>> holders = {{owner, ports}};
+  if (!r.cgroup.empty()) {
+    if (int rc = cgroup_claims(caller, r, holders, err)) return rc;
+    ports.clear();
+    for (auto& [pid, claims] : holders) ports.insert(claims.begin(), claims.end());
+    owner = holders.begin()->first;  // the lowest pid with a port: the policy ends with it
+  }
   if (!caller.admin()) {
-    // The caller's own process, or its --pid.
-    if (std::string why = claim_refusal(owner, caller.uid, if_nametoindex(ifname.c_str()), ports); !why.empty()) {
-      err = why;
-      return -EPERM;
-    }
+    // The caller's own process, or its --pid, or the cgroup's processes.
+    for (auto& [pid, claims] : holders)
+      if (std::string why = claim_refusal(pid, caller.uid, if_nametoindex(ifname.c_str()), claims); !why.empty()) {
+        err = why;
+        return -EPERM;
+      }
   }
 
   std::shared_ptr<Root> root;

@@ -259,10 +259,10 @@ TEST(ConfigErrors, UnknownAndDuplicateKeys) {
             "'policies'?");
   EXPECT_EQ(only_error("tenants:\n- name: kv\n  uid: 1\n  policies:\n  - hook: thread\n    policy: a.c\n    pid: 3\n    port: 9\n"),
             "syrup.yaml:8: tenants[0].policies[0].port: not used by the thread hook (its keys: name, hook, policy, "
-            "params, persist, process, pid, pidfile)");
+            "params, persist, process, pid, pidfile, cgroup)");
   EXPECT_EQ(only_error("tenants:\n- name: kv\n  uid: 1\n  policies:\n  - hook: thread\n    policy: a.c\n    pid: 3\n    prio: 9\n"),
             "syrup.yaml:8: tenants[0].policies[0].prio: unknown key (allowed: name, hook, policy, params, persist, "
-            "process, pid, pidfile)");
+            "process, pid, pidfile, cgroup)");
 }
 
 TEST(ConfigErrors, TenantNamesAndUids) {
@@ -368,7 +368,7 @@ TEST(ConfigErrors, PortsAndTargets) {
             "syrup.yaml:8: tenants[0].policies[0].ports: must be a list of ports, each an integer in 1..65535, got \"9001\"");
   EXPECT_EQ(only_error(xdp + "    ports: [9000, 9000]\n"),
             "syrup.yaml:8: tenants[0].policies[0].ports: port 9000 is listed twice");
-  EXPECT_EQ(only_error(xdp), "syrup.yaml:5: tenants[0].policies[0].ports: the xdp hook needs the ports it schedules: port or ports");
+  EXPECT_EQ(only_error(xdp), "syrup.yaml:5: tenants[0].policies[0].ports: the xdp hook needs the ports it schedules: port or ports (or a cgroup: its processes' ports)");
   EXPECT_EQ(only_error(xdp + "    port: 0\n"), "syrup.yaml:8: tenants[0].policies[0].port: must be an integer in 1..65535, got 0");
   EXPECT_EQ(only_error(xdp + "    port: 1\n    protocol: sctp\n"),
             "syrup.yaml:9: tenants[0].policies[0].protocol: must be udp or tcp, got \"sctp\"");
@@ -386,7 +386,7 @@ TEST(ConfigErrors, PortsAndTargets) {
   EXPECT_EQ(only_error(ss + "    pid: 1\n"), "syrup.yaml:5: tenants[0].policies[0].port: required key is missing");
   EXPECT_EQ(only_error(ss + "    port: 9000\n"),
             "syrup.yaml:5: tenants[0].policies[0].process: the socket-select hook needs the process it schedules: "
-            "process, pid or pidfile");
+            "process, pid or pidfile (or a cgroup)");
   EXPECT_EQ(only_error(ss + "    port: 9000\n    pid: 3\n    process: x\n"),
             "syrup.yaml:9: tenants[0].policies[0].process: pid, process: give only one of process, pid and pidfile");
   EXPECT_EQ(only_error(ss + "    port: 9000\n    pid: 0\n"), "syrup.yaml:8: tenants[0].policies[0].pid: expected a pid (a positive integer)");
@@ -395,7 +395,7 @@ TEST(ConfigErrors, PortsAndTargets) {
             "characters, no '/')");
   EXPECT_EQ(only_error(ss + "    port: 9000\n    pid: 3\n    ports: [1]\n"),
             "syrup.yaml:9: tenants[0].policies[0].ports: not used by the socket-select hook (its keys: name, hook, "
-            "policy, params, persist, process, pid, pidfile, port, protocol, address)");
+            "policy, params, persist, process, pid, pidfile, cgroup, port, protocol, address)");
 }
 
 TEST(ConfigErrors, ParamsAndPersist) {
@@ -709,6 +709,30 @@ TEST(Resolve, Groups) {
   EXPECT_EQ(g, 0u);
   EXPECT_EQ(config::resolve_group("no-such-group-xyz", g, err), -ENOENT);
   EXPECT_EQ(err, "no group 'no-such-group-xyz'");
+}
+
+// `cgroup` names the target instead of a process (docs/operations.md): sent as the
+// request's field, checked by the hook's parse(); entries of one cgroup meet.
+TEST(Config, CgroupNamesTheTargetInsteadOfAProcess) {
+  Loaded ok = load(kPolicyHead + "  - {hook: thread, policy: a.c, cgroup: /ctr.scope}\n"
+                                 "  - {name: s, hook: socket-select, policy: a.c, cgroup: /ctr.scope, port: 53}\n"
+                                 "  - {name: x, hook: xdp, policy: a.c, cgroup: /ctr.scope, ifname: eth0}\n");
+  ASSERT_EQ(ok.r, 0) << testing::PrintToString(ok.errs);
+  ASSERT_EQ(ok.cfg.tenants[0].policies.size(), 3u);
+  for (auto& e : ok.cfg.tenants[0].policies) {
+    EXPECT_EQ(e.request["cgroup"], "/ctr.scope") << e.request.dump();
+    EXPECT_FALSE(e.request.contains("pid")) << e.request.dump();
+  }
+  EXPECT_EQ(only_error(kPolicyHead + "  - {hook: thread, policy: a.c, cgroup: /a/../b}\n"),
+            "syrup.yaml:5: tenants[0].policies[0].cgroup: must be a cgroup v2 path as /proc/PID/cgroup's 0:: line "
+            "prints it (e.g. /system.slice/nginx.service): '/' then names of letters, digits and . _ @ : + = , - "
+            "(no empty, '.' or '..' name), got \"/a/../b\"");
+  EXPECT_EQ(only_error(kPolicyHead + "  - {hook: thread, policy: a.c, cgroup: /a, pid: 3}\n"),
+            "syrup.yaml:5: tenants[0].policies[0].cgroup: give either a process (pid) or a cgroup, not both");
+  EXPECT_EQ(only_error(kPolicyHead + "  - {hook: thread, policy: a.c, cgroup: /a}\n"
+                                     "  - {name: t2, hook: thread, policy: a.c, cgroup: /a}\n"),
+            "syrup.yaml:6: tenants[0].policies[1]: same target as tenants[0].policies[0] (line 5): the threads of "
+            "cgroup /a; a target has at most one policy");
 }
 
 }  // namespace

@@ -245,7 +245,7 @@ TEST_F(Input, HookFieldsAreRefusedInTheSameWordsByEveryEntryPoint) {
     });
     std::string words = c.words;
     if (words.empty()) {  // the thread hook's own list of keys
-      words = "is not a key of the thread hook (its keys: pid)";
+      words = "is not a key of the thread hook (its keys: pid, cgroup)";
       // In a --config file a key of another hook is the loader's to name, with the file's keys.
       EXPECT_NE(r["yaml"].get<std::string>().find("port: not used by the thread hook"), std::string::npos) << r.dump();
     } else {
@@ -285,7 +285,7 @@ TEST_F(Input, MalformedHookFieldsGetAClearErrorAndSyrupdKeepsServing) {
        "cpus: must be a list of CPU numbers (0..4095) or ranges such as 0-3, got \"0-99999999999999999999\""},
       {{{"hook", "socket-select"}, {"pid", getpid()}}, "port: required key is missing"},
       {{{"hook", "thread"}, {"pid", getpid()}, {"sched", {{"policy", nested}}}},
-       "sched: is not a key of the thread hook (its keys: pid)"},
+       "sched: is not a key of the thread hook (its keys: pid, cgroup)"},
   };
   for (auto& c : cases) {
     json r = as_user(kMallory, [&] { return json{{"deploy", raw(deploy_req(c.fields))}, {"ping", raw({{"op", "ping"}})}}; });

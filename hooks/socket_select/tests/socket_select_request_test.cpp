@@ -66,7 +66,7 @@ TEST(SocketSelectRequest, Address) {
 
 TEST(SocketSelectRequest, UnknownKeysAndShapes) {
   EXPECT_EQ(refusal({{"pid", 1}, {"port", 1}, {"ifname", "lo"}}),
-            "ifname: is not a key of the socket-select hook (its keys: pid, port, protocol, address)");
+            "ifname: is not a key of the socket-select hook (its keys: pid, cgroup, port, protocol, address)");
   EXPECT_EQ(refusal(json::array({1, 2})), "fields: must be an object, got [1,2]");
   // A key with a control character is quoted escaped; a huge value is cut.
   EXPECT_EQ(refusal({{"a\nb", 1}}).substr(0, 5), "a\\x0a");

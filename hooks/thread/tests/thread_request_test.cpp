@@ -29,8 +29,8 @@ TEST(ThreadRequest, PidIsOptionalAndInRange) {
 }
 
 TEST(ThreadRequest, UnknownKeys) {
-  EXPECT_EQ(refusal({{"port", 9000}}), "port: is not a key of the thread hook (its keys: pid)");
-  EXPECT_EQ(refusal({{"pid", 1}, {"cpus", {1}}}), "cpus: is not a key of the thread hook (its keys: pid)");
+  EXPECT_EQ(refusal({{"port", 9000}}), "port: is not a key of the thread hook (its keys: pid, cgroup)");
+  EXPECT_EQ(refusal({{"pid", 1}, {"cpus", {1}}}), "cpus: is not a key of the thread hook (its keys: pid, cgroup)");
 }
 
 TEST(ThreadRequest, OneProcessOnePolicy) {

@@ -50,7 +50,7 @@ TEST(XdpRequest, Ifname) {
 }
 
 TEST(XdpRequest, PortAndPorts) {
-  EXPECT_EQ(refusal({{"ifname", "eth0"}}), "ports: the xdp hook needs the ports it schedules: port or ports");
+  EXPECT_EQ(refusal({{"ifname", "eth0"}}), "ports: the xdp hook needs the ports it schedules: port or ports (or a cgroup: its processes' ports)");
   EXPECT_EQ(refusal(with("port", 70000)), "port: must be an integer in 1..65535, got 70000");
   EXPECT_EQ(refusal(with("port", "9000")), "port: must be an integer in 1..65535, got \"9000\"");
   const std::string why = "ports: must be a list of ports, each an integer in 1..65535, got ";
@@ -87,7 +87,7 @@ TEST(XdpRequest, Cpus) {
 TEST(XdpRequest, PidAndUnknownKeys) {
   EXPECT_EQ(refusal(with("pid", -3)), "pid: must be an integer in 1..4194304, got -3");
   EXPECT_EQ(refusal(with("address", "::1")),
-            "address: is not a key of the xdp hook (its keys: ifname, port, ports, protocol, cpus, pid)");
+            "address: is not a key of the xdp hook (its keys: ifname, port, ports, protocol, cpus, pid, cgroup)");
 }
 
 TEST(XdpRequest, OnePortOfAnInterfaceOnePolicy) {

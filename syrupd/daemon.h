@@ -67,6 +67,7 @@
 namespace syrup {
 
 struct MapUsage;  // daemon_util.h
+struct TestRunJob;  // test_run.h
 
 struct Policy {
   int id = 0;
@@ -193,6 +194,7 @@ class Daemon {
     std::chrono::steady_clock::time_point load_by;
     bool enforce_quotas = true;
     int replaces = 0;  // the policy the load would replace, 0: none
+    std::shared_ptr<TestRunJob> test;  // set: a test_run parked for (or resumed from) its run
   };
   struct Response {
     nlohmann::json body;
@@ -295,6 +297,8 @@ class Daemon {
   Response map_open(const Caller& caller, const nlohmann::json& req);
   Response map_dump(const Caller& caller, const nlohmann::json& req);
   Response thread_tid(const Caller& caller, const nlohmann::json& req);
+  // test_run.cpp: a policy run over given inputs, never attached.
+  Response test_run(const Caller& caller, proto::Message& req);
 
   // Detaches (if `detach_hook`), unpins and forgets a policy; cleans its app's pins.
   void remove_policy(int id, bool detach_hook, const char* why);

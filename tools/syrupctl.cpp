@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "commands.h"
 #include "client.h"
 #include "config.h"
 #include "names.h"
@@ -71,6 +72,11 @@ std::string usage_text() {
          "  syrupctl stats [ID] [--by tenant|hook]\n"
          "  syrupctl map dump --app APP MAP\n"
          "  syrupctl ping\n"
+         "  syrupctl test POLICY.c CASES.yaml [--hook H] [--seed N]\n"
+         "                                run a policy's unit tests in syrupd (docs/testing-policies.md)\n"
+         "  syrupctl replay POLICY.c RECORDING [--seed N]\n"
+         "                                run a policy over a recording; what moved (docs/recording.md)\n"
+         "  syrupctl top [--once]         live decisions per second of the policies you may see\n"
          "  syrupctl validate [--max_source_bytes N] FILE\n"
          "                                check a syrupd --config file (no syrupd needed)\n\n"
          "Global: --json (machine-readable output), --socket PATH.\n"
@@ -505,7 +511,7 @@ int cmd_ping(const std::vector<std::string>&) {
 int main(int argc, char** argv) {
   static const std::string kUsage = usage_text();
   syrup::cli::parse_flags(&argc, &argv, kUsage.c_str(), "0.1.0", kRanges);
-  if (argc < 2) return usage("missing command (deploy, remove, list, stats, map, ping, validate)");
+  if (argc < 2) return usage("missing command (deploy, remove, list, stats, map, ping, validate, test, replay, top)");
   std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "deploy") return cmd_deploy(args);
@@ -515,5 +521,9 @@ int main(int argc, char** argv) {
   if (cmd == "map") return cmd_map(args);
   if (cmd == "ping") return cmd_ping(args);
   if (cmd == "validate") return cmd_validate(args);
+  syrup::ctl::Env env{call, usage};
+  if (cmd == "test") return syrup::ctl::cmd_test(args, env);
+  if (cmd == "top") return syrup::ctl::cmd_top(args, env);
+  if (cmd == "replay") return syrup::ctl::cmd_replay(args, env);
   return usage("unknown command '" + cmd + "'");
 }

@@ -68,12 +68,16 @@ static __always_inline struct syr_test_meta *syr_test_meta_get(void)
 	SEC("xdp")                                                                     \
 	int name(struct xdp_md *ctx)                                                   \
 	{                                                                              \
-		void *data = (void *)(long)ctx->data;                                  \
-		void *end = (void *)(long)ctx->data_end;                               \
 		struct syr_test_meta *m = syr_test_meta_get();                         \
 		__u64 frame = bpf_xdp_get_buff_len(ctx);                               \
                                                                                        \
-		if (!m || data + SYR_TEST_L4_OFF > end || frame < SYR_TEST_L4_OFF)      \
+		if (!m || frame < SYR_TEST_L4_OFF)                                     \
+			return XDP_ABORTED;                                            \
+		/* Read after the helper calls, so no packet pointer is kept on the    \
+		 * stack across them (unprivileged code may not overwrite one). */    \
+		void *data = (void *)(long)ctx->data;                                  \
+		void *end = (void *)(long)ctx->data_end;                               \
+		if (data + SYR_TEST_L4_OFF > end)                                      \
 			return XDP_ABORTED;                                            \
 		struct syr_input in = {                                                \
 			.len = (__u32)(frame - SYR_TEST_L4_OFF),                       \

@@ -109,7 +109,7 @@ std::string parse_packet(const json& in, size_t i, TestRunJob::Input& out) {
   std::vector<uint8_t> bytes;
   if (!in.contains("bytes") || !in["bytes"].is_string() ||
       !parse_hex(in["bytes"].get<std::string>(), TestRunLimits::kInputBytes, bytes))
-    return at + ".bytes must be the input's bytes from the L4 header on, in hex, at most " +
+    return at + ".bytes must be the input's bytes from the L4 header on, in hex, up to " +
            std::to_string(TestRunLimits::kInputBytes) + " bytes";
   out.bytes.assign(kTestL4Off, 0);
   out.bytes.insert(out.bytes.end(), bytes.begin(), bytes.end());
@@ -249,6 +249,11 @@ int parse_test_run(const json& b, const Hook& hook, TestRunJob& job, std::string
   if (auto bad = check_params(b, job.spec.params)) {
     why = *bad;
     return -EINVAL;
+  }
+  if (b.contains("inputs") && b["inputs"].is_array() && b["inputs"].size() > TestRunLimits::kInputs) {
+    why = "inputs: at most " + std::to_string(TestRunLimits::kInputs) + " per request, got " +
+          std::to_string(b["inputs"].size());
+    return -E2BIG;
   }
   if ((why = parse_inputs(b, job)).empty() && (why = parse_maps(b, job)).empty()) return 0;
   return why.find("at most") != std::string::npos ? -E2BIG : -EINVAL;

@@ -32,6 +32,7 @@
 #include <stdexcept>
 
 #include "daemon.h"
+#include "test_run.h"
 #include "daemon_util.h"
 #include "log.h"
 #include "names.h"
@@ -332,6 +333,10 @@ void Daemon::park(int fd, const Caller& caller, proto::Message req, std::unique_
       if (!job->verify.source.empty() && (job->err = compile_verify_build(job->verify, job->spec, job->fail))) return;
       job->err = load_policy(job->spec, job->loaded, job->fail);
     });
+  } else if (d->test) {
+    log(LogLevel::kDebug, "pid %d uid %u: test run parked while a worker runs it (ticket %llu)", caller.pid,
+        caller.uid, static_cast<unsigned long long>(ticket));
+    load_pool_.submit(ticket, caller.uid, [job = d->test] { job->run(); });
   } else {
     log(LogLevel::kDebug, "pid %d uid %u: deploy parked while %s compiles (ticket %llu)", caller.pid, caller.uid,
         d->job.display_name.c_str(), static_cast<unsigned long long>(ticket));

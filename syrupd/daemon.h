@@ -69,6 +69,7 @@
 namespace syrup {
 
 struct MapUsage;  // daemon_util.h
+struct TestRunJob;  // test_run.h
 
 struct Policy {
   int id = 0;
@@ -209,6 +210,7 @@ class Daemon {
     std::chrono::steady_clock::time_point load_by;
     bool enforce_quotas = true;
     int replaces = 0;  // the policy the load would replace, 0: none
+    std::shared_ptr<TestRunJob> test;  // set: a test_run parked for (or resumed from) its run
   };
   struct Response {
     nlohmann::json body;
@@ -319,6 +321,8 @@ class Daemon {
   // recording comes out of; record_stop ends it (recorder.h).
   Response record(const Caller& caller, const nlohmann::json& req);
   Response record_stop(const Caller& caller, const nlohmann::json& req);
+  // test_run.cpp: a policy run over given inputs, never attached.
+  Response test_run(const Caller& caller, proto::Message& req);
 
   // Detaches (if `detach_hook`), unpins and forgets a policy; cleans its app's pins.
   // `ended`: no one asked (its owner exited, its attachment is gone): `list` shows it.

@@ -5,6 +5,9 @@
 #include <bpf/bpf.h>
 #include <poll.h>
 
+#include <cstring>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,7 +30,7 @@ inline constexpr int kConfigRetrySec = 5;  // how often --config entries waiting
 // Only these become metric labels, so a client cannot grow the label set.
 inline const std::vector<std::string> kOps = {"ping",     "deploy",   "remove",    "list",
                                               "stats",    "map_open", "map_dump", "thread_tid",
-                                              "record",   "record_stop"};
+                                              "record",   "record_stop", "test_run"};
 
 // Has the process behind `pidfd` exited? A pidfd is readable from its process's exit on;
 // false for -1 or a closed descriptor.
@@ -78,6 +81,48 @@ inline void policy_names(const nlohmann::json& b, std::string& name, std::string
   if (name.empty()) name = source_name.empty() ? "policy.c" : source_name;
   if (source_name.empty()) source_name = name;
   if (auto slash = name.rfind('/'); slash != std::string::npos) name = name.substr(slash + 1);
+}
+
+// A request's "params" (deploy, test_run) into `params`; why not, or nothing (deploy.cpp).
+std::optional<std::string> check_params(const nlohmann::json& b, std::map<std::string, uint64_t>& params);
+
+// Map bytes as syrupd answers them (map_dump, test_run): hex, and integers where they fit.
+inline std::string hex(const unsigned char* p, size_t n) {
+  static const char* h = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; i++) {
+    if (i) s += ' ';
+    s += h[p[i] >> 4];
+    s += h[p[i] & 15];
+  }
+  return s;
+}
+
+inline nlohmann::json as_number(const unsigned char* p, size_t n) {
+  switch (n) {
+    case 1: return p[0];
+    case 2: { uint16_t v; std::memcpy(&v, p, 2); return v; }
+    case 4: { uint32_t v; std::memcpy(&v, p, 4); return v; }
+    case 8: { uint64_t v; std::memcpy(&v, p, 8); return v; }
+  }
+  return nullptr;
+}
+
+// One entry of a map_dump page: its key and value in hex, and as integers where they are
+// 1, 2, 4 or 8 bytes; a per-CPU map's `ncpu` values each (0: not per-CPU).
+inline nlohmann::json dump_entry(const std::vector<unsigned char>& key, const std::vector<unsigned char>& val, size_t ncpu,
+                size_t vstride, uint32_t value_size) {
+  nlohmann::json e = {{"key", hex(key.data(), key.size())}};
+  if (auto k = as_number(key.data(), key.size()); !k.is_null()) e["key_int"] = k;
+  if (ncpu) {
+    nlohmann::json per = nlohmann::json::array();
+    for (size_t c = 0; c < ncpu; c++) per.push_back(hex(&val[c * vstride], value_size));
+    e["values"] = per;
+  } else {
+    e["value"] = hex(val.data(), val.size());
+    if (auto v = as_number(val.data(), val.size()); !v.is_null()) e["value_int"] = v;
+  }
+  return e;
 }
 
 }  // namespace syrup

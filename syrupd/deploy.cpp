@@ -44,6 +44,8 @@ std::string first_error(const std::string& diagnostics) {
   return diagnostics.substr(ls, diagnostics.find('\n', pos) - ls);
 }
 
+}  // namespace
+
 std::optional<std::string> check_params(const json& b, std::map<std::string, uint64_t>& params) {
   if (!b.contains("params")) return std::nullopt;
   if (!b["params"].is_object()) return "params must be an object";
@@ -59,8 +61,6 @@ std::optional<std::string> check_params(const json& b, std::map<std::string, uin
   }
   return std::nullopt;
 }
-
-}  // namespace
 
 std::optional<Daemon::Response> Daemon::check_deploy(const Caller& caller, const json& b, DeployArgs& a) {
   auto str = [&](const char* k) { return b.contains(k) && b[k].is_string() ? b[k].get<std::string>() : std::string(); };

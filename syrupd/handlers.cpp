@@ -39,50 +39,12 @@ using nlohmann::json;
 
 namespace {
 
-std::string hex(const unsigned char* p, size_t n) {
-  static const char* h = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n; i++) {
-    if (i) s += ' ';
-    s += h[p[i] >> 4];
-    s += h[p[i] & 15];
-  }
-  return s;
-}
-
-json as_number(const unsigned char* p, size_t n) {
-  switch (n) {
-    case 1: return p[0];
-    case 2: { uint16_t v; std::memcpy(&v, p, 2); return v; }
-    case 4: { uint32_t v; std::memcpy(&v, p, 4); return v; }
-    case 8: { uint64_t v; std::memcpy(&v, p, 8); return v; }
-  }
-  return nullptr;
-}
-
 // A page's cursor (hex bytes, spaces allowed) into `key`, which has the map's key size.
 bool parse_cursor(std::string c, std::vector<unsigned char>& key) {
   std::erase(c, ' ');
   bool good = c.size() == 2 * key.size() && std::all_of(c.begin(), c.end(), ::isxdigit);
   for (size_t i = 0; good && i < key.size(); i++) key[i] = static_cast<unsigned char>(std::stoi(c.substr(2 * i, 2), nullptr, 16));
   return good;
-}
-
-// One entry of a map_dump page: its key and value in hex, and as integers where they are
-// 1, 2, 4 or 8 bytes; a per-CPU map's `ncpu` values each (0: not per-CPU).
-json dump_entry(const std::vector<unsigned char>& key, const std::vector<unsigned char>& val, size_t ncpu,
-                size_t vstride, uint32_t value_size) {
-  json e = {{"key", hex(key.data(), key.size())}};
-  if (auto k = as_number(key.data(), key.size()); !k.is_null()) e["key_int"] = k;
-  if (ncpu) {
-    json per = json::array();
-    for (size_t c = 0; c < ncpu; c++) per.push_back(hex(&val[c * vstride], value_size));
-    e["values"] = per;
-  } else {
-    e["value"] = hex(val.data(), val.size());
-    if (auto v = as_number(val.data(), val.size()); !v.is_null()) e["value_int"] = v;
-  }
-  return e;
 }
 
 }  // namespace
@@ -128,6 +90,7 @@ Daemon::Response Daemon::dispatch(const Caller& caller, proto::Message& req, boo
     if (op == "thread_tid") return thread_tid(caller, b);
     if (op == "record") return record(caller, b);
     if (op == "record_stop") return record_stop(caller, b);
+    if (op == "test_run") return test_run(caller, req);
   } catch (const json::exception& e) {
     return {proto::error_response(EINVAL, std::string("malformed request: ") + e.what())};
   }

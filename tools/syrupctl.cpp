@@ -25,6 +25,7 @@
 
 #include "cli.h"
 #include "cmd_record.h"
+#include "commands.h"
 #include "client.h"
 #include "config.h"
 #include "names.h"
@@ -76,6 +77,11 @@ std::string usage_text() {
          "  syrupctl stats [ID] [--by tenant|hook]\n"
          "  syrupctl map dump --app APP MAP\n" + std::string(syrupctl::kRecordUsage) +
          "  syrupctl ping\n"
+         "  syrupctl test POLICY.c CASES.yaml [--hook H] [--seed N]\n"
+         "                                run a policy's unit tests in syrupd (docs/testing-policies.md)\n"
+         "  syrupctl replay POLICY.c RECORDING [--seed N]\n"
+         "                                run a policy over a recording; what moved (docs/recording.md)\n"
+         "  syrupctl top [--once]         live decisions per second of the policies you may see\n"
          "  syrupctl validate [--max_source_bytes N] FILE\n"
          "                                check a syrupd --config file (no syrupd needed)\n\n"
          "Global: --json (machine-readable output), --socket PATH.\n"
@@ -556,7 +562,7 @@ int cmd_ping(const std::vector<std::string>&) {
 int main(int argc, char** argv) {
   static const std::string kUsage = usage_text();
   syrup::cli::parse_flags(&argc, &argv, kUsage.c_str(), "0.1.0", kRanges);
-  if (argc < 2) return usage("missing command (deploy, remove, list, stats, map, record, trace, ping, validate)");
+  if (argc < 2) return usage("missing command (deploy, remove, list, stats, map, record, trace, ping, validate, test, replay, top)");
   std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "deploy") return cmd_deploy(args);
@@ -568,5 +574,9 @@ int main(int argc, char** argv) {
   if (cmd == "validate") return cmd_validate(args);
   if (cmd == "record") return syrupctl::cmd_record(args, socket_path(), FLAGS_json);
   if (cmd == "trace") return syrupctl::cmd_trace(args, socket_path(), FLAGS_json);
+  syrup::ctl::Env env{call, usage};
+  if (cmd == "test") return syrup::ctl::cmd_test(args, env);
+  if (cmd == "top") return syrup::ctl::cmd_top(args, env);
+  if (cmd == "replay") return syrup::ctl::cmd_replay(args, env);
   return usage("unknown command '" + cmd + "'");
 }

@@ -1,0 +1,6 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* The socket-lookup hook's part of <syrup/policy.h> in a test build: the hook's own part
+ * (its accessors read a struct bpf_sk_lookup through in->ctx) and the test build's
+ * common part (kernel/hooks/test_run.bpf.h). */
+#include "../policy_input.h"
+#include "test_run.bpf.h"

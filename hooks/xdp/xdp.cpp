@@ -5,7 +5,9 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <dirent.h>
+#include <linux/ethtool.h>
 #include <linux/if_link.h>
+#include <linux/sockios.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
 #include <linux/if_xdp.h>
@@ -13,6 +15,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <arpa/inet.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -155,6 +158,27 @@ int pinned_root(const std::string& ifname, UniqueFd& prog, uint32_t& prog_id, bp
   return found;
 }
 
+// The kernel driver of interface `ifname` (ETHTOOL_GDRVINFO), or empty.
+std::string driver_of(const std::string& ifname) {
+  UniqueFd s(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  ethtool_drvinfo info{};
+  info.cmd = ETHTOOL_GDRVINFO;
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
+  ifr.ifr_data = reinterpret_cast<char*>(&info);
+  if (!s || ioctl(s.get(), SIOCETHTOOL, &ifr) < 0) return {};
+  return info.driver;
+}
+
+// Whether frames arriving on a device of `driver` may carry a checksum their sender left
+// to offload (CHECKSUM_PARTIAL: the L4 checksum field holds only the pseudo-header's sum).
+// veth hands the peer's skb over as it is, with tx checksum offload on by default, and tun
+// takes the state from the writer's virtio-net header. Native XDP turns a frame it
+// redirects (to a CPUMAP) into an xdp_frame without that state, and the skb the CPUMAP
+// builds from it fails checksum validation: every datagram and segment is dropped. Generic
+// XDP redirects the skb itself, state included. (docs/xdp.md)
+bool partial_checksums(const std::string& driver) { return driver == "veth" || driver == "tun"; }
+
 }  // namespace
 
 // ---- Root ---------------------------------------------------------------------------
@@ -253,7 +277,8 @@ class Root {
     return purged;
   }
 
-  // Attaches through libxdp, native mode where the driver has it, generic otherwise.
+  // Attaches through libxdp: generic mode on devices that hand over partial checksums
+  // (partial_checksums()), elsewhere native mode where the driver has it, generic otherwise.
   int ensure_attached(std::string& err) {
     if (attached_) return 0;
     // Whatever is attached now is not ours (ours is attached only from here).
@@ -280,8 +305,10 @@ class Root {
       // trampolines, and libbpf warns of that load failure; the attach then goes ahead
       // without it. Expected here: not a warning for the log.
       LibbpfQuiet quiet;
-      r = xdp_program__attach(xprog_, ifindex_, XDP_MODE_NATIVE, 0);
+      std::string driver = driver_of(ifname_);
+      r = -EOPNOTSUPP;
       mode_ = XDP_MODE_NATIVE;
+      if (!partial_checksums(driver)) r = xdp_program__attach(xprog_, ifindex_, XDP_MODE_NATIVE, 0);
       if (r) {
         r = xdp_program__attach(xprog_, ifindex_, XDP_MODE_SKB, 0);
         mode_ = XDP_MODE_SKB;

@@ -537,7 +537,7 @@ int run_cmd(const std::string& cmd, std::string& out) {
 
 namespace syrup::test {
 
-TestNet::TestNet(int n) {
+TestNet::TestNet(int n, bool keep_offloads) {
   std::string tag = std::to_string(getpid() % 100000) + "x" + std::to_string(n);
   host_if = "syh" + tag;
   peer_if = "syp" + tag;
@@ -556,8 +556,8 @@ TestNet::TestNet(int n) {
                     "sysctl -qw net.ipv6.conf." + peer_if + ".disable_ipv6=1" +
                     " && ip addr add " + host_ip + "/30 dev " + host_if + " && ip link set " + host_if +
                     " up && ip -n " + ns + " addr add " + peer_ip + "/30 dev " + peer_if + " && ip -n " + ns +
-                    " link set " + peer_if + " up && ip -n " + ns + " link set lo up && " + in_ns +
-                    "ethtool -K " + peer_if + " tx off >/dev/null 2>&1";
+                    " link set " + peer_if + " up && ip -n " + ns + " link set lo up";
+  if (!keep_offloads) cmd += " && " + in_ns + "ethtool -K " + peer_if + " tx off >/dev/null 2>&1";
   std::string out;
   ok_ = run_cmd(cmd, out) == 0;
   if (!ok_) ADD_FAILURE() << "cannot make the test network: " << out;
@@ -590,6 +590,20 @@ int TestNet::peer_udp(uint16_t src_port) {
   a.sin_port = htons(src_port);
   if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0)
     ADD_FAILURE() << "peer socket: " << strerror(errno);
+  return fd;
+}
+
+int TestNet::peer_tcp(const std::string& ip, uint16_t port) {
+  int fd = in_ns(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+  a.sin_port = htons(port);
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) {
+    ADD_FAILURE() << "peer connect: " << strerror(errno);
+    close(fd);
+    fd = -1;
+  }
   return fd;
 }
 

@@ -113,12 +113,16 @@ void stop_suite_daemon(Daemon*& daemon);
 // carry complete checksums after an XDP redirect). Removed in the destructor.
 class TestNet {
  public:
-  explicit TestNet(int n);
+  // keep_offloads: the peer keeps veth's default offloads (tx checksum offload on: its
+  // frames arrive with partial checksums); otherwise its tx checksumming is off.
+  explicit TestNet(int n, bool keep_offloads = false);
   ~TestNet();
   bool ok() const { return ok_; }
   std::string host_if, peer_if, ns, host_ip, peer_ip;
   // A UDP socket inside the namespace, bound to peer_ip:src_port (0: any port).
   int peer_udp(uint16_t src_port = 0);
+  // A TCP socket inside the namespace, connected to `ip`:`port` (-1 on failure).
+  int peer_tcp(const std::string& ip, uint16_t port);
   // An AF_PACKET socket on the peer interface, for hand-made frames.
   int peer_raw();
 

@@ -5,7 +5,9 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <dirent.h>
+#include <linux/ethtool.h>
 #include <linux/if_link.h>
+#include <linux/sockios.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
 #include <linux/if_xdp.h>
@@ -13,6 +15,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <arpa/inet.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -133,20 +136,37 @@ std::string claim_refusal(pid_t pid, uid_t uid, uint32_t ifindex, const std::set
   return {};
 }
 
+// Whether the kernel runs program `id` on interface `ifindex`: attached to it, or one of
+// the programs of the libxdp dispatcher attached to it (found through libxdp's pins of the
+// dispatcher's links, read under libxdp's lock). `mode`: how it is attached.
+bool runs_on(int ifindex, uint32_t id, enum xdp_attach_mode& mode) {
+  LIBBPF_OPTS(bpf_xdp_query_opts, q);
+  if (!ifindex || bpf_xdp_query(ifindex, 0, &q) || !q.prog_id) return false;
+  if (q.drv_prog_id == id || q.skb_prog_id == id) {
+    mode = q.skb_prog_id == id ? XDP_MODE_SKB : XDP_MODE_NATIVE;
+    return true;
+  }
+  xdp_multiprog* mp = xdp_multiprog__get_from_ifindex(ifindex);
+  if (!mp || libxdp_get_error(mp)) return false;
+  bool found = false;
+  if (!xdp_multiprog__is_legacy(mp))
+    for (xdp_program* p = nullptr; (p = xdp_multiprog__next_prog(p, mp));) found |= xdp_program__id(p) == id;
+  if (found) mode = xdp_multiprog__attach_mode(mp);
+  xdp_multiprog__close(mp);
+  return found;
+}
+
 // The root program a previous syrupd pinned for `ifname` (`prog`, kernel id `prog_id`) and
-// the interface it is attached to, in any mode, with `q` filled: its index, or 0 if it is
-// not pinned or not attached. The kernel attaches by index, so the interface may have been
-// renamed away from the pin's name while no syrupd ran: it is looked for by id.
-int pinned_root(const std::string& ifname, UniqueFd& prog, uint32_t& prog_id, bpf_xdp_query_opts& q) {
+// the interface it runs on (runs_on(), `mode` filled): its index, or 0 if it is not pinned
+// or not attached. The kernel attaches by index, so the interface may have been renamed
+// away from the pin's name while no syrupd ran: it is looked for by id.
+int pinned_root(const std::string& ifname, UniqueFd& prog, uint32_t& prog_id, enum xdp_attach_mode& mode) {
   prog.reset(pins::obj_get(pins::xdp_root_obj(ifname, kRootProg)));
   bpf_prog_info info{};
   uint32_t len = sizeof info;
   if (!prog || bpf_prog_get_info_by_fd(prog.get(), &info, &len)) return 0;
   prog_id = info.id;
-  auto has = [&](unsigned ifindex) {
-    return ifindex && bpf_xdp_query(static_cast<int>(ifindex), 0, &q) == 0 &&
-           (q.prog_id == prog_id || q.drv_prog_id == prog_id || q.skb_prog_id == prog_id);
-  };
+  auto has = [&](unsigned ifindex) { return runs_on(static_cast<int>(ifindex), prog_id, mode); };
   if (unsigned i = if_nametoindex(ifname.c_str()); has(i)) return static_cast<int>(i);
   int found = 0;
   if (struct if_nameindex* all = if_nameindex()) {
@@ -198,6 +218,27 @@ int cgroup_claims(const Caller& caller, const XdpRequest& r, std::map<pid_t, std
   return 0;
 }
 
+// The kernel driver of interface `ifname` (ETHTOOL_GDRVINFO), or empty.
+std::string driver_of(const std::string& ifname) {
+  UniqueFd s(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  ethtool_drvinfo info{};
+  info.cmd = ETHTOOL_GDRVINFO;
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
+  ifr.ifr_data = reinterpret_cast<char*>(&info);
+  if (!s || ioctl(s.get(), SIOCETHTOOL, &ifr) < 0) return {};
+  return info.driver;
+}
+
+// Whether frames arriving on a device of `driver` may carry a checksum their sender left
+// to offload (CHECKSUM_PARTIAL: the L4 checksum field holds only the pseudo-header's sum).
+// veth hands the peer's skb over as it is, with tx checksum offload on by default, and tun
+// takes the state from the writer's virtio-net header. Native XDP turns a frame it
+// redirects (to a CPUMAP) into an xdp_frame without that state, and the skb the CPUMAP
+// builds from it fails checksum validation: every datagram and segment is dropped. Generic
+// XDP redirects the skb itself, state included. (docs/xdp.md)
+bool partial_checksums(const std::string& driver) { return driver == "veth" || driver == "tun"; }
+
 }  // namespace
 
 // ---- Root ---------------------------------------------------------------------------
@@ -218,19 +259,8 @@ class Root {
       err = "no network interface '" + ifname + "'";
       return -ENODEV;
     }
-    std::string object_path;
-    if (int e = compiler.compile_own("xdp/root.bpf.c", "the XDP root program", object_path, err)) return e;
-    r->obj_ = bpf_object__open_file(object_path.c_str(), nullptr);
-    if (!r->obj_) {
-      int e = -errno;
-      err = "cannot open the XDP root program: " + std::string(std::strerror(-e));
-      return e;
-    }
-    if (int e = bpf_object__load(r->obj_)) {
-      err = "cannot load the XDP root program: " + std::string(std::strerror(-e));
-      return e;
-    }
-    r->prog_ = bpf_object__find_program_by_name(r->obj_, "syr_xdp_root");
+    if (int e = compiler.compile_own("xdp/root.bpf.c", "the XDP root program", r->object_path_, err)) return e;
+    if (int e = r->open_object(err)) return e;
     out = std::move(r);
     return 0;
   }
@@ -242,8 +272,7 @@ class Root {
     auto r = std::make_shared<Root>();
     r->ifname_ = ifname;
     uint32_t id = 0;
-    LIBBPF_OPTS(bpf_xdp_query_opts, q);
-    if (!(r->ifindex_ = pinned_root(ifname, r->adopted_prog_, id, q))) {
+    if (!(r->ifindex_ = pinned_root(ifname, r->adopted_prog_, id, r->mode_))) {
       err = "the XDP root program of " + ifname + " is no longer attached";
       return -ENOENT;
     }
@@ -261,10 +290,45 @@ class Root {
       err = "libxdp cannot use the adopted root program";
       return -EINVAL;
     }
-    r->mode_ = q.skb_prog_id == id ? XDP_MODE_SKB : XDP_MODE_NATIVE;
     r->prog_id_ = id;
     r->attached_ = true;
     out = std::move(r);
+    return 0;
+  }
+
+  // Opens the root's object. libxdp loads the program when it attaches it (as an
+  // extension of its dispatcher where it can), but policies are loaded before that and
+  // share the root's maps: the maps are made here, once (made_maps_), and an object
+  // opened again (ensure_attached) has the same ones.
+  int open_object(std::string& err) {
+    if (xprog_) xdp_program__close(xprog_);
+    xprog_ = nullptr;
+    if (obj_) bpf_object__close(obj_);
+    {
+      // libbpf says it skips the section of libxdp's run config (root.bpf.c), which only
+      // libxdp reads: expected, not a warning for the log.
+      LibbpfQuiet quiet;
+      obj_ = bpf_object__open_file(object_path_.c_str(), nullptr);
+    }
+    if (!obj_) {
+      int e = -errno;
+      err = "cannot open the XDP root program: " + std::string(std::strerror(-e));
+      return e;
+    }
+    bpf_map* m;
+    bpf_object__for_each_map(m, obj_) {
+      UniqueFd& fd = made_maps_[bpf_map__name(m)];
+      LIBBPF_OPTS(bpf_map_create_opts, o, .map_flags = bpf_map__map_flags(m));
+      if (!fd)
+        fd.reset(bpf_map_create(bpf_map__type(m), bpf_map__name(m), bpf_map__key_size(m), bpf_map__value_size(m),
+                                bpf_map__max_entries(m), &o));
+      int e = fd ? bpf_map__reuse_fd(m, fd.get()) : -errno;
+      if (e) {
+        err = std::string("cannot make map ") + bpf_map__name(m) + " of the XDP root program: " + std::strerror(-e);
+        return e;
+      }
+    }
+    prog_ = bpf_object__find_program_by_name(obj_, "syr_xdp_root");
     return 0;
   }
 
@@ -296,42 +360,47 @@ class Root {
     return purged;
   }
 
-  // Attaches through libxdp, native mode where the driver has it, generic otherwise.
-  int ensure_attached(std::string& err) {
+  // Attaches through libxdp, in the mode choose_mode() says. Where the kernel has BPF
+  // trampolines libxdp loads the root as an extension of its multi-program dispatcher (a
+  // new one, or the interface's, which it replaces by one that runs both), so other
+  // libxdp programs share the interface in order of run priority (root.bpf.c); elsewhere
+  // it attaches the root alone. `to_cores`: the policy redirects to a CPUMAP.
+  int ensure_attached(bool to_cores, std::string& err) {
     if (attached_) return 0;
-    // Whatever is attached now is not ours (ours is attached only from here).
-    LIBBPF_OPTS(bpf_xdp_query_opts, q);
-    if (bpf_xdp_query(ifindex_, 0, &q) == 0 && q.prog_id) {
-      UniqueFd other(bpf_prog_get_fd_by_id(q.prog_id));
-      bpf_prog_info info{};
-      uint32_t len = sizeof info;
-      if (other) bpf_prog_get_info_by_fd(other.get(), &info, &len);
-      err = "interface " + ifname_ + " already has an XDP program (id " + std::to_string(q.prog_id) +
-            ", name '" + info.name + "') that this syrupd did not attach; remove it first " +
-            "(e.g. xdp-loader unload " + ifname_ + " --all)";
-      return -EBUSY;
-    }
-    xprog_ = xdp_program__from_fd(bpf_program__fd(prog_));
-    if (!xprog_ || libxdp_get_error(xprog_)) {
-      xprog_ = nullptr;
-      err = "libxdp cannot use the root program";
-      return -EINVAL;
-    }
-    int r;
-    {
-      // libxdp first tries its own dispatcher, which fails where the kernel lacks BPF
-      // trampolines, and libbpf warns of that load failure; the attach then goes ahead
-      // without it. Expected here: not a warning for the log.
+    bool joining = false;
+    if (int e = choose_mode(to_cores, joining, err)) return e;
+    auto attach = [&](xdp_program* p) {
+      if (xprog_) xdp_program__close(xprog_);
+      xprog_ = p && !libxdp_get_error(p) ? p : nullptr;
+      if (!xprog_) return -EINVAL;
+      // Where libxdp's dispatcher cannot be used libbpf warns of the failed load, and
+      // libxdp then attaches the root alone. Expected here: not a warning for the log.
       LibbpfQuiet quiet;
-      r = xdp_program__attach(xprog_, ifindex_, XDP_MODE_NATIVE, 0);
-      mode_ = XDP_MODE_NATIVE;
-      if (r) {
-        r = xdp_program__attach(xprog_, ifindex_, XDP_MODE_SKB, 0);
-        mode_ = XDP_MODE_SKB;
+      return xdp_program__attach(xprog_, ifindex_, mode_, 0);
+    };
+    int r = attach(xdp_program__from_bpf_obj(obj_, "xdp"));
+    if (r && !joining) {
+      // The kernel has trampolines but refused the root as an extension of libxdp's
+      // dispatcher: before libxdp 1.5.5 the dispatcher's slots do not change packet data,
+      // and newer kernels count the root's tail call as such a change (docs/xdp.md). The
+      // root alone, then, loaded here (libxdp only attaches it).
+      log(LogLevel::kInfo, "libxdp's dispatcher cannot run the XDP root program on %s (%s): attaching it alone",
+          ifname_.c_str(), std::strerror(-r));
+      if (int e = open_object(err)) return e;
+      if (int e = bpf_object__load(obj_)) {
+        err = "cannot load the XDP root program: " + std::string(std::strerror(-e));
+        return e;
       }
+      r = attach(xdp_program__from_fd(bpf_program__fd(prog_)));
+    }
+    if (r && joining) {
+      err = "cannot add the XDP root program to the libxdp dispatcher on " + ifname_ + ": " + std::strerror(-r) +
+            " (libxdp's dispatcher takes a program that tail-calls, as the root does, from libxdp 1.5.5 on); "
+            "unload the other XDP programs first (e.g. xdp-loader unload " + ifname_ + " --all)";
+      return r;
     }
     if (r) {
-      err = "cannot attach the XDP root program to " + ifname_ + ": " + std::strerror(-r);
+      err = "cannot attach the XDP root program to " + ifname_ + " (" + mode_name() + " mode): " + std::strerror(-r);
       return r;
     }
     bpf_prog_info info{};
@@ -352,8 +421,54 @@ class Root {
       detach();
       return e;
     }
-    log(LogLevel::kInfo, "attached the XDP root program to %s (%s mode)", ifname_.c_str(), mode_name());
+    log(LogLevel::kInfo, "attached the XDP root program to %s (%s mode%s)", ifname_.c_str(), mode_name(),
+        in_dispatcher() ? ", in libxdp's dispatcher" : "");
     return 0;
+  }
+
+  // The attach mode, or why there is none. A libxdp dispatcher already on the interface is
+  // joined in its mode; any other program is never replaced. Otherwise: generic mode on
+  // devices that hand over partial checksums (partial_checksums()), native where the
+  // driver has it, generic elsewhere.
+  int choose_mode(bool to_cores, bool& joining, std::string& err) {
+    LIBBPF_OPTS(bpf_xdp_query_opts, q);
+    if (bpf_xdp_query(ifindex_, 0, &q)) q.prog_id = 0, q.feature_flags = 0;
+    std::string driver = driver_of(ifname_);
+    bool partial = partial_checksums(driver);
+    constexpr uint64_t kXdpActBasic = 1;  // NETDEV_XDP_ACT_BASIC of <linux/netdev.h> (6.3)
+    if (!q.prog_id) {
+      mode_ = partial || !(q.feature_flags & kXdpActBasic) ? XDP_MODE_SKB : XDP_MODE_NATIVE;
+      return 0;
+    }
+    xdp_multiprog* mp = xdp_multiprog__get_from_ifindex(ifindex_);
+    bool dispatcher = mp && !libxdp_get_error(mp) && !xdp_multiprog__is_legacy(mp);
+    if (dispatcher) mode_ = xdp_multiprog__attach_mode(mp), joining = true;
+    if (mp && !libxdp_get_error(mp)) xdp_multiprog__close(mp);
+    if (!dispatcher) {
+      // Whatever is attached now is not ours (ours is attached only from here).
+      UniqueFd other(bpf_prog_get_fd_by_id(q.prog_id));
+      bpf_prog_info info{};
+      uint32_t len = sizeof info;
+      if (other) bpf_prog_get_info_by_fd(other.get(), &info, &len);
+      err = "interface " + ifname_ + " already has an XDP program (id " + std::to_string(q.prog_id) +
+            ", name '" + info.name + "') that this syrupd did not attach; remove it first " +
+            "(e.g. xdp-loader unload " + ifname_ + " --all)";
+      return -EBUSY;
+    }
+    if (mode_ == XDP_MODE_NATIVE && partial && to_cores) {
+      err = "the libxdp dispatcher on " + ifname_ + " runs in native mode, where frames steered to cores lose the "
+            "partial checksums a " + driver + " device hands over (the stack would drop them all); load the other "
+            "XDP programs in generic mode (xdp-loader load -m skb, xdp-filter load -m skb) or turn checksum "
+            "offload off where the frames are sent (ethtool -K <peer> tx off)";
+      return -EOPNOTSUPP;
+    }
+    return 0;
+  }
+
+  // Whether the root runs inside a libxdp dispatcher (the interface's program is another).
+  bool in_dispatcher() const {
+    LIBBPF_OPTS(bpf_xdp_query_opts, q);
+    return bpf_xdp_query(ifindex_, 0, &q) == 0 && q.prog_id && q.prog_id != prog_id_;
   }
 
   // Whether the kernel still runs this root: its interface is there and has it attached.
@@ -365,12 +480,10 @@ class Root {
     LIBBPF_OPTS(bpf_xdp_query_opts, q);
     if (!if_indextoname(static_cast<unsigned>(ifindex_), name)) {
       lost_ = "interface " + ifname_ + " is gone (deleted, or moved to another network namespace)";
-    } else if (bpf_xdp_query(ifindex_, 0, &q) == 0) {
-      uint32_t now = mode_ == XDP_MODE_SKB ? q.skb_prog_id : q.drv_prog_id;
-      if (now != prog_id_)
-        lost_ = now ? "the XDP root program on " + ifname_ + " was replaced by another program (id " +
-                          std::to_string(now) + ")"
-                    : "the XDP root program was detached from " + ifname_ + " by another tool";
+    } else if (enum xdp_attach_mode m; bpf_xdp_query(ifindex_, 0, &q) == 0 && !runs_on(ifindex_, prog_id_, m)) {
+      lost_ = q.prog_id ? "the XDP root program on " + ifname_ + " was replaced by another program (id " +
+                              std::to_string(q.prog_id) + ")"
+                        : "the XDP root program was detached from " + ifname_ + " by another tool";
     }
     return lost_;
   }
@@ -430,6 +543,8 @@ class Root {
  private:
   std::string ifname_;
   int ifindex_ = 0;
+  std::string object_path_;             // the compiled root (create())
+  std::map<std::string, UniqueFd> made_maps_;  // its maps, made by open_object()
   bpf_object* obj_ = nullptr;
   bpf_program* prog_ = nullptr;
   xdp_program* xprog_ = nullptr;
@@ -471,7 +586,7 @@ class XdpTarget : public Target {
 
   int install(LoadedPolicy& p, const Target* old, DeployTxn& txn, std::string& err) override {
     auto* prev = static_cast<const XdpTarget*>(old);
-    if (int r = root_->ensure_attached(err)) return r;
+    if (int r = root_->ensure_attached(n_xsks_ == 0, err)) return r;
     if (int r = fill_executors(p, err)) return r;
 
     std::shared_ptr<Root> root = root_;  // the undo steps hold what they act on
@@ -548,6 +663,7 @@ class XdpTarget : public Target {
     for (auto& c : ports_) ports.push_back(c.str());
     json j = {{"ifname", root_->ifname()},
               {"mode", root_->mode_name()},
+              {"libxdp_dispatcher", root_->in_dispatcher()},
               {"ports", ports},
               {"executor_kind", n_xsks_ ? "af_xdp" : "cpu"},
               {"root", root_->stats()}};
@@ -816,11 +932,12 @@ void XdpHook::recover() {
     if (roots_.count(ifname)) continue;  // adopted with its policies
     UniqueFd prog;
     uint32_t id = 0;
-    LIBBPF_OPTS(bpf_xdp_query_opts, q);
-    if (int ifindex = pinned_root(ifname, prog, id, q)) {
-      LIBBPF_OPTS(bpf_xdp_attach_opts, d, .old_prog_fd = prog.get());
-      uint32_t flags = q.skb_prog_id == id ? XDP_FLAGS_SKB_MODE : XDP_FLAGS_DRV_MODE;
-      int r = bpf_xdp_detach(ifindex, flags | XDP_FLAGS_REPLACE, &d);
+    enum xdp_attach_mode mode = XDP_MODE_NATIVE;
+    if (int ifindex = pinned_root(ifname, prog, id, mode)) {
+      // By libxdp, which takes it out of a dispatcher and leaves the other programs there.
+      xdp_program* xp = xdp_program__from_fd(prog.get());
+      int r = !xp || libxdp_get_error(xp) ? -EINVAL : xdp_program__detach(xp, ifindex, mode, 0);
+      if (xp && !libxdp_get_error(xp)) xdp_program__close(xp);
       char now[IF_NAMESIZE] = "?";
       if_indextoname(static_cast<unsigned>(ifindex), now);
       std::string where = now;

@@ -4,7 +4,8 @@
 //
 // Design: libxdp's own multi-program dispatcher needs BPF trampolines (freplace), which
 // kernels without CONFIG_FUNCTION_TRACER lack; Syrup's dispatch is its own root program
-// and tail calls, so it works everywhere XDP does. Invariants:
+// and tail calls, so it works everywhere XDP does. Where libxdp's dispatcher can run the
+// root it does, beside other libxdp programs (docs/xdp.md). Invariants:
 //  - a root program is attached to an interface exactly while some application's policy
 //    is installed on it; removing the last one detaches it and leaves the interface as
 //    it was;
@@ -12,7 +13,9 @@
 //  - replacing an application's policy is one prog-array slot update: every frame sees
 //    the old or the new program, and other applications' slots are not touched;
 //  - a root program this syrupd did not attach (another daemon's, or any other XDP
-//    program) is never replaced silently: the deploy fails and says whose it is;
+//    program) is never replaced silently: the deploy fails and says whose it is; a libxdp
+//    dispatcher is joined (libxdp replaces it by one running its programs and the root);
+//  - the attach mode suits the device: generic on veth and tun (partial checksums);
 //  - a root the kernel no longer runs (its interface deleted or moved to another network
 //    namespace, or the program detached or replaced by another tool) is lost: it is
 //    never used again, its policies are removed saying why, and the next deploy to the

@@ -5,9 +5,10 @@
 # download`, never in the system's sources.
 #
 # Picks the newest linux-binary-unsigned-*-cloud-amd64 whose BTF passes the scx kfunc
-# check (Debian 7.2.12 has 21 uncallable kfuncs). Also takes two modules from
+# check (Debian 7.2.12 has 21 uncallable kfuncs). Also takes three modules from
 # linux-modules-* (decompressed): virtio_blk and overlay, which the guest needs to mount
-# its disk images (the cloud kernel has neither built in, and no 9p at all). Prints, on
+# its disk images (the cloud kernel has neither built in, and no 9p at all), and veth for
+# the XDP suite. Prints, on
 # the last line of stdout,
 #   KERNEL=<dir>     (holding vmlinuz, vmlinux.h, kver, modules/*.ko)
 # or exits 77 (the ctest SKIP code) with the reason on stderr if nothing can be fetched.
@@ -36,13 +37,13 @@ fi
 # The guest's modules, decompressed, into $1/modules (once per kernel).
 ensure_modules() {
   local dir=$1 kv=$2
-  [ -f "$dir/modules/virtio_blk.ko" ] && [ -f "$dir/modules/overlay.ko" ] && return 0
+  [ -f "$dir/modules/virtio_blk.ko" ] && [ -f "$dir/modules/overlay.ko" ] && [ -f "$dir/modules/veth.ko" ] && return 0
   local tmp; tmp=$(mktemp -d)
   (cd "$tmp" && apt-get "${APTOPTS[@]}" download -q "linux-modules-$kv-cloud-amd64") >&2 2>&1 || {
     rm -rf "$tmp"; echo "fetch-kernel: cannot download linux-modules-$kv-cloud-amd64" >&2; return 1; }
   dpkg -x "$tmp"/*.deb "$tmp/x" || { rm -rf "$tmp"; return 1; }
   mkdir -p "$dir/modules"
-  for m in drivers/block/virtio_blk fs/overlayfs/overlay; do
+  for m in drivers/block/virtio_blk fs/overlayfs/overlay drivers/net/veth; do
     f=$(find "$tmp/x" -path "*/kernel/$m.ko*" | head -1)
     [ -n "$f" ] || { rm -rf "$tmp"; echo "fetch-kernel: $m not in the modules package" >&2; return 1; }
     case $f in *.xz) xz -dc "$f" ;; *.zst) zstd -dc "$f" ;; *) cat "$f" ;; esac > "$dir/modules/$(basename "$m").ko"

@@ -7,7 +7,10 @@
 #
 # - toolchain disk (cached in $SYRUP_VM_CACHE, keyed by the package versions it holds):
 #   clang-19 with its shared libraries and resource headers, the kernel/libbpf UAPI
-#   headers policies include, and busybox;
+#   headers policies include, busybox, and for the XDP suite Debian's xdp-tools
+#   (xdp-filter, xdp-loader, libxdp's BPF objects: its dispatcher), iproute2's ip (veth
+#   pairs, network namespaces), ethtool, bpftool and dash (a /bin/sh that runs them: busybox's
+#   sh prefers its own applets, whose ip has no veth or netns);
 # - project disk (built per run, small): each FILE_OR_DIR given (absolute paths; a
 #   directory is taken whole) and the shared-library closure (ldd) of every ELF among them.
 # Both are ext4 images made with mke2fs -d (no root mount needed). Prints
@@ -31,10 +34,11 @@ put() {
 
 is_elf() { [ "$(head -c 4 "$1" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 7f454c46 ]; }
 
-# The shared-library closure of ELF file $1, into stage $2 (content at the path ldd prints).
+# The shared-library closure of ELF file $1, into stage $2 (content at the path ldd prints;
+# none for an ELF file that is no program, such as a BPF object).
 put_libs() {
   local f=$1 stage=$2 lib
-  ldd "$f" 2>/dev/null | awk '/=>/ && $3 ~ /^\// {print $3; next} $1 ~ /^\// {print $1}' | while read -r lib; do
+  { ldd "$f" 2>/dev/null || true; } | awk '/=>/ && $3 ~ /^\// {print $3; next} $1 ~ /^\// {print $1}' | while read -r lib; do
     [ -e "$stage$lib" ] && continue
     mkdir -p "$stage$(dirname "$lib")"
     cp -L "$lib" "$stage$lib"
@@ -54,7 +58,7 @@ mkimage() {
 # ---- toolchain (cached) ------------------------------------------------------------
 CLANG=$(readlink -f "$(command -v clang-19)")
 key=$( { "$CLANG" --version; dpkg-query -W -f='${Package} ${Version}\n' clang-19 libbpf-dev linux-libc-dev \
-         busybox-static 2>/dev/null; cat "$0"; } | sha256sum | cut -c1-16)
+         busybox-static xdp-tools libxdp1 iproute2 ethtool bpftool dash 2>/dev/null; cat "$0"; } | sha256sum | cut -c1-16)
 TC=$CACHE/toolchain-$key.ext4
 if [ ! -f "$TC" ]; then
   st=$(mktemp -d)
@@ -68,6 +72,13 @@ if [ ! -f "$TC" ]; then
   done
   mkdir -p "$st/bin"
   cp "$(command -v busybox)" "$st/bin/busybox"
+  for f in $(dpkg -L xdp-tools libxdp1 | grep -E '^/usr/(s?bin|lib)/') "$(readlink -f "$(command -v ip)")" \
+           "$(readlink -f "$(command -v ethtool)")" "$(readlink -f "$(command -v bpftool)")" \
+           "$(readlink -f "$(command -v dash)")"; do
+    [ -f "$f" ] || continue
+    put "$f" "$st"
+    if is_elf "$f"; then put_libs "$f" "$st"; fi
+  done
   mkimage "$st" "$TC"
   rm -rf "$st"
   echo "guest-image: built toolchain disk $TC ($(du -h "$TC" | cut -f1))" >&2

@@ -1,8 +1,9 @@
 #!/bin/busybox sh
 # Runs inside the sched_ext VM, chrooted into the overlay of this build and the toolchain
-# (tests/vm/init.sh), at the host's paths. Runs the sched_ext test suite (a real syrupd
-# per suite, policies compiled by clang in the guest) and, if asked, the thread
-# benchmarks; the last line is "SYRUP-VM-RESULT: PASS|FAIL".
+# (tests/vm/init.sh), at the host's paths. Runs the test program of the suite the kernel
+# command line names (syrup.suite=thread: the sched_ext tests; xdp: the XDP hook beside
+# xdp-filter), a real syrupd per suite, policies compiled by clang in the guest, and, if
+# asked, the thread benchmarks; the last line is "SYRUP-VM-RESULT: PASS|FAIL".
 /bin/busybox mkdir -p /proc /sys /dev /tmp /run /usr/local/bin
 /bin/busybox mount -t proc proc /proc
 /bin/busybox mount -t sysfs sys /sys
@@ -11,13 +12,22 @@
 # or build tree that lives under /tmp, as a fresh clone may.
 /bin/busybox mkdir -p /tmp && /bin/busybox chmod 1777 /tmp
 /bin/busybox mount -t tmpfs tmpfs /run
+# bpffs where libxdp keeps its dispatchers' state; /var/run for ip netns.
+/bin/busybox mkdir -p /sys/fs/bpf /var && /bin/busybox mount -t bpf bpf /sys/fs/bpf
+[ -e /var/run ] || /bin/busybox ln -s /run /var/run
 /bin/busybox --install -s /usr/local/bin
+# The real ip (veth pairs, ip netns) and ethtool of the guest image over busybox's.
+for t in /usr/bin/ip /usr/sbin/ethtool; do [ -x $t ] && /bin/busybox ln -sf $t /usr/local/bin/; done
 [ -e /bin/sh ] || /bin/busybox ln -s busybox /bin/sh  # popen(), system()
+suite=$(/bin/busybox sed -n 's/.*syrup.suite=\([^ ]*\).*/\1/p' /proc/cmdline)
+# The XDP suite runs iproute2's ip (veth pairs, ip netns), which busybox's sh would not:
+# it runs its own applet of a name whatever PATH says.
+[ "$suite" = xdp ] && [ -x /usr/bin/dash ] && /bin/busybox ln -sf /usr/bin/dash /bin/sh
 # Loopback, for the cross-layer test's SO_REUSEPORT group on 127.0.0.1.
 /bin/busybox ip link set lo up || echo "SYRUP-VM: cannot bring up lo"
 S=${SYRUP_SRC:?set by init}
 B=${SYRUP_BUILD:?set by init}
-export PATH=$B/bin:/usr/local/bin:/usr/bin:/bin
+export PATH=$B/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin
 # Emulated cores are ~50x slower than the host's: a syrupd restart takes seconds here.
 export SYRUP_TEST_DAEMON_START_S=60
 cd /tmp
@@ -26,16 +36,20 @@ t0=$(cut -d' ' -f1 /proc/uptime)
 /usr/bin/clang-19 --version | head -1 | sed 's/^/SYRUP-VM: /'
 echo "SYRUP-VM: clang --version took $(awk -v a="$t0" -v b="$(cut -d' ' -f1 /proc/uptime)" 'BEGIN{print b-a}') s"
 rc=0
-if [ -x $B/bin/syrup_thread_scx_tests ]; then
+case $suite in
+  xdp) tests=syrup_xdp_vm_tests; bench=none ;;
+  *) tests=syrup_thread_scx_tests; bench=$S/bench/thread/guest-bench.sh ;;
+esac
+if [ -x $B/bin/$tests ]; then
   filter=$(sed -n 's/.*syrup.filter=\([^ ]*\).*/\1/p' /proc/cmdline)
-  { $B/bin/syrup_thread_scx_tests ${filter:+--gtest_filter=$filter}; echo $? > /tmp/tests.rc; } 2>&1 |
+  { $B/bin/$tests ${filter:+--gtest_filter=$filter}; echo $? > /tmp/tests.rc; } 2>&1 |
     sed 's/^/SYRUP-VM: /'
   [ "$(cat /tmp/tests.rc)" = 0 ] || rc=1
 else
-  echo "SYRUP-VM: FAIL $B/bin/syrup_thread_scx_tests is not in the guest"; rc=1
+  echo "SYRUP-VM: FAIL $B/bin/$tests is not in the guest"; rc=1
 fi
-if [ -f $S/bench/thread/guest-bench.sh ] && grep -q bench /proc/cmdline; then
-  sh $S/bench/thread/guest-bench.sh 2>&1 | sed 's/^/SYRUP-VM: /'
+if [ -f $bench ] && grep -q bench /proc/cmdline; then
+  sh $bench 2>&1 | sed 's/^/SYRUP-VM: /'
 fi
 echo "SYRUP-VM: kernel log:"; dmesg | grep -i -E 'sched_ext|scx' | tail -12 | sed 's/^/SYRUP-VM:   /'
 echo "SYRUP-VM: done at uptime $(cut -d' ' -f1 /proc/uptime) s"

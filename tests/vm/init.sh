@@ -8,6 +8,7 @@
 /bin/busybox mount -t devtmpfs dev /dev
 echo "SYRUP-VM: guest up: $(/bin/busybox uname -r), $(/bin/busybox grep -c ^processor /proc/cpuinfo) cpus, uptime $(/bin/busybox cut -d' ' -f1 /proc/uptime) s"
 /bin/busybox insmod /virtio_blk.ko && /bin/busybox insmod /overlay.ko || echo "SYRUP-VM: FAIL cannot load the guest's modules"
+[ -f /veth.ko ] && { /bin/busybox insmod /veth.ko || echo "SYRUP-VM: cannot load veth.ko"; }
 for i in 1 2 3 4 5 6 7 8 9 10; do [ -b /dev/vdb ] && break; /bin/busybox sleep 0.2; done
 /bin/busybox mkdir -p /t /p /rw /newroot
 /bin/busybox mount -o ro /dev/vda /t && /bin/busybox mount -o ro /dev/vdb /p || echo "SYRUP-VM: FAIL cannot mount the disks"

@@ -4,7 +4,10 @@
 # hook's sched_ext test suite (hooks/thread/hooks/thread/tests/thread_scx_test.cpp) inside it: a real syrupd that
 # detects sched_ext, owns the root scheduler and compiles policies with clang in the
 # guest. Exit: 0 PASS, 1 FAIL, 77 SKIP (ctest SKIP_RETURN_CODE) with the reason.
-#   tests/vm/run.sh BUILD_DIR [--bench] [--filter GTEST_FILTER]
+#   tests/vm/run.sh BUILD_DIR [--suite thread|xdp] [--bench] [--filter GTEST_FILTER]
+#   --suite: the guest's test program: thread (default) syrup_thread_scx_tests; xdp
+#            syrup_xdp_vm_tests, Syrup's XDP root beside xdp-filter in libxdp's dispatcher
+#            (the kernel's BPF trampolines)
 #   --bench: also run the thread benchmarks in the guest (bench/thread/guest-bench.sh)
 set -uo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -12,9 +15,11 @@ BUILD=$(cd "${1:-$SRC/build}" && pwd)
 shift || true
 BENCH=0
 FILTER=
+SUITE=thread
 while [ $# -gt 0 ]; do
   case $1 in
     --bench) BENCH=1 ;;
+    --suite) SUITE=$2; shift ;;
     --filter) FILTER=$2; shift ;;
   esac
   shift
@@ -44,12 +49,17 @@ KDIR=${kline#KERNEL=}
 [ -f "$KDIR/vmlinuz" ] || skip "fetch-kernel.sh gave no kernel ($kline)"
 [ -f "$KDIR/modules/virtio_blk.ko" ] || skip "no guest modules in $KDIR/modules (fetch-kernel.sh)"
 echo "kernel: $(cat "$KDIR/kver") ($KDIR), BTF check: $(head -1 "$KDIR/btf-check.txt" 2>/dev/null)"
-for b in syrupd syrupctl syrup_thread_scx_tests; do
+case $SUITE in
+  thread) TESTS=syrup_thread_scx_tests ;;
+  xdp) TESTS=syrup_xdp_vm_tests ;;
+  *) echo "FAIL: unknown suite '$SUITE' (thread, xdp)"; exit 1 ;;
+esac
+for b in syrupd syrupctl $TESTS; do
   [ -x "$BUILD/bin/$b" ] || { echo "FAIL: $BUILD/bin/$b is missing (build first)"; exit 1; }
 done
 
 t0=$(date +%s.%N)
-files=("$BUILD/bin/syrupd" "$BUILD/bin/syrupctl" "$BUILD/bin/syrup_thread_scx_tests" "$BUILD"/lib/libsyrup.so*
+files=("$BUILD/bin/syrupd" "$BUILD/bin/syrupctl" "$BUILD/bin/$TESTS" "$BUILD"/lib/libsyrup.so*
        "$SRC/kernel" "$SRC/policies" "$SRC/tests/policies" "$SRC/tests/vm/guest.sh")
 [ -x "$BUILD/bin/syrup-agent" ] && files+=("$BUILD/bin/syrup-agent")
 if [ $BENCH = 1 ]; then
@@ -64,11 +74,12 @@ R=$OUT/initramfs
 rm -rf "$R" && mkdir -p "$R"/{bin,proc,sys,dev}
 cp "$(command -v busybox)" "$R/bin/busybox" && ln -s busybox "$R/bin/sh"
 cp "$KDIR/modules/virtio_blk.ko" "$KDIR/modules/overlay.ko" "$R/"
+[ -f "$KDIR/modules/veth.ko" ] && cp "$KDIR/modules/veth.ko" "$R/"  # the XDP suite's veth pairs
 sed -e "s|@SRC@|$SRC|g" -e "s|@BUILD@|$BUILD|g" "$SRC/tests/vm/init.sh" > "$R/init" && chmod +x "$R/init"
 (cd "$R" && find . | cpio -o -H newc --quiet) | gzip -1 > "$OUT/initramfs.gz"
 t1=$(date +%s.%N)
 
-append="console=ttyS0 quiet panic=-1 oops=panic"
+append="console=ttyS0 quiet panic=-1 oops=panic syrup.suite=$SUITE"
 [ $BENCH = 1 ] && append+=" syrup.bench"
 [ -n "$FILTER" ] && append+=" syrup.filter=$FILTER"
 # Single-threaded TCG (thread=single): with one host thread per vCPU (the default), the

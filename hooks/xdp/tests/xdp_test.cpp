@@ -225,6 +225,70 @@ TEST_F(Xdp, PacketsSteeredToCoreKAreProcessedOnCoreK) {
   }
 }
 
+// A container's veth left at its defaults: the peer's tx checksum offload hands its frames
+// over with partial checksums, which a native-mode redirect to a CPUMAP loses (every
+// datagram dropped as corrupt). syrupd attaches in generic mode on veth, where the skb and
+// its checksum state are redirected: every UDP datagram and every byte of a TCP stream
+// steered to the cores arrives, and the policy counted each datagram.
+TEST_F(Xdp, SteeringToCoresOnAVethAtItsDefaultOffloadsDeliversEverything) {
+  net_.reset();  // the same interfaces again, offloads left on
+  net_ = std::make_unique<TestNet>(net_n_, true);
+  ASSERT_TRUE(net_->ok());
+  std::string out;
+  run_cmd("ip netns exec " + net_->ns + " ethtool -k " + net_->peer_if + " | grep '^tx-checksumming'", out);
+  ASSERT_NE(out.find(": on"), std::string::npos) << "the peer's tx checksum offload is not on: " << out;
+  std::vector<int> cores = {0};
+  if (libbpf_num_possible_cpus() > 1) cores.push_back(1);
+  UniqueFd u(udp_server(net_->host_ip, 9391));
+  UniqueFd l(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, net_->host_ip.c_str(), &a.sin_addr);
+  a.sin_port = htons(9392);
+  ASSERT_EQ(bind(l.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  ASSERT_EQ(listen(l.get(), 4), 0);
+  int udp = deploy("tests/policies/xdp_steer_count.c", "veth-udp", {9391}, cores);
+  ASSERT_GT(udp, 0) << syr_last_error();
+  uint16_t tcp_port = 9392;
+  syr_deploy_opts o{.sz = sizeof o, .app = "veth-tcp", .ifname = net_->host_if.c_str(), .ports = &tcp_port,
+                    .n_ports = 1, .cpus = cores.data(), .n_cpus = cores.size(), .protocol = "tcp"};
+  int tcp = syr_deploy_policy(source_path("tests/policies/xdp_steer_count.c").c_str(), SYR_HOOK_XDP, &o);
+  ASSERT_GT(tcp, 0) << syr_last_error();
+  ids_.push_back(tcp);
+  EXPECT_EQ(policy_entry(udp)["mode"], "generic") << "veth hands over partial checksums";
+
+  UniqueFd peer(net_->peer_udp());
+  constexpr int kDatagrams = 500;
+  for (int i = 0; i < kDatagrams; i++) send_to(peer.get(), net_->host_ip, 9391, 1, i);
+  EXPECT_EQ(drain(u.get()).size(), size_t(kDatagrams)) << "datagrams lost on the way to the cores";
+  EXPECT_EQ(map_u64("veth-udp", "seen", 0), uint64_t(kDatagrams));
+
+  // 1 MiB over one connection, both ways of its handshake through the root.
+  UniqueFd c(net_->peer_tcp(net_->host_ip, 9392));
+  ASSERT_GE(c.get(), 0);
+  UniqueFd srv(accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_GE(srv.get(), 0) << strerror(errno);
+  timeval tv{5, 0};
+  setsockopt(srv.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  constexpr size_t kBytes = 1 << 20;
+  std::thread writer([&] {
+    std::string chunk(16384, 'x');
+    for (size_t sent = 0; sent < kBytes;) {
+      ssize_t n = send(c.get(), chunk.data(), chunk.size(), MSG_NOSIGNAL);
+      if (n <= 0) break;
+      sent += size_t(n);
+    }
+    shutdown(c.get(), SHUT_WR);
+  });
+  size_t got = 0;
+  char buf[65536];
+  for (ssize_t n; (n = recv(srv.get(), buf, sizeof buf, 0)) > 0;) got += size_t(n);
+  writer.join();
+  EXPECT_EQ(got, kBytes) << "a TCP stream steered to the cores stalled (lost segments)";
+  EXPECT_GT(map_u64("veth-tcp", "seen", 0), 0u);
+  EXPECT_GE(map_u64("veth-tcp", "seen", 1), kBytes) << "every byte passed the policy";
+}
+
 // A minimal AF_XDP receiver with libxdp's xsk API (copy mode, queue 0).
 struct XskReceiver {
   static constexpr int kFrames = 1024, kFrameSize = 2048;

@@ -12,6 +12,14 @@
  *  - everything else (unclaimed ports, non-IP, fragments, malformed headers, an empty
  *    slot) is passed to the stack untouched and counted;
  *  - the root never drops; only a policy's SYR_DROP drops.
+ *
+ * Beside other XDP programs (kernels with BPF trampolines), libxdp's dispatcher runs the
+ * root as one of up to ten programs, in order of run priority, going on to the next
+ * program after the actions its run config lists (libxdp's protocol.org). The root's
+ * priority, SYR_XDP_RUN_PRIO, is after firewalls (xdp-filter: 10) and programs at libxdp's
+ * default (50): a frame the root steers to a core or an AF_XDP socket, or a policy drops,
+ * ends the chain, so what must see every frame runs first. XDP_PASS (unclaimed ports, and
+ * a policy's SYR_PASS) chains on: the frame was not Syrup's to take.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -51,6 +59,15 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } syr_xdp_root_stats SEC(".maps");
+
+/* libxdp's run config (XDP_RUN_CONFIG(syr_xdp_root) of <xdp/xdp_helpers.h>, spelled out:
+ * syrupd compiles this file with the kernel's and libbpf's headers only), read from
+ * this object's BTF. */
+#define SYR_XDP_RUN_PRIO 200
+struct {
+	__uint(priority, SYR_XDP_RUN_PRIO);
+	__uint(XDP_PASS, 1);
+} _syr_xdp_root SEC(".xdp_run_config");
 
 struct vlan_hdr {
 	__be16 tci;

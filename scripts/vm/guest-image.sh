@@ -34,7 +34,7 @@ is_elf() { [ "$(head -c 4 "$1" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 7f454
 # The shared-library closure of ELF file $1, into stage $2 (content at the path ldd prints).
 put_libs() {
   local f=$1 stage=$2 lib
-  ldd "$f" 2>/dev/null | awk '/=>/ && $3 ~ /^\// {print $3; next} $1 ~ /^\// {print $1}' | while read -r lib; do
+  { ldd "$f" 2>/dev/null || true; } | awk '/=>/ && $3 ~ /^\// {print $3; next} $1 ~ /^\// {print $1}' | while read -r lib; do
     [ -e "$stage$lib" ] && continue
     mkdir -p "$stage$(dirname "$lib")"
     cp -L "$lib" "$stage$lib"

@@ -193,6 +193,13 @@ static __always_inline int syr_scx_direct(struct task_struct *p, __u32 core, __u
 	if (scx_bpf_dsq_nr_queued(SYR_SCX_APP_DSQ(syr_scx_slot)) > 0 ||
 	    scx_bpf_dsq_nr_queued(SYR_SCX_DSQ_LOCAL_ON | (__u32)c) > 0)
 		return 0;
+	/* A sibling running there may be ahead of p by today's numbers (inside a critical
+	 * section, say), which only a dispatch round asks the policy: a thread in the local
+	 * DSQ runs before dispatch is called. Unless that sibling is the waker, here on this
+	 * core, handing it over (it is about to sleep: a pipe, a request passed on). */
+	if (syr_scx_ours_on((__u32)c) && !(c == (__s32)bpf_get_smp_processor_id() &&
+					   (__u32)(bpf_get_current_pid_tgid() >> 32) == (__u32)p->tgid))
+		return 0;
 	scx_bpf_dsq_insert(p, SYR_SCX_DSQ_LOCAL, slice, enq_flags);
 	/* No idle kick of the core we run on: it reschedules anyway, and a kick of one's own
 	 * core (its rq locked here) is deferred to an irq_work, a self-interrupt per wakeup. */

@@ -33,9 +33,9 @@ for rep in 1 2 3; do
   run pingpong --rounds 50000 --policy "$SRC/policies/fifo.c"
 done
 for sleep in 200 0; do
-  for pol in none cs_aware fifo; do
-    if [ $pol = none ]; then run cs --threads 4 --seconds 5 --sleep-us $sleep
-    else run cs --threads 4 --seconds 5 --sleep-us $sleep --policy "$SRC/policies/$pol.c"; fi
+  for arg in "" "--policy $SRC/policies/cs_aware.c" "--policy $SRC/policies/cs_aware.c --param use_hint=0" \
+             "--policy $SRC/policies/fifo.c"; do
+    run cs --threads 4 --seconds 5 --sleep-us $sleep $arg
   done
 done
 kill $SYRUPD; wait $SYRUPD 2>/dev/null
@@ -65,7 +65,16 @@ for where, sel in (("host (agent)", lambda r: "where" not in r), ("sched_ext gue
             if c:
                 mc = med(c, "usec_per_roundtrip")
                 extra = f"; fifo without the direct path {mc:.1f}: {mc / ma:.2f}"
+            f = [r for r in g if r["policy"] == "scx_floor"]
+            if f:
+                mf = med(f, "usec_per_roundtrip")
+                extra += f"; sched_ext floor {mf:.1f}: floor/kernel {mf / ma:.2f}, fifo/floor {mb / mf:.2f}"
             print(f"ping-pong, {where}{', both threads on one core' if same else ''}: kernel's scheduler {ma:.1f} us/roundtrip, "
                   f"fifo {mb:.1f}: fifo/kernel {mb / ma:.2f}{extra} (medians of {len(a)} and {len(b)} runs)")
+    for sleep in (200, 0):
+        g = [r for r in rows if sel(r) and r["bench"] == "cs" and r["sleep_us"] == sleep]
+        if g:
+            print(f"critical sections preempted, {where}, {sleep} us sleeps: " +
+                  ", ".join(f"{r['policy']} {r['cs_preempted_pct']:.2f}%" for r in g))
 PY
 fi

@@ -1,10 +1,12 @@
 // syrup_thread_bench: the thread hook's benchmarks (bench/thread/README.md).
 //
-//   syrup_thread_bench pingpong [--policy FILE] [--rounds N] [--same-core]
+//   syrup_thread_bench pingpong [--policy FILE | --scx-floor] [--rounds N] [--same-core]
 //     Two threads bounce a timestamp through two pipes (perf bench sched pipe's
 //     workload): microseconds per round trip, and the distribution of one hop's
 //     wakeup-to-running latency (write -> the reader's read() returns).
-//   syrup_thread_bench cs [--policy FILE] [--threads N] [--seconds S] [--cs-us U]
+//     --scx-floor: under the least sched_ext scheduler (scx_floor.bpf.c, next to this
+//     program), loaded here, not by syrupd: what sched_ext itself costs.
+//   syrup_thread_bench cs [--policy FILE [--param K=V]...] [--threads N] [--seconds S] [--cs-us U]
 //                         [--out-us U] [--sleep-us U]
 //     N threads (more than cores) loop: critical section of U us (syr_cs_enter/exit),
 //     U us outside, then a short sleep (a server waiting for its next request). Counts
@@ -25,10 +27,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <bpf/libbpf.h>
 #include <nlohmann/json.hpp>
 
 #include "syrup/syrup.h"
@@ -57,8 +61,10 @@ long nivcsw() {
 
 struct Opts {
   std::string cmd, policy;
+  std::vector<std::pair<std::string, uint64_t>> params;  // --param K=V, for the policy
   long rounds = 100000;
   bool same_core = false;
+  bool scx_floor = false;
   int threads = 4, seconds = 3;
   long cs_us = 500, out_us = 300, sleep_us = 200;
 };
@@ -67,14 +73,18 @@ std::string backend() {
   return access("/sys/kernel/sched_ext/state", R_OK) == 0 ? "sched_ext" : "agent";
 }
 
+std::string exe_dir() {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return "./";
+  std::string dir(self, size_t(n));
+  return dir.substr(0, dir.rfind('/') + 1);
+}
+
 // Decisions syrupd counted for policy `id` so far (syrupctl stats), or 0.
 uint64_t decisions(int id) {
   if (id <= 0) return 0;
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return 0;
-  std::string dir(self, size_t(n));
-  dir = dir.substr(0, dir.rfind('/') + 1);
+  std::string dir = exe_dir();
   const char* sock = std::getenv("SYRUP_SOCKET");
   std::string cmd = dir + "syrupctl --json " + (sock ? std::string("--socket ") + sock + " " : "") + "stats " +
                     std::to_string(id) + " 2>/dev/null";
@@ -95,13 +105,60 @@ uint64_t decisions(int id) {
 int deploy(const Opts& o) {
   if (o.policy.empty()) return 0;
   syr_set_app("threadbench");
+  std::vector<syr_param> ps;
+  for (auto& [k, v] : o.params) ps.push_back({k.c_str(), v});
   syr_deploy_opts d{.sz = sizeof d, .app = "threadbench"};
+  d.params = ps.data();
+  d.n_params = ps.size();
   int id = syr_deploy_policy(o.policy.c_str(), SYR_HOOK_THREAD, &d);
   if (id < 0) {
     std::fprintf(stderr, "syrup_thread_bench: deploying %s: %s\n", o.policy.c_str(), syr_last_error());
     std::exit(1);
   }
   return id;
+}
+
+// The sched_ext floor scheduler, attached while this object lives (--scx-floor).
+class ScxFloor {
+ public:
+  ScxFloor() {
+    std::string path = exe_dir() + "scx_floor.bpf.o";
+    obj_ = bpf_object__open_file(path.c_str(), nullptr);
+    if (!obj_ || bpf_object__load(obj_)) fail("cannot load " + path);
+    link_ = bpf_map__attach_struct_ops(bpf_object__find_map_by_name(obj_, "floor_ops"));
+    if (!link_) fail("cannot attach the floor scheduler (is sched_ext on, and no other scheduler attached?)");
+  }
+  ~ScxFloor() {
+    bpf_link__destroy(link_);
+    bpf_object__close(obj_);
+  }
+  // The calling thread into SCHED_EXT (partial mode: only such threads are the floor's).
+  static void join() {
+    struct {
+      uint32_t size, policy;
+      uint64_t flags;
+      int32_t nice;
+      uint32_t prio;
+      uint64_t runtime, deadline, period;
+    } a = {sizeof a, 7 /* SCHED_EXT */, 0, 0, 0, 0, 0, 0};
+    if (syscall(SYS_sched_setattr, 0, &a, 0)) fail("sched_setattr(SCHED_EXT)");
+  }
+
+ private:
+  [[noreturn]] static void fail(const std::string& what) {
+    std::fprintf(stderr, "syrup_thread_bench: %s: %s\n", what.c_str(), std::strerror(errno));
+    std::exit(1);
+  }
+  bpf_object* obj_ = nullptr;
+  bpf_link* link_ = nullptr;
+};
+
+// The policy as results name it: its file name, and its parameters if any ("cs_aware.c use_hint=0").
+std::string policy_label(const Opts& o) {
+  if (o.policy.empty()) return "none";
+  std::string s = o.policy.substr(o.policy.rfind('/') + 1);
+  for (auto& [k, v] : o.params) s += " " + k + "=" + std::to_string(v);
+  return s;
 }
 
 double pct(std::vector<uint64_t>& v, double p) {
@@ -111,6 +168,8 @@ double pct(std::vector<uint64_t>& v, double p) {
 
 int pingpong(const Opts& o) {
   int id = deploy(o);
+  std::unique_ptr<ScxFloor> floor;
+  if (o.scx_floor) floor = std::make_unique<ScxFloor>();
   int ab[2], ba[2];
   if (pipe(ab) || pipe(ba)) return 1;
   std::atomic<int> registered{0};
@@ -129,6 +188,7 @@ int pingpong(const Opts& o) {
       std::fprintf(stderr, "syrup_thread_bench: register: %s\n", syr_last_error());
       std::exit(1);
     }
+    if (floor) ScxFloor::join();
     registered++;
   };
   std::thread b([&] {
@@ -164,8 +224,8 @@ int pingpong(const Opts& o) {
   std::sort(lat.begin(), lat.end());
   double us_rt = double(el) / 1000.0 / double(o.rounds);
   json r = {{"bench", "pingpong"},
-            {"policy", o.policy.empty() ? "none" : o.policy.substr(o.policy.rfind('/') + 1)},
-            {"backend", o.policy.empty() ? "kernel" : backend()},
+            {"policy", o.scx_floor ? "scx_floor" : policy_label(o)},
+            {"backend", o.scx_floor ? "sched_ext" : o.policy.empty() ? "kernel" : backend()},
             {"same_core", o.same_core},
             {"rounds", o.rounds},
             {"usec_per_roundtrip", us_rt},
@@ -233,7 +293,7 @@ int cs(const Opts& o) {
   }
   double pre = tot.cs ? 100.0 * double(tot.cs_preempted) / double(tot.cs) : 0;
   json r = {{"bench", "cs"},
-            {"policy", o.policy.empty() ? "none" : o.policy.substr(o.policy.rfind('/') + 1)},
+            {"policy", policy_label(o)},
             {"backend", o.policy.empty() ? "kernel" : backend()},
             {"threads", o.threads},
             {"cores", sysconf(_SC_NPROCESSORS_ONLN)},
@@ -257,8 +317,8 @@ int cs(const Opts& o) {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: syrup_thread_bench pingpong [--policy FILE] [--rounds N] [--same-core]\n"
-               "       syrup_thread_bench cs [--policy FILE] [--threads N] [--seconds S] [--cs-us U] [--out-us U] "
+               "usage: syrup_thread_bench pingpong [--policy FILE | --scx-floor] [--rounds N] [--same-core]\n"
+               "       syrup_thread_bench cs [--policy FILE [--param K=V]...] [--threads N] [--seconds S] [--cs-us U] [--out-us U] "
                "[--sleep-us U]\n");
   return 2;
 }
@@ -278,6 +338,13 @@ int main(int argc, char** argv) {
     if (a == "--policy") o.policy = val();
     else if (a == "--rounds") o.rounds = std::atol(val().c_str());
     else if (a == "--same-core") o.same_core = true;
+    else if (a == "--scx-floor") o.scx_floor = true;
+    else if (a == "--param") {
+      std::string kv = val();
+      size_t eq = kv.find('=');
+      if (eq == std::string::npos) return usage();
+      o.params.emplace_back(kv.substr(0, eq), std::strtoull(kv.c_str() + eq + 1, nullptr, 0));
+    }
     else if (a == "--threads") o.threads = std::atoi(val().c_str());
     else if (a == "--seconds") o.seconds = std::atoi(val().c_str());
     else if (a == "--cs-us") o.cs_us = std::atol(val().c_str());

@@ -993,7 +993,9 @@ std::vector<std::string> ThreadScxHook::system_maps() const {
 
 Allowlist scx_allowlist() {
   Allowlist a{policy_helpers(), {}, policy_map_types()};
-  a.helpers.insert({BPF_FUNC_get_current_pid_tgid, BPF_FUNC_tail_call});
+  // The wrapper's: the waker's process, the tail call back to the root, and the thread's
+  // entry in the root's task-local syr_scx_tasks (a map type no policy may declare).
+  a.helpers.insert({BPF_FUNC_get_current_pid_tgid, BPF_FUNC_tail_call, BPF_FUNC_task_storage_get});
   a.kfuncs = {"scx_bpf_dsq_insert",      "scx_bpf_select_cpu_dfl",  "scx_bpf_dsq_insert_vtime",
               "scx_bpf_dsq_move_to_local", "scx_bpf_dsq_nr_queued", "scx_bpf_create_dsq",
               "scx_bpf_task_cpu",        "scx_bpf_nr_cpu_ids",      "scx_bpf_kick_cpu",

@@ -32,13 +32,13 @@ namespace {
 // Mirrors struct syr_thread / syr_thread_slot of <syrup/policy.h> and agent_wrapper.bpf.h.
 struct SyrThread {
   uint32_t tid, tgid, executor, prev_cpu, nr_cpus, reason;
-  uint64_t now_ns, runnable_ns, run_ns, key, slice_ns;
+  uint64_t now_ns, runnable_ns, run_ns, key, slice_ns, oncore_ns;
 };
 struct Slot {
   SyrThread t;
   uint32_t core, pad;
 };
-static_assert(sizeof(SyrThread) == 64 && sizeof(Slot) == 72, "policy ABI layout changed");
+static_assert(sizeof(SyrThread) == 72 && sizeof(Slot) == 80, "policy ABI layout changed");
 constexpr uint32_t kBatch = 256;  // SYR_AGENT_BATCH
 constexpr uint32_t kNoExecutor = 0xffffffffU;
 constexpr uint64_t kDefaultSliceNs = 3'000'000;
@@ -397,9 +397,10 @@ void Agent::decide(uint64_t now) {
       bool blocked = t.st == St::kBlocked;
       uint32_t reason = blocked ? kWakeup : (t.pending_reason ? t.pending_reason : kTick);
       uint64_t since = blocked ? now : t.runnable_ns;
-      uint64_t ran = blocked ? 0 : t.run_ns + (t.st == St::kRunning && t.run_start_ns ? now - std::min(now, t.run_start_ns) : 0);
+      uint64_t oncore = t.st == St::kRunning && t.run_start_ns ? now - std::min(now, t.run_start_ns) : 0;
+      uint64_t ran = blocked ? 0 : t.run_ns + oncore;
       batch_[i].t = SyrThread{static_cast<uint32_t>(t.tid), static_cast<uint32_t>(o_.tgid), t.exec, t.cpu,
-                              nr_cpus_, reason, now, since, ran, since, kDefaultSliceNs};
+                              nr_cpus_, reason, now, since, ran, since, kDefaultSliceNs, oncore};
       batch_[i].core = SYR_PASS;
     }
     struct {

@@ -64,7 +64,7 @@ files=("$BUILD/bin/syrupd" "$BUILD/bin/syrupctl" "$BUILD/bin/$TESTS" "$BUILD"/li
 [ -x "$BUILD/bin/syrup-agent" ] && files+=("$BUILD/bin/syrup-agent")
 if [ $BENCH = 1 ]; then
   files+=("$SRC/bench/thread")
-  for b in syrup_thread_bench; do [ -x "$BUILD/bin/$b" ] && files+=("$BUILD/bin/$b"); done
+  for b in syrup_thread_bench scx_floor.bpf.o; do [ -e "$BUILD/bin/$b" ] && files+=("$BUILD/bin/$b"); done
 fi
 imgs=$(bash "$SRC/scripts/vm/guest-image.sh" "$OUT" "${files[@]}") || { echo "FAIL: guest images"; exit 1; }
 TC=$(sed -n 's/^TOOLCHAIN=//p' <<<"$imgs")
@@ -81,6 +81,8 @@ t1=$(date +%s.%N)
 
 append="console=ttyS0 quiet panic=-1 oops=panic syrup.suite=$SUITE"
 [ $BENCH = 1 ] && append+=" syrup.bench"
+# SYRUP_VM_BENCH_ONLY=pingpong|cs: only that part of the thread benchmarks.
+[ -n "${SYRUP_VM_BENCH_ONLY:-}" ] && append+=" syrup.bench_only=$SYRUP_VM_BENCH_ONLY"
 [ -n "$FILTER" ] && append+=" syrup.filter=$FILTER"
 # Single-threaded TCG (thread=single): with one host thread per vCPU (the default), the
 # guest kernel now and then died of an int3 Oops while patching its own text (static

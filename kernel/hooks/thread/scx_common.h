@@ -96,6 +96,7 @@ struct syr_scx_task {
 	__u64 key;           /* the policy's last answer */
 	__u32 core;          /* ditto: a core or SYR_PASS */
 	__u32 pad;
+	__u64 oncore_since;  /* when it last got a core (running()); charging leaves it */
 };
 
 /* What runs on each core now (the root's running/stopping), for preemption. */
@@ -104,6 +105,7 @@ struct syr_scx_cpu {
 	__u32 slot; /* its application slot, or SYR_SCX_NO_SLOT */
 	__u32 last_slot; /* the last application program run on this core (ejection blame) */
 	__u32 pad;
+	__u64 key;  /* the running thread's key (its policy's last answer), for preemption */
 };
 
 /* Per-core state of one dispatch round (root -> app -> root ...). */
@@ -143,11 +145,15 @@ struct syr_scx_exit_rec {
 	__u64 bt[SYR_SCX_EXIT_BT];
 };
 
+/* Task-local storage, not a hash by tid: every scheduling event of a thread reads or
+ * writes its entry (runnable, running, stopping, each policy decision), and a task's own
+ * storage is found from the task in one step, with no hashing and no bound on the number
+ * of threads; the kernel frees it with the task. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, __u32);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct syr_scx_task);
-	__uint(max_entries, 16384);
 } syr_scx_tasks SEC(".maps");
 
 struct {
@@ -184,6 +190,12 @@ static __always_inline __u32 syr_scx_slot_of(const struct task_struct *p)
 	__u32 *s = bpf_map_lookup_elem(&syr_scx_procs, &tgid);
 
 	return s ? *s : SYR_SCX_NO_SLOT;
+}
+
+/* p's entry in syr_scx_tasks, or 0 if it has none (created by the root's runnable()). */
+static __always_inline struct syr_scx_task *syr_scx_task_of(struct task_struct *p)
+{
+	return bpf_task_storage_get(&syr_scx_tasks, p, 0, 0);
 }
 
 static __always_inline struct syr_scx_cpu *syr_scx_cpu_state(__s32 cpu)

@@ -177,9 +177,9 @@ void BPF_PROG(syr_root_enqueue, struct task_struct *p, __u64 enq_flags)
  * that keeps its core when its slice ends is never stopped, yet must be charged. */
 static __always_inline void syr_charge(struct task_struct *p)
 {
-	__u32 tid = p->pid, slot;
-	struct syr_scx_task *t = bpf_map_lookup_elem(&syr_scx_tasks, &tid);
+	struct syr_scx_task *t = syr_scx_task_of(p);
 	struct syr_scx_app *a;
+	__u32 slot;
 	__u64 now = bpf_ktime_get_ns(), ran;
 
 	if (!t || !t->running_since || now < t->running_since)
@@ -269,16 +269,12 @@ void BPF_PROG(syr_root_dispatch, __s32 cpu, struct task_struct *prev)
 SEC("struct_ops/syr_root_runnable")
 void BPF_PROG(syr_root_runnable, struct task_struct *p, __u64 enq_flags)
 {
-	__u32 tid = p->pid;
-	struct syr_scx_task *t = bpf_map_lookup_elem(&syr_scx_tasks, &tid);
-	struct syr_scx_task fresh = { .core = SYR_PASS };
+	struct syr_scx_task *t = bpf_task_storage_get(&syr_scx_tasks, p, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 
-	if (!t) {
-		bpf_map_update_elem(&syr_scx_tasks, &tid, &fresh, BPF_NOEXIST);
-		t = bpf_map_lookup_elem(&syr_scx_tasks, &tid);
-		if (!t)
-			return;
-	}
+	if (!t)
+		return;
+	if (!t->runnable_ns)
+		t->core = SYR_PASS; /* a new entry (zeroed by the kernel) */
 	t->runnable_ns = bpf_ktime_get_ns();
 	t->run_ns = 0;
 }
@@ -286,15 +282,15 @@ void BPF_PROG(syr_root_runnable, struct task_struct *p, __u64 enq_flags)
 SEC("struct_ops/syr_root_running")
 void BPF_PROG(syr_root_running, struct task_struct *p)
 {
-	__u32 tid = p->pid;
-	struct syr_scx_task *t = bpf_map_lookup_elem(&syr_scx_tasks, &tid);
+	struct syr_scx_task *t = syr_scx_task_of(p);
 	struct syr_scx_cpu *c = syr_scx_cpu_state(bpf_get_smp_processor_id());
 
 	if (t)
-		t->running_since = bpf_ktime_get_ns();
+		t->running_since = t->oncore_since = bpf_ktime_get_ns();
 	if (c) {
-		c->tid = tid;
+		c->tid = p->pid;
 		c->slot = syr_scx_slot_of(p);
+		c->key = t ? t->key : 0;
 	}
 }
 
@@ -312,9 +308,7 @@ void BPF_PROG(syr_root_stopping, struct task_struct *p, _Bool runnable)
 SEC("struct_ops/syr_root_disable")
 void BPF_PROG(syr_root_disable, struct task_struct *p)
 {
-	__u32 tid = p->pid;
-
-	bpf_map_delete_elem(&syr_scx_tasks, &tid);
+	bpf_task_storage_delete(&syr_scx_tasks, p);
 }
 
 /* A scheduled process's thread that exits leaves its application's syrup_threads here,

@@ -50,7 +50,7 @@ static __always_inline __u32 syr_scx_decide(struct task_struct *p, __u32 reason,
 					    __u64 *key, __u64 *slice)
 {
 	__u32 tid = p->pid;
-	struct syr_scx_task *tt = bpf_map_lookup_elem(&syr_scx_tasks, &tid);
+	struct syr_scx_task *tt = syr_scx_task_of(p);
 	__u32 *exec = bpf_map_lookup_elem(&syrup_threads, &tid);
 	struct syr_thread t = {};
 	__u32 core;
@@ -68,6 +68,8 @@ static __always_inline __u32 syr_scx_decide(struct task_struct *p, __u32 reason,
 		t.run_ns = tt->run_ns;
 		if (running && tt->running_since && now > tt->running_since)
 			t.run_ns += now - tt->running_since;
+		if (running && tt->oncore_since && now > tt->oncore_since)
+			t.oncore_ns = now - tt->oncore_since;
 	}
 	t.key = t.runnable_ns;
 	t.slice_ns = SYR_SCX_SLICE_NS;
@@ -87,6 +89,13 @@ static __always_inline __u32 syr_scx_decide(struct task_struct *p, __u32 reason,
 		tt->key = t.key;
 		tt->core = core;
 	}
+	if (running) {
+		/* A running thread's key is also its core's, for preemption (running_key). */
+		struct syr_scx_cpu *c = syr_scx_cpu_state(t.prev_cpu);
+
+		if (c && c->tid == tid)
+			c->key = t.key;
+	}
 	*key = t.key;
 	*slice = t.slice_ns;
 	return core;
@@ -96,32 +105,43 @@ static __always_inline __u32 syr_scx_decide(struct task_struct *p, __u32 reason,
 static __always_inline __u64 syr_scx_running_key(__u32 cpu)
 {
 	struct syr_scx_cpu *c = syr_scx_cpu_state(cpu);
-	struct syr_scx_task *tt;
-	__u32 tid;
 
 	if (!c || !c->tid || c->slot != syr_scx_slot)
 		return 0;
-	tid = c->tid;
-	tt = bpf_map_lookup_elem(&syr_scx_tasks, &tid);
-	return tt ? tt->key : 0;
+	return c->key;
 }
 
 struct syr_victim {
 	const struct cpumask *mask;
-	__u64 key, worst;
+	__u64 worst;
 	__u32 n;
 	int cpu;
 };
 
-/* bpf_loop callback: the core running this app's thread with the worst key above ours. */
+/* Whether a thread of this application runs on `cpu`. */
+static __always_inline int syr_scx_ours_on(__u32 cpu)
+{
+	struct syr_scx_cpu *c = syr_scx_cpu_state(cpu);
+
+	return c && c->tid && c->slot == syr_scx_slot;
+}
+
+/* bpf_loop callback: of the cores p may use that run a thread of this application, the
+ * one whose thread had the worst key at its policy's last answer. That key is stale --
+ * a running thread's run time grows, its hints change -- so it only picks which core to
+ * ask again, not whether: the kick makes that core's dispatch ask the policy about its
+ * running thread and the queued ones with today's numbers, and the running thread keeps
+ * the core if its key is still the lowest (no context switch). */
 static long syr_find_victim(__u32 c, struct syr_victim *v)
 {
 	__u64 k;
 
 	if (c >= v->n)
 		return 1;
+	if (!syr_scx_ours_on(c) || !bpf_cpumask_test_cpu(c, v->mask))
+		return 0;
 	k = syr_scx_running_key(c);
-	if (k > v->key && k > v->worst && bpf_cpumask_test_cpu(c, v->mask)) {
+	if (v->cpu < 0 || k > v->worst) {
 		v->worst = k;
 		v->cpu = (int)c;
 	}
@@ -139,11 +159,12 @@ static long syr_kick_one(__u32 c, __u64 *mask)
 	return 0;
 }
 
-/* Runs `p` (key `key`) soon on `core`, where it was just queued: preempts the thread of
- * this application running there with a worse key, else wakes the core if idle. */
-static __always_inline void syr_scx_kick_for(__u32 core, __u64 key)
+/* Runs `p` soon on `core`, where it was just queued: if a thread of this application
+ * runs there, its dispatch asks the policy again about both (syr_find_victim says why the
+ * running thread's last key cannot decide it here), else the core is woken if idle. */
+static __always_inline void syr_scx_kick_for(__u32 core)
 {
-	if (syr_scx_running_key(core) > key)
+	if (syr_scx_ours_on(core))
 		scx_bpf_kick_cpu(core, SYR_SCX_KICK_PREEMPT);
 	else
 		scx_bpf_kick_cpu(core, SYR_SCX_KICK_IDLE);
@@ -172,6 +193,13 @@ static __always_inline int syr_scx_direct(struct task_struct *p, __u32 core, __u
 	if (scx_bpf_dsq_nr_queued(SYR_SCX_APP_DSQ(syr_scx_slot)) > 0 ||
 	    scx_bpf_dsq_nr_queued(SYR_SCX_DSQ_LOCAL_ON | (__u32)c) > 0)
 		return 0;
+	/* A sibling running there may be ahead of p by today's numbers (inside a critical
+	 * section, say), which only a dispatch round asks the policy: a thread in the local
+	 * DSQ runs before dispatch is called. Unless that sibling is the waker, here on this
+	 * core, handing it over (it is about to sleep: a pipe, a request passed on). */
+	if (syr_scx_ours_on((__u32)c) && !(c == (__s32)bpf_get_smp_processor_id() &&
+					   (__u32)(bpf_get_current_pid_tgid() >> 32) == (__u32)p->tgid))
+		return 0;
 	scx_bpf_dsq_insert(p, SYR_SCX_DSQ_LOCAL, slice, enq_flags);
 	/* No idle kick of the core we run on: it reschedules anyway, and a kick of one's own
 	 * core (its rq locked here) is deferred to an irq_work, a self-interrupt per wakeup. */
@@ -195,7 +223,7 @@ void BPF_PROG(syr_app_enqueue, struct task_struct *p, __u64 enq_flags)
 		return;
 	scx_bpf_dsq_insert_vtime(p, SYR_SCX_APP_DSQ(syr_scx_slot), slice, now, enq_flags);
 	if (core != SYR_PASS) {
-		syr_scx_kick_for(core, key);
+		syr_scx_kick_for(core);
 		return;
 	}
 	idle = scx_bpf_pick_idle_cpu(p->cpus_ptr, 0);
@@ -203,9 +231,8 @@ void BPF_PROG(syr_app_enqueue, struct task_struct *p, __u64 enq_flags)
 		scx_bpf_kick_cpu(idle, SYR_SCX_KICK_IDLE);
 		return;
 	}
-	/* No idle core: preempt the app's thread with the worst key above ours, if any. */
+	/* No idle core: have a core running a thread of this application decide again. */
 	v.mask = p->cpus_ptr;
-	v.key = key;
 	v.n = syr_scx_nr_cpus();
 	v.cpu = -1;
 	bpf_loop(SYR_SCX_MAX_CPUS, syr_find_victim, &v, 0);
@@ -227,13 +254,12 @@ __s32 BPF_PROG(syr_app_select, struct task_struct *p, __s32 prev_cpu, __u64 wake
 	_Bool idle = 0;
 	__s32 cpu;
 
-	__u32 tid = p->pid;
 	struct syr_scx_task *tt;
 
 	if (!syr_scx_direct_on || scx_bpf_dsq_peek(SYR_SCX_APP_DSQ(syr_scx_slot)))
 		return prev_cpu;
 	/* The policy sees this wakeup's times (runnable() sets the same moments later). */
-	tt = bpf_map_lookup_elem(&syr_scx_tasks, &tid);
+	tt = syr_scx_task_of(p);
 	if (tt) {
 		tt->runnable_ns = now;
 		tt->run_ns = 0;

@@ -79,6 +79,8 @@ struct syr_thread {
 	__u64 slice_ns;    /* in/out: time slice; preset to the backend's default. sched_ext: the
 			    * dispatch slice; agent: the thread's EEVDF slice (a shorter slice
 			    * than the running thread's lets a waking thread preempt it) */
+	__u64 oncore_ns;   /* how long it has run since it last got a core; 0 if it is not
+			    * running (a bound for how long a policy keeps a thread on its core) */
 };
 
 /* The matching function. Use as: SYR_POLICY(struct syr_input *in) { ... } at the

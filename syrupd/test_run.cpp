@@ -29,9 +29,9 @@ namespace {
 // Mirrors struct syr_thread of <syrup/policy.h> (as hooks/thread/thread_agent.cpp does).
 struct SyrThread {
   uint32_t tid, tgid, executor, prev_cpu, nr_cpus, reason;
-  uint64_t now_ns, runnable_ns, run_ns, key, slice_ns;
+  uint64_t now_ns, runnable_ns, run_ns, key, slice_ns, oncore_ns;
 };
-static_assert(sizeof(SyrThread) == 64, "policy ABI layout changed");
+static_assert(sizeof(SyrThread) == 72, "policy ABI layout changed");
 
 // Mirrors kernel/hooks/socket_lookup/test/wrapper.bpf.h and test_run.bpf.h.
 struct TestLookup {
@@ -125,13 +125,13 @@ std::string parse_packet(const json& in, size_t i, TestRunJob::Input& out) {
 
 std::string parse_thread(const json& in, size_t i, uint32_t executors, TestRunJob::Input& out) {
   std::string at = "inputs[" + std::to_string(i) + "].";
-  SyrThread t{1, 1, kNoExecutor, 0, executors, 1, 0, 0, 0, 0, kDefaultSliceNs};
+  SyrThread t{1, 1, kNoExecutor, 0, executors, 1, 0, 0, 0, 0, kDefaultSliceNs, 0};
   struct F32 { const char* n; uint32_t* p; } f32[] = {{"tid", &t.tid}, {"tgid", &t.tgid}, {"executor", &t.executor},
       {"prev_cpu", &t.prev_cpu}, {"nr_cpus", &t.nr_cpus}, {"reason", &t.reason}};
   struct F64 { const char* n; uint64_t* p; } f64[] = {{"now_ns", &t.now_ns}, {"runnable_ns", &t.runnable_ns},
-      {"run_ns", &t.run_ns}, {"key", &t.key}, {"slice_ns", &t.slice_ns}};
+      {"run_ns", &t.run_ns}, {"key", &t.key}, {"slice_ns", &t.slice_ns}, {"oncore_ns", &t.oncore_ns}};
   if (std::string why = known_fields(in, {"tid", "tgid", "executor", "prev_cpu", "nr_cpus", "reason", "now_ns",
-                                          "runnable_ns", "run_ns", "key", "slice_ns"}, i);
+                                          "runnable_ns", "run_ns", "key", "slice_ns", "oncore_ns"}, i);
       !why.empty())
     return why;
   uint64_t v;

@@ -74,7 +74,10 @@ struct syr_rec_event {
 			__u32 remote_ip[4];
 		} packet;
 		struct {
-			struct syr_thread in;
+			/* struct syr_rec_thread of recording.h: the fields of struct syr_thread
+			 * that version 1 of the format records (oncore_ns came later). */
+			__u32 tid, tgid, executor, prev_cpu, nr_cpus, reason;
+			__u64 now_ns, runnable_ns, run_ns, key, slice_ns;
 			__u64 key_out;
 			__u64 slice_out;
 		} thread;
@@ -188,7 +191,17 @@ static __noinline void syr_rec_thread(struct syr_rec_ctl *c, const struct syr_th
 
 	if (!e)
 		return;
-	e->thread.in = *before;
+	e->thread.tid = before->tid;
+	e->thread.tgid = before->tgid;
+	e->thread.executor = before->executor;
+	e->thread.prev_cpu = before->prev_cpu;
+	e->thread.nr_cpus = before->nr_cpus;
+	e->thread.reason = before->reason;
+	e->thread.now_ns = before->now_ns;
+	e->thread.runnable_ns = before->runnable_ns;
+	e->thread.run_ns = before->run_ns;
+	e->thread.key = before->key;
+	e->thread.slice_ns = before->slice_ns;
 	e->thread.key_out = after->key;
 	e->thread.slice_out = after->slice_ns;
 	syr_rec_submit(e);

@@ -13,12 +13,16 @@
 
 SYR_PARAM(__u64, max_extension_ns, 2000000); /* 2 ms past the slice */
 SYR_PARAM(__u64, use_hint, 1);
+SYR_PARAM(__u64, extension_slice_ns, 500000); /* granted at a time inside a section */
 
 SYR_POLICY(struct syr_thread *t)
 {
-	if (use_hint && syr_thread_in_cs(t) && t->oncore_ns < t->slice_ns + max_extension_ns)
+	if (use_hint && syr_thread_in_cs(t) && t->oncore_ns < t->slice_ns + max_extension_ns) {
 		t->key = 0;             /* ahead of every sibling: keep running */
-	else
+		/* A short slice, so the policy is asked again soon after the section ends
+		 * (a whole slice more would outlast it and end the next one). */
+		t->slice_ns = extension_slice_ns;
+	} else
 		t->key = 1 + t->run_ns; /* least run since it woke up goes first */
 	return SYR_PASS;
 }

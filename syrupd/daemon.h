@@ -319,6 +319,10 @@ class Daemon {
   Response thread_tid(const Caller& caller, const nlohmann::json& req);
   // record: starts recording a policy the caller may see, answered with the pipe the
   // recording comes out of; record_stop ends it (recorder.h).
+  // The policy a request's `id` names, if `caller` may see it; else nullptr and, in
+  // `refusal`, EINVAL for an id that is not 1..INT32_MAX, or ENOENT in the words of a
+  // missing policy whether it does not exist or belongs to someone else.
+  Policy* visible_policy(const Caller& caller, const nlohmann::json& id, Response& refusal);
   Response record(const Caller& caller, const nlohmann::json& req);
   Response record_stop(const Caller& caller, const nlohmann::json& req);
   // test_run.cpp: a policy run over given inputs, never attached.

@@ -120,13 +120,10 @@ Daemon::Response Daemon::thread_tid(const Caller& caller, const json& req) {
 Daemon::Response Daemon::remove(const Caller& caller, const json& req) {
   if (!req.contains("id") || !req["id"].is_number_integer())
     return {proto::error_response(EINVAL, "remove needs a policy id")};
-  int64_t v;
-  if (std::string why = names::integer("id", req["id"], 1, INT32_MAX, v); !why.empty())
-    return {proto::error_response(EINVAL, why)};
-  int id = static_cast<int>(v);
-  auto it = policies_.find(id);
-  if (it == policies_.end() || !visible(caller, *it->second))
-    return {proto::error_response(ENOENT, no_policy(caller, id))};
+  Response refusal;
+  Policy* p = visible_policy(caller, req["id"], refusal);
+  if (!p) return refusal;
+  int id = p->id;
   remove_policy(id, true, ("removed by pid " + std::to_string(caller.pid)).c_str());
   return {ok({{"id", id}})};
 }
@@ -176,14 +173,10 @@ Daemon::Response Daemon::list(const Caller& caller, const json& req) {
 Daemon::Response Daemon::stats(const Caller& caller, const json& req) {
   json arr = json::array(), next;
   if (req.contains("id") && !req["id"].is_null()) {
-    int64_t v;
-    if (std::string why = names::integer("id", req["id"], 1, INT32_MAX, v); !why.empty())
-      return {proto::error_response(EINVAL, why)};
-    int id = static_cast<int>(v);
-    auto it = policies_.find(id);
-    if (it == policies_.end() || !visible(caller, *it->second))
-      return {proto::error_response(ENOENT, no_policy(caller, id))};
-    arr.push_back(policy_stats(*it->second));
+    Response refusal;
+    Policy* p = visible_policy(caller, req["id"], refusal);
+    if (!p) return refusal;
+    arr.push_back(policy_stats(*p));
   } else if (auto err = page(caller, req, arr, next, &Daemon::policy_stats)) {
     return std::move(*err);
   }
@@ -309,24 +302,28 @@ Daemon::Response Daemon::map_dump(const Caller& caller, const json& req) {
 
 namespace syrup {
 
-// The policy a record request names, if `caller` may see it; else the answer, in the
-// words of a missing one whether it does not exist or belongs to someone else.
-static std::optional<int> recorded_id(const nlohmann::json& req, std::string& why) {
+Policy* Daemon::visible_policy(const Caller& caller, const json& id, Response& refusal) {
   int64_t v;
-  why = names::integer("id", req.contains("id") ? req["id"] : nlohmann::json(), 1, INT32_MAX, v);
-  return why.empty() ? std::optional<int>(static_cast<int>(v)) : std::nullopt;
+  if (std::string why = names::integer("id", id, 1, INT32_MAX, v); !why.empty()) {
+    refusal = {proto::error_response(EINVAL, why)};
+    return nullptr;
+  }
+  auto it = policies_.find(static_cast<int>(v));
+  if (it == policies_.end() || !visible(caller, *it->second)) {
+    refusal = {proto::error_response(ENOENT, no_policy(caller, static_cast<int>(v)))};
+    return nullptr;
+  }
+  return it->second.get();
 }
 
 Daemon::Response Daemon::record(const Caller& caller, const json& req) {
+  Response refusal;
+  const Policy* found = visible_policy(caller, req.contains("id") ? req["id"] : json(), refusal);
+  if (!found) return refusal;
   std::string err;
-  auto id = recorded_id(req, err);
-  if (!id) return {proto::error_response(EINVAL, err)};
-  auto it = policies_.find(*id);
-  if (it == policies_.end() || !visible(caller, *it->second))
-    return {proto::error_response(ENOENT, no_policy(caller, *id))};
   RecordRequest rr;
   if (int r = parse_record_request(req, recorder_.limits(), rr, err)) return {proto::error_response(-r, err)};
-  const Policy& p = *it->second;
+  const Policy& p = *found;
   const HookSpec* spec = find_hook(p.hook);
   RecordSource src{p.id, spec ? spec->abi_id : 0, p.target->num_executors(), p.name, p.app,
                    p.loaded->map_fd(kRecCtlMap), p.loaded->map_fd(kRecRingMap)};
@@ -339,15 +336,12 @@ Daemon::Response Daemon::record(const Caller& caller, const json& req) {
 }
 
 Daemon::Response Daemon::record_stop(const Caller& caller, const json& req) {
-  std::string err;
-  auto id = recorded_id(req, err);
-  if (!id) return {proto::error_response(EINVAL, err)};
-  auto it = policies_.find(*id);
-  if (it == policies_.end() || !visible(caller, *it->second))
-    return {proto::error_response(ENOENT, no_policy(caller, *id))};
-  if (!recorder_.stop(*id, SYR_REC_END_STOPPED))
-    return {proto::error_response(ENOENT, "policy " + std::to_string(*id) + " is not being recorded")};
-  return {ok({{"id", *id}})};
+  Response refusal;
+  const Policy* p = visible_policy(caller, req.contains("id") ? req["id"] : json(), refusal);
+  if (!p) return refusal;
+  if (!recorder_.stop(p->id, SYR_REC_END_STOPPED))
+    return {proto::error_response(ENOENT, "policy " + std::to_string(p->id) + " is not being recorded")};
+  return {ok({{"id", p->id}})};
 }
 
 }  // namespace syrup

@@ -191,8 +191,8 @@ int Recorder::start(const RecordSource& src, const RecordRequest& req, UniqueFd&
     return -EBUSY;
   }
   if (src.ctl_fd < 0 || src.ring_fd < 0) {
-    err = "policy " + pid + " cannot be recorded: its program has no recording maps (the thread hook's "
-          "sched_ext backend does not record; a policy adopted from an older syrupd must be deployed again)";
+    err = "policy " + pid + " cannot be recorded: its program has no recording maps (a policy adopted "
+          "from an older syrupd must be deployed again)";
     return -EOPNOTSUPP;
   }
   auto r = std::make_unique<Recording>();

@@ -27,6 +27,7 @@
 
 #include "log.h"
 #include "pins.h"
+#include "recorder.h"
 #include "syrup/abi.h"
 #include "thread_util.h"
 #include "unique_fd.h"
@@ -988,7 +989,8 @@ void ThreadScxHook::release_leftover(std::string_view app, const std::string& po
 
 std::vector<std::string> ThreadScxHook::system_maps() const {
   return {SYR_STATS_MAP,   "syr_scx_pick",  "syr_scx_tasks", "syr_scx_cpus", "syr_scx_round",
-          "syr_scx_procs", "syr_scx_disp",  "syr_app_ops",   "syr_app_ops2"};
+          "syr_scx_procs", "syr_scx_disp",  "syr_app_ops",   "syr_app_ops2",
+          kRecCtlMap,      kRecRingMap,     "syr_scx_rec_in"};
 }
 
 Allowlist scx_allowlist() {

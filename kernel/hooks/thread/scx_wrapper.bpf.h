@@ -26,12 +26,14 @@
  *
  * syrupd sets syr_scx_slot (its slot), syr_scx_starve_ns, and reuses the root's
  * syr_scx_* maps before load. syr_stats counts every policy answer, re-decisions at
- * dispatch included.
+ * dispatch included; while a recording runs (recording.bpf.h) every answer is recorded
+ * too, with the thread as the policy was handed it.
  */
 #ifndef SYRUP_HOOK_THREAD_SCX_H
 #define SYRUP_HOOK_THREAD_SCX_H
 
 #include "hook_stats.bpf.h"
+#include "recording.bpf.h"
 #include "thread/scx_common.h"
 
 const volatile __u32 syr_scx_slot = 0;
@@ -45,6 +47,45 @@ static __always_inline __u32 syr_scx_nr_cpus(void)
 	return n > SYR_SCX_MAX_CPUS ? SYR_SCX_MAX_CPUS : n;
 }
 
+/* Recording: the thread as the policy is handed it, kept per core in a map while a
+ * recording runs (not on the stack: dispatch's stack is the scarce one, and a decision
+ * pays nothing for it while no recording runs), for syr_scx_rec_decided. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct syr_thread);
+	__uint(max_entries, 1);
+} syr_scx_rec_in SEC(".maps");
+
+/* A copy of `t` if a recording runs, else NULL: the one lookup and branch a decision
+ * pays for recordings while none runs. */
+static __always_inline struct syr_thread *syr_scx_rec_before(const struct syr_thread *t)
+{
+	struct syr_thread *in;
+
+	if (!syr_rec_active())
+		return (void *)0;
+	in = bpf_map_lookup_elem(&syr_scx_rec_in, (const void *)&syr_rec_key);
+	if (in)
+		*in = *t;
+	return in;
+}
+
+/* Records the policy's answer `asked` for `before`, as it left the thread (`after`), and
+ * what the wrapper made of it (`core`: SYR_PASS for a fallback), counted as syr_stats
+ * counts it. */
+static __always_inline void syr_scx_rec_decided(const struct syr_thread *before, const struct syr_thread *after,
+						 __u32 asked, __u32 core)
+{
+	struct syr_rec_ctl *rc = syr_rec_active();
+	__u32 slot = asked == SYR_PASS ? SYR_STAT_PASS
+		     : core == SYR_PASS ? SYR_STAT_FALLBACK
+					: SYR_STAT_EXECUTOR_BASE + core;
+
+	if (rc)
+		syr_rec_thread(rc, before, after, asked, slot);
+}
+
 /* The policy's answer for p now: a core < nr_cpus or SYR_PASS; key and slice out. */
 static __always_inline __u32 syr_scx_decide(struct task_struct *p, __u32 reason, __u64 now, _Bool running,
 					    __u64 *key, __u64 *slice)
@@ -52,8 +93,8 @@ static __always_inline __u32 syr_scx_decide(struct task_struct *p, __u32 reason,
 	__u32 tid = p->pid;
 	struct syr_scx_task *tt = syr_scx_task_of(p);
 	__u32 *exec = bpf_map_lookup_elem(&syrup_threads, &tid);
-	struct syr_thread t = {};
-	__u32 core;
+	struct syr_thread t = {}, *rec_before;
+	__u32 core, asked;
 
 	t.tid = tid;
 	t.tgid = p->tgid;
@@ -73,7 +114,8 @@ static __always_inline __u32 syr_scx_decide(struct task_struct *p, __u32 reason,
 	}
 	t.key = t.runnable_ns;
 	t.slice_ns = SYR_SCX_SLICE_NS;
-	core = syr_schedule(SYR_POLICY_ARG(&t));
+	rec_before = syr_scx_rec_before(&t);
+	core = asked = syr_schedule(SYR_POLICY_ARG(&t));
 	if (core == SYR_PASS) {
 		syr_count(SYR_STAT_PASS);
 	} else if (core >= t.nr_cpus || !bpf_cpumask_test_cpu(core, p->cpus_ptr)) {
@@ -83,6 +125,8 @@ static __always_inline __u32 syr_scx_decide(struct task_struct *p, __u32 reason,
 	} else {
 		syr_count(SYR_STAT_EXECUTOR_BASE + core);
 	}
+	if (rec_before)
+		syr_scx_rec_decided(rec_before, &t, asked, core);
 	if (t.slice_ns == 0 || t.slice_ns > SYR_SCX_MAX_SLICE_NS)
 		t.slice_ns = SYR_SCX_SLICE_NS;
 	if (tt) {

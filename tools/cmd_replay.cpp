@@ -149,11 +149,12 @@ int cmd_replay(const std::vector<std::string>& args, const Env& env) {
   if (int r = env.call(req, out, 50)) return r;
   const json& res = out["results"];
   size_t moved = 0;
-  json first = json::array();
+  json first = json::array(), decisions = json::array();
   std::map<std::string, uint64_t> share;
   for (size_t i = 0; i < res.size(); i++) {
     uint32_t now = res[i]["decision"].get<uint32_t>();
     share[decision_str(now)]++;
+    decisions.push_back(now);
     if (now == rec.decisions[i]) continue;
     if (moved++ < 10)
       first.push_back({{"input", i}, {"ts_ns", rec.ts[i]}, {"recorded", decision_str(rec.decisions[i])},
@@ -163,7 +164,7 @@ int cmd_replay(const std::vector<std::string>& args, const Env& env) {
   json report = {{"policy", args[0]},  {"recording", args[1]}, {"hook", req["hook"]}, {"inputs", res.size()},
                  {"not_replayed", rec.skipped}, {"moved", moved}, {"first_moved", first}, {"share", share},
                  {"maps", out["maps"]}, {"inputs_per_s", secs > 0 ? double(res.size()) / secs : 0.0},
-                 {"seed", FLAGS_seed}, {"complete_recording", rec.trailer}};
+                 {"seed", FLAGS_seed}, {"complete_recording", rec.trailer}, {"decisions", decisions}};
   if (FLAGS_json) {
     std::cout << report.dump(2) << "\n";
     return 0;

@@ -103,17 +103,18 @@ def record_run(args, daemon, rec_path):
 
 
 def recorded_inputs(path):
-    """[(type, recorded decision)] of the recording's inputs, in order."""
+    """The header, [(type, recorded decision)] of the inputs in order, and the trailer."""
     records = read_recording.read(path)
     header = next(records)
-    out = []
+    out, trailer = [], {}
     for kind, r in records:
         if kind != "input":
+            trailer = r
             continue
         p = r["payload"]
         t = struct.unpack_from("<I", p, 8)[0] if len(p) >= 12 else 0
         out.append((t, r["decision"]))
-    return header, out
+    return header, out, trailer
 
 
 def per_executor(types, decisions, n):
@@ -169,12 +170,18 @@ def main():
     rec_path = args.recording or os.path.join(tmp, "kv.rec")
     try:
         record_run(args, daemon, rec_path)
-        header, inputs = recorded_inputs(rec_path)
+        header, inputs, trailer = recorded_inputs(rec_path)
+        lost = trailer.get("full", 0) + trailer.get("quota", 0)
+        if lost:
+            # A stateful policy (round robin's counter) counted the lost inputs live: its
+            # replay then moves decisions that did not change.
+            print(f"warning: {lost} inputs were not recorded (the machine too busy to drain the ring)")
         types = [t for t, _ in inputs]
         n = header["executors"]
         results = {"recorded: round_robin.c, live": per_executor(types, [d for _, d in inputs], n)}
         summary = {"recording": {"inputs": len(inputs), "executors": n, "policy": header["policy"],
-                                 "gets": types.count(KV_GET), "scans": types.count(KV_SCAN)},
+                                 "gets": types.count(KV_GET), "scans": types.count(KV_SCAN),
+                                 "not_recorded": lost},
                    "replays": {}}
         for pol in ("round_robin.c", "sita.c"):
             rep = json.loads(ctl(args, "replay", os.path.join(ROOT, "policies", pol), rec_path, "--json"))

@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-TMO=${SYRUP_VM_TIMEOUT:-300}
+TMO=${SYRUP_VM_TIMEOUT:-360}
 skip() { echo "SKIP: $*"; exit 77; }
 # One VM at a time per build tree (two ctest runs at once would each get half the
 # emulated cores), each run in its own directory; the last run's console is also at

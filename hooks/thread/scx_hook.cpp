@@ -1051,7 +1051,7 @@ void ThreadScxHook::release_leftover(std::string_view app, const std::string& po
 
 std::vector<std::string> ThreadScxHook::system_maps() const {
   return {SYR_STATS_MAP,   "syr_scx_pick",  "syr_scx_tasks", "syr_scx_cpus", "syr_scx_round",
-          "syr_scx_procs", "syr_scx_disp",  "syr_app_ops",   "syr_app_ops2"};
+          "syr_scx_procs", "syr_scx_disp",  "syr_app_ops",   "syr_app_ops2", "syr_scx_cgroups"};
 }
 
 Allowlist scx_allowlist() {

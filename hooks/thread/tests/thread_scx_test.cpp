@@ -900,8 +900,11 @@ TEST_F(SchedExt, APolicyByCgroupSchedulesItsUsersProcessesThoseThatJoinLaterIncl
   s->more = 1;
   procs.push_back(spinner(s, 0, 1));
   ASSERT_TRUE(cg.join("ctr", procs[1]));
-  ASSERT_GE(wait_for([&] { return s->ntids >= 4; }, 5000), 0);
-  int ms = wait_for([&] { return on_core(spinners(s)); }, 5000);
+  // The first process's main thread competes on the core with its spinning thread, whose
+  // key (its wakeup time) is older: it gets the core from the starvation guard (1 s), so
+  // its new thread and child take seconds under the emulator.
+  ASSERT_GE(wait_for([&] { return s->ntids >= 4; }, 30000), 0);
+  int ms = wait_for([&] { return on_core(spinners(s)); }, 10000);
   std::printf("  4 threads of 3 processes (one forked, one moved in) on core %d after %d ms\n", core, ms);
   EXPECT_GE(ms, 0);
   // Alice's process, moved in by root: not the owner's uid, left in the fair class.

@@ -37,6 +37,7 @@ constexpr int kStopTimeoutMs = 1000;
 // The agent keeps the heartbeat pipe's read end open as this fd (never reading it), so the
 // pipe outlives syrupd and a restarted syrupd takes the read end with pidfd_getfd.
 constexpr int kAgentHbReadFd = 5;
+constexpr int kAgentCgroupFd = 6;  // by cgroup: the cgroup's directory (O_PATH)
 
 std::string agent_path() {
   if (const char* e = std::getenv("SYRUP_AGENT"); e && *e) return e;
@@ -50,10 +51,9 @@ std::string agent_path() {
   return "syrup-agent";  // PATH
 }
 
-// Every registered thread of `tgid` back to `b`. Returns how many were restored.
-int restore_registered(pid_t tgid, int threads_fd, const Baseline& b) {
+// Every registered thread among `tids` back to `b`. Returns how many were restored.
+int restore_registered(const std::vector<pid_t>& tids, int threads_fd, const Baseline& b) {
   int n = 0;
-  std::vector<pid_t> tids = list_tids(tgid);
   for (pid_t tid : tids) {
     uint32_t k = static_cast<uint32_t>(tid), v;
     if (threads_fd >= 0 && bpf_map_lookup_elem(threads_fd, &k, &v) != 0) continue;
@@ -66,12 +66,14 @@ class AgentTarget : public Target {
  public:
   // agent_cpus: where the agent this target starts runs (syrupd --agent_cpus; empty:
   // where syrupd may).
-  AgentTarget(pid_t tgid, bool all, Baseline b, std::shared_ptr<AgentNews> news, std::vector<int> agent_cpus)
+  AgentTarget(pid_t tgid, bool all, Baseline b, std::shared_ptr<AgentNews> news, std::vector<int> agent_cpus,
+              CgroupScope cg = {})
       : tgid_(tgid),
         all_(all),
         baseline_(std::move(b)),
         news_(std::move(news)),
-        agent_cpus_(std::move(agent_cpus)) {
+        agent_cpus_(std::move(agent_cpus)),
+        cg_(std::move(cg)) {
     long n = sysconf(_SC_NPROCESSORS_CONF);
     ncpu_ = n > 0 ? static_cast<uint32_t>(n) : 1;
   }
@@ -85,7 +87,9 @@ class AgentTarget : public Target {
     stop(/*restore=*/!handed_over_);
   }
 
-  std::string key() const override { return "thread:" + std::to_string(tgid_); }
+  std::string key() const override {
+    return cg_.id ? "thread:cgroup:" + std::to_string(cg_.id) : "thread:" + std::to_string(tgid_);
+  }
   uint32_t num_executors() const override { return ncpu_; }
 
   int install(LoadedPolicy& p, const Target* old, std::string& err) override {
@@ -96,7 +100,7 @@ class AgentTarget : public Target {
     }
     if (all_) {
       uint32_t i = 0;
-      for (pid_t tid : list_tids(tgid_)) {
+      for (pid_t tid : scheduled_tids()) {
         uint32_t k = static_cast<uint32_t>(tid), v = i++;
         bpf_map_update_elem(threads_fd_.get(), &k, &v, BPF_NOEXIST);
       }
@@ -108,7 +112,7 @@ class AgentTarget : public Target {
     if (prev) baseline_ = prev->baseline_;
     if (prev) prev->hand_over();  // the old agent leaves the threads as they are
     if (int r = start_agent(p, err)) {
-      if (prev) restore_registered(tgid_, threads_fd_.get(), baseline_);
+      if (prev) restore_registered(scheduled_tids(), threads_fd_.get(), baseline_);
       return r;
     }
     return 0;
@@ -122,6 +126,7 @@ class AgentTarget : public Target {
                         {"all_threads", all_}, {"status", status_}, {"adopted", adopted_},
                         {"baseline", {{"nice", baseline_.nice}, {"cpus", cpus_to_string(baseline_.cpus)}}}};
     if (!agent_cpus_.empty()) d["agent_cpus"] = cpus_to_string(agent_cpus_);
+    if (cg_.id) d["cgroup"] = cg_.path, d["uid"] = cg_.uid;
     return d;
   }
 
@@ -130,9 +135,12 @@ class AgentTarget : public Target {
   // the baseline to restore the threads to should the agent be gone by then.
   nlohmann::json save() const override {
     std::lock_guard lk(mu_);
-    return {{"backend", "agent"}, {"pid", tgid_}, {"pid_start", tgid_start_}, {"all_threads", all_},
-            {"agent_pid", agent_pid_}, {"agent_start", agent_start_}, {"agent_cpus", cpus_to_string(agent_cpus_)},
-            {"status", status_}, {"baseline", baseline_to_json(baseline_)}};
+    nlohmann::json j = {{"backend", "agent"}, {"pid", tgid_}, {"pid_start", tgid_start_}, {"all_threads", all_},
+                        {"agent_pid", agent_pid_}, {"agent_start", agent_start_},
+                        {"agent_cpus", cpus_to_string(agent_cpus_)}, {"status", status_},
+                        {"baseline", baseline_to_json(baseline_)}};
+    cg_.save(j);
+    return j;
   }
 
   // Takes over the agent a previous syrupd started (see save()). If it is gone, the
@@ -156,8 +164,10 @@ class AgentTarget : public Target {
     std::vector<int> agent_cpus;
     if (std::string ac = saved.value("agent_cpus", std::string()); !ac.empty() && cpus_from_string(ac, agent_cpus))
       agent_cpus.clear();
+    CgroupScope cg;
+    if (int r = cg.adopt(saved, err)) return r;
     auto t = std::make_unique<AgentTarget>(tgid, saved.value("all_threads", false), std::move(b), std::move(news),
-                                           std::move(agent_cpus));
+                                           std::move(agent_cpus), std::move(cg));
     t->tgid_start_ = tstart;
     t->adopted_ = true;
     t->threads_fd_.reset(dup(p.map_fd("syrup_threads")));
@@ -182,6 +192,12 @@ class AgentTarget : public Target {
   }
 
  private:
+  // The threads this target schedules if registered: its process's, or by cgroup those
+  // of the owner's uid in the cgroup.
+  std::vector<pid_t> scheduled_tids() const {
+    return cg_.id ? cg_.threads() : list_tids(tgid_);
+  }
+
   // Adopts agent `apid` (started at `astart`) with its pidfd and heartbeat pipe, and
   // resumes the watchdog. False if it is gone or the pid is another process now.
   bool take_over(pid_t apid, uint64_t astart) {
@@ -208,12 +224,12 @@ class AgentTarget : public Target {
   // in gone() and `list`, and the hook's news posted so that syrupd removes the policy.
   void fail(const std::string& why, const char* when = "") {
     uint64_t t0 = now_ms();
-    bool process_gone = kill(tgid_, 0) < 0 && errno == ESRCH;
-    int n = process_gone ? 0 : restore_registered(tgid_, threads_fd_.get(), baseline_);
+    bool process_gone = !cg_.id && kill(tgid_, 0) < 0 && errno == ESRCH;
+    int n = process_gone ? 0 : restore_registered(scheduled_tids(), threads_fd_.get(), baseline_);
     {
       std::lock_guard lk(mu_);
       agent_pid_ = 0;
-      failed_ = why + (process_gone ? std::string("; the process is gone")
+      failed_ = cg_removed_ ? why : why + (process_gone ? std::string("; the process is gone")
                                     : "; " + std::to_string(n) + " threads restored to normal scheduling" +
                                           (*when ? std::string(when) : " in " + std::to_string(now_ms() - t0) + " ms"));
       status_ = "failed: " + failed_;
@@ -232,6 +248,10 @@ class AgentTarget : public Target {
                                      "--nice", std::to_string(baseline_.nice),
                                      "--cpus", cpus_to_string(baseline_.cpus)};
     if (all_) args.push_back("--all");
+    if (cg_.id) {
+      args.insert(args.end(), {"--cgroup-fd", std::to_string(kAgentCgroupFd), "--cgroup-id", std::to_string(cg_.id),
+                               "--uid", std::to_string(cg_.uid)});
+    }
     if (!agent_cpus_.empty()) {
       args.push_back("--agent-cpus");
       args.push_back(cpus_to_string(agent_cpus_));
@@ -250,6 +270,7 @@ class AgentTarget : public Target {
     posix_spawn_file_actions_adddup2(&fa, hb_wr, 3);
     posix_spawn_file_actions_adddup2(&fa, ready_wr, 4);
     posix_spawn_file_actions_adddup2(&fa, hb_rd_.get(), kAgentHbReadFd);
+    if (cg_.dir) posix_spawn_file_actions_adddup2(&fa, cg_.dir.get(), kAgentCgroupFd);
     posix_spawnattr_t sa;
     posix_spawnattr_init(&sa);
     sigset_t none;
@@ -299,8 +320,12 @@ class AgentTarget : public Target {
     }
     stop_efd_.reset(eventfd(0, EFD_CLOEXEC));
     watchdog_ = signal_free_thread([this] { watch(); });
-    log(LogLevel::kInfo, "thread agent %d schedules process %d (%s)", pid, tgid_,
-        all_ ? "all its threads" : "its registered threads");
+    if (cg_.id)
+      log(LogLevel::kInfo, "thread agent %d schedules the threads of uid %u's processes in cgroup %s (owner %d)", pid,
+          cg_.uid, cg_.path.c_str(), tgid_);
+    else
+      log(LogLevel::kInfo, "thread agent %d schedules process %d (%s)", pid, tgid_,
+          all_ ? "all its threads" : "its registered threads");
     return 0;
   }
 
@@ -314,6 +339,13 @@ class AgentTarget : public Target {
       poll(pf, 3, 100);
       if (pf[0].revents) return;
       if (pf[1].revents) return fail(who + exit_reason());
+      // By cgroup: the policy ends with the cgroup (empty by then: nothing to restore).
+      if (std::string why = cg_.removed(); !why.empty()) {
+        signal_agent(SIGTERM);
+        wait_exit(agent_pid_);
+        cg_removed_ = true;
+        return fail(why);
+      }
       if (pf[2].revents) {
         char buf[64];
         while (read(hb_rd_.get(), buf, sizeof buf) > 0) {
@@ -380,7 +412,7 @@ class AgentTarget : public Target {
       wait_exit(pid);
       agent_pid_ = 0;
     }
-    if (restore && threads_fd_) restore_registered(tgid_, threads_fd_.get(), baseline_);
+    if (restore && threads_fd_) restore_registered(scheduled_tids(), threads_fd_.get(), baseline_);
   }
 
   pid_t tgid_;
@@ -398,6 +430,8 @@ class AgentTarget : public Target {
   std::vector<int> agent_cpus_;  // --agent-cpus for the agent this target starts
   std::string status_ = "new";
   std::string failed_;  // gone(): why the agent stopped scheduling (set once)
+  CgroupScope cg_;       // deployed by cgroup (cg_.id != 0)
+  bool cg_removed_ = false;
 };
 
 }  // namespace
@@ -425,7 +459,7 @@ bool ThreadAgentHook::refresh() {
 }
 
 int ThreadAgentHook::make_process_target(ProcessThreads rq, std::unique_ptr<Target>& out, std::string&) {
-  out = std::make_unique<AgentTarget>(rq.pid, rq.all, std::move(rq.base), news_, agent_cpus_);
+  out = std::make_unique<AgentTarget>(rq.pid, rq.all, std::move(rq.base), news_, agent_cpus_, std::move(rq.cg));
   return 0;
 }
 

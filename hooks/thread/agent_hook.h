@@ -19,6 +19,11 @@
 // is then removed with the reason). While no syrupd runs, nobody watches the agent: if
 // it dies then, its threads stay as it left them until syrupd is back. --on_exit=remove
 // stops every agent (threads restored).
+// By cgroup (thread_hook.h): one agent for the cgroup, given the cgroup's directory (fd
+// 6, opened by syrupd beneath the v2 root: the agent never resolves the tenant's path), its
+// id and the owner's uid; the agent outlives any one of its processes. The watchdog also
+// ends the policy when the cgroup is removed ("cgroup P was removed"); the baseline threads
+// go back to is the owner's.
 // Invariants: at most one agent per process; after uninstall() or an agent failure no
 // registered thread is left SCHED_IDLE or pinned by Syrup; a target that failed says so
 // in gone() from the moment the event fd is written, and stays failed.

@@ -65,6 +65,9 @@ struct ExitRec {
 struct Conf {
   uint64_t active, min_vtime;
 };
+struct CgSlot {  // struct syr_scx_cg
+  uint32_t slot, uid;
+};
 
 // The root's struct_ops image as libbpf holds it before load (thread/scx_root.bpf.c's
 // struct sched_ext_ops: nine callbacks, flags, timeout_ms, name).
@@ -75,13 +78,15 @@ struct RootOps {
   char name[128];
 };
 
-const char* kSharedMaps[] = {"syr_scx_tasks", "syr_scx_cpus", "syr_scx_round", "syr_scx_procs", "syr_scx_disp"};
+const char* kSharedMaps[] = {"syr_scx_tasks", "syr_scx_cpus", "syr_scx_round", "syr_scx_procs", "syr_scx_disp",
+                             "syr_scx_cgroups"};
 // Every map of the root, pinned under <root>/thread_scx/ with its link (so the scheduler
 // outlives syrupd, and a restarted syrupd adopts it); syr_root_ops is the struct_ops map
 // itself, from which an adopted root is attached again after an ejection.
 const char* kRootMaps[] = {"syr_scx_tasks", "syr_scx_cpus", "syr_scx_round", "syr_scx_procs", "syr_scx_disp",
                            "syr_scx_enq",   "syr_scx_sel",  "syr_scx_conf", "syr_scx_exit",  "syr_scx_apps",
-                           "syr_scx_threads", "syr_root_ops"};
+                           "syr_scx_threads", "syr_root_ops",
+                           "syr_scx_cgroups"};
 // The root's exit tracepoint (syr_root_on_exit): its link is pinned beside the
 // scheduler's, as exit_link, and lives while the scheduler is attached.
 constexpr const char* kExitProg = "syr_root_on_exit";
@@ -270,8 +275,8 @@ class ScxBackend {
 
 class ScxTarget : public Target {
  public:
-  ScxTarget(std::shared_ptr<ScxBackend> b, pid_t tgid, bool all, Baseline base)
-      : hold_(std::move(b)), b_(*hold_), tgid_(tgid), all_(all), baseline_(std::move(base)) {
+  ScxTarget(std::shared_ptr<ScxBackend> b, pid_t tgid, bool all, Baseline base, CgroupScope cg = {})
+      : hold_(std::move(b)), b_(*hold_), tgid_(tgid), all_(all), baseline_(std::move(base)), cg_(std::move(cg)) {
     long n = sysconf(_SC_NPROCESSORS_CONF);
     ncpu_ = n > 0 ? static_cast<uint32_t>(n) : 1;
     b_.add(this);
@@ -284,8 +289,13 @@ class ScxTarget : public Target {
     else if (owns_slot_) b_.free_slot_locked(slot_);  // a deploy that failed after prepare_load
   }
 
-  std::string key() const override { return "thread:" + std::to_string(tgid_); }
+  std::string key() const override {
+    return cg_.id ? "thread:cgroup:" + std::to_string(cg_.id) : "thread:" + std::to_string(tgid_);
+  }
   uint32_t num_executors() const override { return ncpu_; }
+  // By cgroup: the policy ends when the cgroup is removed, which tells no one.
+  std::string gone() const override { return cg_.removed(); }
+  bool ends_unannounced() const override { return cg_.id != 0; }
 
   int prepare_load(LoadSpec& spec, const Target* old, const LoadedPolicy*) override {
     std::lock_guard lk(b_.mu());
@@ -353,11 +363,11 @@ class ScxTarget : public Target {
     disp_fd_ = dfd;
     sel_fd_ = sfd;
     if (!prev) b_.reset_vtime_locked(slot_);  // a new application starts level with the others
-    bpf_map_update_elem(b_.map_fd("syr_scx_procs"), &tgid, &slot, 0);
+    map_target_locked(true);
     b_.set_active_locked(slot_, true);
     if (int r = b_.attach_locked(err)) {
       if (!prev) {
-        bpf_map_delete_elem(b_.map_fd("syr_scx_procs"), &tgid);
+        map_target_locked(false);
         b_.set_active_locked(slot_, false);
         clear_slot_locked();
       }
@@ -376,8 +386,10 @@ class ScxTarget : public Target {
     status_ = "running";
     sync_locked();  // registered threads run under the policy when deploy returns
     b_.busy_locked();  // threads that register next are picked up within kSyncMs
-    log(LogLevel::kInfo, "sched_ext: process %d scheduled by policy %d in slot %d%s", tgid_, p.policy_id, slot_,
-        prev ? " (replaced its previous policy)" : "");
+    log(LogLevel::kInfo, "sched_ext: %s scheduled by policy %d in slot %d%s",
+        cg_.id ? ("cgroup " + cg_.path + " (uid " + std::to_string(cg_.uid) + "'s processes)").c_str()
+               : ("process " + std::to_string(tgid_)).c_str(),
+        p.policy_id, slot_, prev ? " (replaced its previous policy)" : "");
     return 0;
   }
 
@@ -390,9 +402,10 @@ class ScxTarget : public Target {
   json save() const override {
     std::lock_guard lk(b_.mu());
     if (!active_) return nullptr;
-    return {{"backend", "sched_ext"}, {"pid", tgid_}, {"slot", slot_}, {"all_threads", all_},
-            {"next_exec", next_exec_},
-            {"baseline", baseline_to_json(baseline_)}};
+    json j = {{"backend", "sched_ext"}, {"pid", tgid_}, {"slot", slot_}, {"all_threads", all_},
+              {"next_exec", next_exec_}, {"baseline", baseline_to_json(baseline_)}};
+    cg_.save(j);
+    return j;
   }
 
   // Rebuilds the target of a policy a previous syrupd installed in slot `slot` of the
@@ -401,10 +414,10 @@ class ScxTarget : public Target {
   int adopt_locked(const json& saved, LoadedPolicy& p, std::string& err) {
     slot_ = saved.value("slot", -1);
     next_exec_ = saved.value("next_exec", 0u);
-    uint32_t slot = static_cast<uint32_t>(slot_), tgid = static_cast<uint32_t>(tgid_), v = ~0u, id = 0;
-    if (bpf_map_lookup_elem(b_.map_fd("syr_scx_procs"), &tgid, &v) != 0 || v != slot) {
-      err = "the root scheduler no longer maps process " + std::to_string(tgid_) + " to slot " +
-            std::to_string(slot_);
+    uint32_t slot = static_cast<uint32_t>(slot_), id = 0;
+    if (mapped_slot_locked() != slot) {
+      err = "the root scheduler no longer maps " + (cg_.id ? "cgroup " + cg_.path : "process " + std::to_string(tgid_)) +
+            " to slot " + std::to_string(slot_);
       return -ENOENT;
     }
     // The programs in the slot (a prog array's lookup gives their ids), for a rollback
@@ -424,7 +437,7 @@ class ScxTarget : public Target {
       err = "its syrup_threads map was not adopted";
       return -EINVAL;
     }
-    for (pid_t t : list_tids(tgid_)) {
+    for (pid_t t : scheduled_tids()) {
       uint32_t k = static_cast<uint32_t>(t), e;
       if (bpf_map_lookup_elem(threads_fd_.get(), &k, &e) == 0 && sched_getscheduler(t) == kSchedExt)
         switched_.insert(t);
@@ -439,6 +452,7 @@ class ScxTarget : public Target {
     std::lock_guard lk(b_.mu());
     json j = {{"backend", "sched_ext"}, {"pid", tgid_}, {"slot", slot_}, {"all_threads", all_},
               {"status", status_}, {"threads", switched_.size()}, {"scheduler", b_.scheduler_locked()}};
+    if (cg_.id) j["cgroup"] = cg_.path, j["uid"] = cg_.uid;
     if (active_ && slot_ >= 0) j["vtime_ms"] = b_.vtime_locked(slot_) / 1000000;
     return j;
   }
@@ -447,8 +461,10 @@ class ScxTarget : public Target {
   // Returns whether it switched any thread in or out.
   bool sync_locked() {
     if (!active_ || handed_over_ || !threads_fd_) return false;
-    std::vector<pid_t> tids = list_tids(tgid_);
-    if (tids.empty()) return false;  // the process is gone; its owner's exit removes the policy
+    std::vector<pid_t> tids = scheduled_tids();
+    // The process is gone (its owner's exit removes the policy); a cgroup may be empty
+    // for a while, and threads that left it are restored below.
+    if (tids.empty() && !cg_.id) return false;
     std::set<pid_t> alive(tids.begin(), tids.end());
     if (all_)
       for (pid_t tid : tids) {
@@ -470,7 +486,13 @@ class ScxTarget : public Target {
       else
         not_ours.push_back(t);  // exited (dropped), or another process's thread (ignored)
     }
-    drop_exited_registrations(threads_fd_.get(), not_ours);
+    if (cg_.id)  // by cgroup: a thread outside it (or not its user's) is no longer registered
+      for (pid_t t : not_ours) {
+        uint32_t k = static_cast<uint32_t>(t);
+        bpf_map_delete_elem(threads_fd_.get(), &k);
+      }
+    else
+      drop_exited_registrations(threads_fd_.get(), not_ours);
     bool changed = false;
     for (pid_t t : reg) {
       // Asked, not remembered: a tid switched in may now be another thread's, given an
@@ -482,6 +504,7 @@ class ScxTarget : public Target {
     }
     for (auto it = switched_.begin(); it != switched_.end();) {
       if (!alive.count(*it)) {
+        if (cg_.id) restore(*it);  // moved out of the cgroup (or exited: ESRCH, nothing done)
         it = switched_.erase(it);
       } else if (!reg.count(*it)) {
         restore(*it);
@@ -496,8 +519,7 @@ class ScxTarget : public Target {
 
   // Under the lock: out of the scheduler (threads restored, slot freed).
   void deactivate_locked(bool free_slot) {
-    uint32_t tgid = static_cast<uint32_t>(tgid_);
-    bpf_map_delete_elem(b_.map_fd("syr_scx_procs"), &tgid);
+    map_target_locked(false);
     if (slot_ >= 0) {
       b_.set_active_locked(slot_, false);
       clear_slot_locked();
@@ -519,6 +541,31 @@ class ScxTarget : public Target {
   void set_status(std::string s) { status_ = std::move(s); }
 
  private:
+  // The threads the policy may schedule: its process's, or by cgroup those of the owner's
+  // uid in the cgroup.
+  std::vector<pid_t> scheduled_tids() const { return cg_.id ? cg_.threads() : list_tids(tgid_); }
+
+  // The root's lookup of this target's threads (syr_scx_slot_of): its process in
+  // syr_scx_procs, or its cgroup and uid in syr_scx_cgroups; in (`on`) or out.
+  void map_target_locked(bool on) {
+    uint32_t slot = static_cast<uint32_t>(slot_), tgid = static_cast<uint32_t>(tgid_);
+    uint64_t id = cg_.id;
+    CgSlot v{slot, cg_.uid};
+    if (cg_.id && on) bpf_map_update_elem(b_.map_fd("syr_scx_cgroups"), &id, &v, 0);
+    else if (cg_.id) bpf_map_delete_elem(b_.map_fd("syr_scx_cgroups"), &id);
+    else if (on) bpf_map_update_elem(b_.map_fd("syr_scx_procs"), &tgid, &slot, 0);
+    else bpf_map_delete_elem(b_.map_fd("syr_scx_procs"), &tgid);
+  }
+
+  // The slot the root maps this target to, or ~0u.
+  uint32_t mapped_slot_locked() const {
+    uint32_t tgid = static_cast<uint32_t>(tgid_), v = ~0u;
+    uint64_t id = cg_.id;
+    CgSlot c{~0u, 0};
+    if (cg_.id) return bpf_map_lookup_elem(b_.map_fd("syr_scx_cgroups"), &id, &c) == 0 ? c.slot : ~0u;
+    return bpf_map_lookup_elem(b_.map_fd("syr_scx_procs"), &tgid, &v) == 0 ? v : ~0u;
+  }
+
   // The slot's programs and registration map out of the root's arrays.
   void clear_slot_locked() { b_.clear_slot_locked(static_cast<uint32_t>(slot_)); }
 
@@ -542,6 +589,7 @@ class ScxTarget : public Target {
   std::set<pid_t> switched_;
   uint32_t next_exec_ = 0;
   std::string status_ = "new";
+  CgroupScope cg_;  // deployed by cgroup (cg_.id != 0)
 };
 
 // ---- Backend ------------------------------------------------------------------------
@@ -894,7 +942,7 @@ ThreadScxHook::~ThreadScxHook() = default;
 
 int ThreadScxHook::make_process_target(ProcessThreads rq, std::unique_ptr<Target>& out, std::string& err) {
   if (int r = scx_->ensure_root(err)) return r;
-  out = std::make_unique<ScxTarget>(scx_, rq.pid, rq.all, std::move(rq.base));
+  out = std::make_unique<ScxTarget>(scx_, rq.pid, rq.all, std::move(rq.base), std::move(rq.cg));
   return 0;
 }
 
@@ -904,6 +952,8 @@ int ThreadScxHook::adopt_target(const json& saved, LoadedPolicy& p, std::unique_
     err = "process " + std::to_string(tgid) + ", whose threads it scheduled, is gone";
     return -ESRCH;
   }
+  CgroupScope cg;
+  if (int r = cg.adopt(saved, err)) return r;
   if (int r = scx_->adopt_root(err)) return r;
   int slot = saved.value("slot", -1);
   if (!scx_->adopt_slot(slot)) {
@@ -911,7 +961,8 @@ int ThreadScxHook::adopt_target(const json& saved, LoadedPolicy& p, std::unique_
     return -EINVAL;
   }
   // No saved cores (or an unreadable list): restored threads keep their affinity.
-  auto t = std::make_unique<ScxTarget>(scx_, tgid, saved.value("all_threads", false), baseline_from_json(saved));
+  auto t = std::make_unique<ScxTarget>(scx_, tgid, saved.value("all_threads", false), baseline_from_json(saved),
+                                       std::move(cg));
   std::lock_guard lk(scx_->mu());
   if (int r = t->adopt_locked(saved, p, err)) {
     scx_->free_slot_locked(slot);
@@ -965,6 +1016,18 @@ void ScxBackend::recover() {
       stale.push_back(key);
   }
   for (uint32_t k : stale) bpf_map_delete_elem(map_fd("syr_scx_procs"), &k);
+  // Likewise the cgroups of policies deployed by cgroup.
+  uint64_t ck, cnext;
+  std::vector<uint64_t> stale_cg;
+  for (first = true; bpf_map_get_next_key(map_fd("syr_scx_cgroups"), first ? nullptr : &ck, &cnext) == 0;) {
+    first = false;
+    ck = cnext;
+    CgSlot v{};
+    if (bpf_map_lookup_elem(map_fd("syr_scx_cgroups"), &ck, &v) == 0 &&
+        (v.slot >= static_cast<uint32_t>(kMaxApps) || !used_[v.slot]))
+      stale_cg.push_back(ck);
+  }
+  for (uint64_t k : stale_cg) bpf_map_delete_elem(map_fd("syr_scx_cgroups"), &k);
 }
 
 void ThreadScxHook::release_leftover(std::string_view app, const std::string& policy_dir) {
@@ -990,7 +1053,7 @@ void ThreadScxHook::release_leftover(std::string_view app, const std::string& po
 std::vector<std::string> ThreadScxHook::system_maps() const {
   return {SYR_STATS_MAP,   "syr_scx_pick",  "syr_scx_tasks", "syr_scx_cpus", "syr_scx_round",
           "syr_scx_procs", "syr_scx_disp",  "syr_app_ops",   "syr_app_ops2",
-          kRecCtlMap,      kRecRingMap,     "syr_scx_rec_in"};
+          "syr_scx_cgroups", kRecCtlMap,     kRecRingMap,     "syr_scx_rec_in"};
 }
 
 Allowlist scx_allowlist() {

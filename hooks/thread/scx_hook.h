@@ -12,6 +12,11 @@
 //    at that slot; syr_scx_procs maps the process to the slot. Deploy, replace (same slot:
 //    three prog-array updates) and remove never
 //    detach the scheduler, so the other applications keep being scheduled.
+//  - A target by cgroup (thread_hook.h) is the cgroup: syr_scx_cgroups maps its id to the
+//    slot and the owner's uid, and the root takes a SCHED_EXT thread of no mapped process
+//    into the slot of its cgroup if it is that uid's (syr_scx_slot_of, at every event). The
+//    monitor registers and switches the threads of that uid's processes in the cgroup
+//    (cgroup.threads) and restores those that left it; gone() reports the cgroup removed.
 //  - A monitor thread (every kSyncMs): switches the registered threads of each scheduled
 //    process to SCHED_EXT (and unregistered ones back to their baseline class), registers
 //    new threads of --pid processes, and watches the root's exit record. A registered

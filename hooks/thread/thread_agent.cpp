@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,6 +26,7 @@
 #include "syrup/abi.h"
 #include "thread/events.h"
 #include "thread_tracer.skel.h"
+#include "cgroup.h"
 
 namespace syrup::thread {
 namespace {
@@ -71,6 +73,7 @@ struct Applied {
 
 struct Thr {
   pid_t tid = 0;
+  pid_t tgid = 0;  // its process (by cgroup: one of the cgroup's)
   uint32_t exec = kNoExecutor;
   St st = St::kBlocked;
   uint32_t cpu = 0;
@@ -180,6 +183,29 @@ std::vector<pid_t> list_tids(pid_t tgid) {
   return v;
 }
 
+int cgroup_threads(int dir, uid_t uid, std::vector<pid_t>& out, const std::function<bool(pid_t)>& known) {
+  std::vector<pid_t> all;
+  if (int r = cgroup::read_ids(dir, "cgroup.threads", kMaxCgroupThreads, all)) return r;
+  out.clear();
+  for (pid_t tid : all) {
+    if (known && known(tid)) {
+      out.push_back(tid);
+      continue;
+    }
+    struct stat st;
+    // /proc/TID is owned by the thread's (effective) uid, as syrupd's process_uid reads it.
+    if (stat(("/proc/" + std::to_string(tid)).c_str(), &st) == 0 && st.st_uid == uid) out.push_back(tid);
+  }
+  return 0;
+}
+
+pid_t tgid_of_thread(pid_t tid) {
+  std::ifstream in("/proc/" + std::to_string(tid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("Tgid:", 0) == 0) return static_cast<pid_t>(std::atoi(line.c_str() + 5));
+  return 0;
+}
+
 int drop_exited_registrations(int threads_fd, const std::vector<pid_t>& stale) {
   int n = 0;
   if (stale.empty() || access("/proc/self", F_OK) != 0) return 0;  // no /proc: nothing is known gone
@@ -209,6 +235,10 @@ class Agent {
   void restore_all();
   void heartbeat(uint64_t now);
   void report();
+  bool by_cgroup() const { return o_.cgroup_fd >= 0; }
+  // A thread the tracer reported new: may the agent take it? Its process, or 0.
+  pid_t takes(pid_t tid) const;
+  void forget_left(const std::map<pid_t, uint32_t>& reg, const std::vector<pid_t>& members);
 
   AgentOptions o_;
   thread_tracer* skel_ = nullptr;
@@ -255,6 +285,7 @@ int Agent::setup() {
   skel_ = thread_tracer__open();
   if (!skel_) return -errno;
   skel_->rodata->target_tgid = static_cast<uint32_t>(o_.tgid);
+  skel_->rodata->target_cgid = o_.cgroup_id;
   bpf_map__reuse_fd(skel_->maps.syrup_threads, threads_fd_);
   bpf_map__reuse_fd(skel_->maps.syrup_cs, cs_fd);
   close(cs_fd);
@@ -272,16 +303,26 @@ int Agent::setup() {
   return 0;
 }
 
+pid_t Agent::takes(pid_t tid) const {
+  if (!by_cgroup()) return o_.tgid;
+  struct stat st;
+  if (stat(("/proc/" + std::to_string(tid)).c_str(), &st) != 0 || st.st_uid != o_.uid) return 0;
+  return tgid_of_thread(tid);
+}
+
 void Agent::on_event(const syr_tev& e) {
   n_events_++;
   auto it = thr_.find(static_cast<pid_t>(e.tid));
-  if (e.type == SYR_TEV_NEW && o_.all_threads && it == thr_.end()) {
-    // A new thread of a --pid process: registered at once, in creation order.
+  pid_t tgid = 0;
+  if (e.type == SYR_TEV_NEW && o_.all_threads && it == thr_.end() && (tgid = takes(e.tid)) > 0) {
+    // A new thread of a --pid process (or of a process of the cgroup): registered at
+    // once, in creation order.
     uint32_t tid = e.tid, idx = next_exec_++;
     bpf_map_update_elem(threads_fd_, &tid, &idx, BPF_NOEXIST);
     bpf_map_lookup_elem(threads_fd_, &tid, &idx);
     Thr t;
     t.tid = static_cast<pid_t>(e.tid);
+    t.tgid = tgid;
     t.exec = idx;
     it = thr_.emplace(t.tid, t).first;
   }
@@ -328,9 +369,29 @@ void Agent::on_event(const syr_tev& e) {
   }
 }
 
+// By cgroup: threads that left the cgroup (or its user's processes) are restored and
+// unregistered, as are registrations naming a thread outside it.
+void Agent::forget_left(const std::map<pid_t, uint32_t>& reg, const std::vector<pid_t>& members) {
+  for (auto& [tid, exec] : reg) {
+    if (std::binary_search(members.begin(), members.end(), tid)) continue;
+    uint32_t k = static_cast<uint32_t>(tid);
+    bpf_map_delete_elem(threads_fd_, &k);
+    auto it = thr_.find(tid);
+    if (it == thr_.end()) continue;
+    if (it->second.applied.policy >= 0) restore_thread(tid, o_.baseline);
+    thr_.erase(it);
+    dirty_ = true;
+  }
+}
+
 void Agent::refresh_registrations() {
+  std::vector<pid_t> members;  // by cgroup: the threads the agent may take
+  // A cgroup that cannot be read (removed): syrupd, which watches it, ends the policy.
+  // (Every 20 ms: only threads not taken yet cost a look at their owner.)
+  auto taken = [&](pid_t tid) { return thr_.count(tid) > 0; };
+  if (by_cgroup() && cgroup_threads(o_.cgroup_fd, o_.uid, members, taken)) return;
   if (o_.all_threads) {
-    for (pid_t tid : list_tids(o_.tgid)) {
+    for (pid_t tid : by_cgroup() ? members : list_tids(o_.tgid)) {
       uint32_t k = static_cast<uint32_t>(tid), v;
       if (bpf_map_lookup_elem(threads_fd_, &k, &v) == 0) continue;
       v = next_exec_++;
@@ -348,6 +409,10 @@ void Agent::refresh_registrations() {
       reg[static_cast<pid_t>(key)] = v;
       if (v >= next_exec_ && v < SYR_MAX_EXECUTORS) next_exec_ = v + 1;
     }
+  }
+  if (by_cgroup()) {
+    forget_left(reg, members);
+    std::erase_if(reg, [&](auto& kv) { return !std::binary_search(members.begin(), members.end(), kv.first); });
   }
   // Forget threads that left (unregistered or gone): restore them.
   for (auto it = thr_.begin(); it != thr_.end();) {
@@ -368,12 +433,14 @@ void Agent::refresh_registrations() {
     if (thr_.count(tid)) continue;
     bool runnable = false;
     uint32_t cpu = 0;
-    if (!read_task_stat(o_.tgid, tid, runnable, cpu)) {
+    pid_t tgid = by_cgroup() ? tgid_of_thread(tid) : o_.tgid;
+    if (tgid <= 0 || !read_task_stat(tgid, tid, runnable, cpu)) {
       not_ours.push_back(tid);
       continue;
     }
     Thr t;
     t.tid = tid;
+    t.tgid = tgid;
     t.exec = exec;
     t.cpu = cpu;
     t.st = runnable ? St::kRunnable : St::kBlocked;
@@ -399,7 +466,7 @@ void Agent::decide(uint64_t now) {
       uint64_t since = blocked ? now : t.runnable_ns;
       uint64_t oncore = t.st == St::kRunning && t.run_start_ns ? now - std::min(now, t.run_start_ns) : 0;
       uint64_t ran = blocked ? 0 : t.run_ns + oncore;
-      batch_[i].t = SyrThread{static_cast<uint32_t>(t.tid), static_cast<uint32_t>(o_.tgid), t.exec, t.cpu,
+      batch_[i].t = SyrThread{static_cast<uint32_t>(t.tid), static_cast<uint32_t>(t.tgid), t.exec, t.cpu,
                               nr_cpus_, reason, now, since, ran, since, kDefaultSliceNs, oncore};
       batch_[i].core = SYR_PASS;
     }
@@ -572,7 +639,9 @@ int Agent::run() {
     }
   }
   if (setup()) return 1;
-  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, o_.tgid, 0));
+  // By cgroup the policy outlives any one process (syrupd ends it with its owner or the
+  // cgroup): the agent does not stop when the owner exits.
+  int pidfd = by_cgroup() ? -1 : static_cast<int>(syscall(SYS_pidfd_open, o_.tgid, 0));
   int ep = epoll_create1(EPOLL_CLOEXEC);
   for (int fd : {ring_buffer__epoll_fd(rb_), sfd, pidfd}) {
     if (fd < 0) continue;

@@ -24,6 +24,11 @@
 //  - the policy's slice (syr_thread.slice_ns) becomes the thread's EEVDF slice
 //    (sched_attr.sched_runtime, Linux 6.12+) while it is SCHED_OTHER; the preset
 //    means the kernel's default.
+// Deployed by cgroup, "its process" is every process in the cgroup that belongs to the
+// deploying process's uid (checked per thread as it is first seen): a process of another
+// user moved into the cgroup is left to the kernel, so a policy never starts scheduling a
+// process its tenant could not have named; a thread that leaves the cgroup is restored
+// and unregistered.
 // Invariants: the agent only touches threads of its process that are in the
 // application's syrup_threads map; on SIGTERM it restores them (SCHED_OTHER, baseline
 // nice and affinity) before exiting; on SIGUSR1 (hand-over to a replacement agent) it
@@ -35,6 +40,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -80,7 +86,22 @@ struct AgentOptions {
   int ready_fd = -1;         // written once when the agent is attached (then closed)
   std::vector<int> agent_cpus;  // where the agent itself runs (empty: where syrupd may)
   Baseline baseline;
+  // Deployed by cgroup (--cgroup): its directory (O_PATH, opened by syrupd beneath the v2
+  // root), its id (the tracer's filter) and the uid whose threads in it are taken; tgid is
+  // then only the policy's owner, and the agent outlives it.
+  int cgroup_fd = -1;
+  uint64_t cgroup_id = 0;
+  uid_t uid = 0;
 };
+
+// The threads in cgroup `dir` (cgroup.threads) whose process belongs to `uid`, ascending,
+// at most kMaxCgroupThreads; those `known` says yes to are taken without a look at their
+// owner (the agent's, checked when it took them). 0, or -errno (-ENOENT/-ENODEV: the
+// cgroup was removed, -E2BIG: more threads than that).
+inline constexpr size_t kMaxCgroupThreads = 4096;  // = syrup_threads' entries
+int cgroup_threads(int dir, uid_t uid, std::vector<pid_t>& out, const std::function<bool(pid_t)>& known = {});
+// The process of thread `tid` (/proc/TID/status), 0 if it is gone.
+pid_t tgid_of_thread(pid_t tid);
 
 // Runs the agent until SIGTERM/SIGUSR1 or the process exits. Returns the exit code.
 int run_agent(const AgentOptions& o);

@@ -2,6 +2,7 @@
 // Started by syrupd; not meant to be run by hand:
 //   syrup-agent --tgid PID --policy-dir DIR --maps-dir DIR [--all] [--period-us N]
 //               [--heartbeat-fd FD] [--ready-fd FD] --nice N --cpus 0,1,... [--agent-cpus LIST]
+//               [--cgroup-fd FD --cgroup-id ID --uid UID]
 #include <signal.h>
 #include <unistd.h>
 
@@ -38,6 +39,9 @@ int main(int argc, char** argv) {
     else if (a == "--heartbeat-fd") o.heartbeat_fd = std::atoi(val().c_str());
     else if (a == "--ready-fd") o.ready_fd = std::atoi(val().c_str());
     else if (a == "--nice") o.baseline.nice = std::atoi(val().c_str());
+    else if (a == "--cgroup-fd") o.cgroup_fd = std::atoi(val().c_str());
+    else if (a == "--cgroup-id") o.cgroup_id = std::strtoull(val().c_str(), nullptr, 10);
+    else if (a == "--uid") o.uid = static_cast<uid_t>(std::strtoul(val().c_str(), nullptr, 10));
     else if (a == "--cpus" || a == "--agent-cpus") {
       std::string v = val();
       if (syrup::thread::cpus_from_string(v, a == "--cpus" ? o.baseline.cpus : o.agent_cpus)) {
@@ -53,6 +57,10 @@ int main(int argc, char** argv) {
   }
   if (o.tgid <= 0 || o.policy_dir.empty() || o.maps_dir.empty() || !have_cpus) {
     std::fprintf(stderr, "syrup-agent: started by syrupd only (--tgid, --policy-dir, --maps-dir, --cpus)\n");
+    return 2;
+  }
+  if (o.cgroup_fd >= 0 && o.cgroup_id == 0) {
+    std::fprintf(stderr, "syrup-agent: --cgroup-fd needs --cgroup-id\n");
     return 2;
   }
   if (o.period_us < 100) o.period_us = 100;

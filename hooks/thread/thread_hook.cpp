@@ -4,6 +4,7 @@
 #include "thread/request.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -29,20 +30,27 @@ namespace {
 
 constexpr int kStopTimeoutMs = 1000;
 
-// The one process of cgroup `path` (--cgroup), whose threads the policy schedules as
-// --pid's, those it starts later included. Both backends follow one process (the agent's
-// tracer filters on its tgid; the sched_ext root keys policies by process), so a cgroup
-// of several processes is refused rather than scheduled in part.
-int cgroup_process(const Caller& caller, const std::string& path, pid_t& out, std::string& err) {
+// The cgroup `path` (--cgroup) as a target: its directory and id, and its owner, the
+// oldest of its processes (a container's init outlives its workers), whose uid is the one
+// whose processes the policy schedules (thread_hook.h). The caller may name it as for
+// any hook (cgroup::processes: every process the caller's, unless an admin).
+int cgroup_target(const Caller& caller, const std::string& path, ProcessThreads& rq, std::string& err) {
   std::vector<pid_t> pids;
-  if (int r = cgroup::processes(path, caller.uid, caller.admin(), pids, err)) return r;
-  if (pids.size() > 1) {
-    err = "cgroup " + path + " holds " + std::to_string(pids.size()) + " processes (pids " + std::to_string(pids[0]) +
-          ", " + std::to_string(pids[1]) + (pids.size() > 2 ? ", ..." : "") +
-          "): a thread policy schedules the threads of one process; deploy one per process with pid";
-    return -EINVAL;
+  if (int r = cgroup::processes(path, caller.uid, caller.admin(), pids, err, &rq.cg.dir)) return r;
+  struct stat st;
+  if (fstat(rq.cg.dir.get(), &st) < 0) return -errno;
+  uint64_t oldest = ~0ULL;
+  for (pid_t p : pids)
+    if (uint64_t t = process_start_time(p); t && t < oldest) oldest = t, rq.pid = p;
+  uid_t uid = oldest != ~0ULL ? process_uid(rq.pid) : static_cast<uid_t>(-1);
+  if (uid == static_cast<uid_t>(-1)) {
+    err = "cgroup " + path + ": its processes exited while it was read";
+    return -ESRCH;
   }
-  out = pids[0];
+  rq.cg.path = path;
+  rq.cg.id = st.st_ino;  // a cgroup v2 directory's inode number is its id
+  rq.cg.uid = uid;
+  rq.processes = pids.size();
   return 0;
 }
 
@@ -56,7 +64,7 @@ int parse_request(const Caller& caller, const nlohmann::json& b, ProcessThreads&
   rq.pid = asked.pid ? asked.pid : caller.pid;
   rq.all = asked.pid != 0;  // another process: every thread of it
   if (!asked.cgroup.empty()) {
-    if (int r = cgroup_process(caller, asked.cgroup, rq.pid, err)) return r;
+    if (int r = cgroup_target(caller, asked.cgroup, rq, err)) return r;
     rq.all = true;
   } else if (rq.all) {
     if (int r = check_target_process(caller, rq.pid, err)) return r;
@@ -93,6 +101,33 @@ pid_t leftover_agent(const std::string& policy_dir) {
 }
 
 }  // namespace
+
+std::vector<pid_t> CgroupScope::threads() const {
+  std::vector<pid_t> tids;
+  if (!dir || cgroup_threads(dir.get(), uid, tids)) tids.clear();
+  return tids;
+}
+
+std::string CgroupScope::removed() const {
+  return id && cgroup::removed(dir.get()) ? "cgroup " + path + " was removed" : std::string();
+}
+
+void CgroupScope::save(nlohmann::json& j) const {
+  if (id) j["cgroup"] = path, j["cgroup_id"] = id, j["uid"] = uid;
+}
+
+int CgroupScope::adopt(const nlohmann::json& saved, std::string& err) {
+  path = saved.value("cgroup", std::string());
+  if (path.empty()) return 0;
+  id = saved.value("cgroup_id", uint64_t{0});
+  uid = saved.value("uid", static_cast<uid_t>(-1));
+  struct stat st;
+  if (cgroup::open_dir(path, dir) || fstat(dir.get(), &st) < 0 || st.st_ino != id) {
+    err = "cgroup " + path + ", whose threads it scheduled, was removed";
+    return -ESRCH;
+  }
+  return 0;
+}
 
 nlohmann::json baseline_to_json(const Baseline& b) {
   return {{"policy", b.policy}, {"nice", b.nice}, {"cpus", cpus_to_string(b.cpus)}};

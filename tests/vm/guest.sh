@@ -12,6 +12,8 @@
 # or build tree that lives under /tmp, as a fresh clone may.
 /bin/busybox mkdir -p /tmp && /bin/busybox chmod 1777 /tmp
 /bin/busybox mount -t tmpfs tmpfs /run
+# cgroup v2, for the thread policies deployed by cgroup (syrupd finds it in mountinfo).
+/bin/busybox mkdir -p /sys/fs/cgroup && /bin/busybox mount -t cgroup2 cgroup2 /sys/fs/cgroup
 # bpffs where libxdp keeps its dispatchers' state; /var/run for ip netns.
 /bin/busybox mkdir -p /sys/fs/bpf /var && /bin/busybox mount -t bpf bpf /sys/fs/bpf
 [ -e /var/run ] || /bin/busybox ln -s /run /var/run

@@ -224,25 +224,5 @@ TEST_F(CgroupTarget, AThreadPolicyByCgroupRunsAContainersThreadsAlsoOneStartedLa
   munmap(s, sizeof *s);
 }
 
-// The container's cgroup holds several processes: a thread policy schedules one
-// process's threads, and says so rather than scheduling part of the cgroup.
-TEST_F(CgroupTarget, AThreadPolicyRefusesACgroupOfSeveralProcessesSayingWhy) {
-  TestNet net(220 + getpid() % 10);
-  ASSERT_TRUE(net.ok());
-  Shared* s = shared_page();
-  ASSERT_NE(s, nullptr);
-  Container c(cg_, net.ns, [s] { udp_server(s); });
-  ASSERT_GT(c.pid(), 0);
-  ASSERT_GE(wait_for([&] { return s->ready == kWorkers; }, 5000), 0);
-  int rc;
-  std::string out = syrupctl("deploy --hook thread --cgroup " + cg_.path("ctr") + " --app ctrthreads " +
-                                 source_path("tests/policies/thread_prio.c"),
-                             rc);
-  EXPECT_NE(rc, 0) << out;
-  EXPECT_NE(out.find("cgroup " + cg_.path("ctr") + " holds 4 processes"), std::string::npos) << out;
-  EXPECT_NE(out.find("a thread policy schedules the threads of one process"), std::string::npos) << out;
-  munmap(s, sizeof *s);
-}
-
 }  // namespace
 }  // namespace syrup::test

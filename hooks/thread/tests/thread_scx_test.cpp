@@ -35,7 +35,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cgroup_spinners.h"
 #include "harness.h"
+#include "security/security.h"
+#include "test_cgroup.h"
 #include "syrup/syrup.h"
 
 namespace syrup::test {
@@ -841,6 +844,87 @@ TEST_F(SchedExt, SyrupctlSchedulesAnUnmodifiedProcess) {
   int ms = wait_for([&] { return all_policy(tids, kSchedExt); }, 3000);
   std::printf("  all 4 threads of process %d in SCHED_EXT after %d ms\n", child, ms);
   EXPECT_GE(ms, 0);
+}
+
+// The core thread `tid` last ran on (/proc/TID/stat field 39), or -1.
+int last_cpu(pid_t tid) {
+  std::string s = read_line("/proc/" + std::to_string(tid) + "/stat");
+  size_t rp = s.rfind(')');
+  if (rp == std::string::npos) return -1;
+  std::istringstream in(s.substr(rp + 2));
+  std::string f;
+  for (int i = 3; i <= 39 && in >> f; i++)
+    if (i == 39) return std::atoi(f.c_str());
+  return -1;
+}
+
+// A policy by cgroup (hooks/thread/thread_hook.h): the root finds a thread's policy by its
+// cgroup and uid (syr_scx_slot_of), so a child forked in the cgroup is the policy's from
+// its first event, and syrupd switches the threads of processes moved in to SCHED_EXT.
+// thread_prio.c puts every thread it schedules on one core: the threads run there. A
+// process of another user moved in stays in the fair class; moved out, a process is
+// restored; removing the cgroup ends the policy.
+TEST_F(SchedExt, APolicyByCgroupSchedulesItsUsersProcessesThoseThatJoinLaterIncluded) {
+  TestCgroup cg({"ctr", "out"});
+  if (!cg.why.empty()) GTEST_SKIP() << "cannot make a test cgroup v2: " << cg.why;
+  int core = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) - 1;
+  Shared* s = shared_page();
+  ASSERT_NE(s, nullptr);
+  std::vector<pid_t> procs;
+  struct Reap {
+    std::vector<pid_t>& p;
+    ~Reap() {
+      for (pid_t x : p) kill(x, SIGKILL), waitpid(x, nullptr, 0);
+    }
+  } reap{procs};
+  auto on_core = [&](const std::vector<pid_t>& tids) {
+    for (pid_t t : tids)
+      if (policy_of(t) != kSchedExt || last_cpu(t) != core) return false;
+    return !tids.empty();
+  };
+  procs.push_back(spinner(s, 0, 1, /*first=*/true));
+  ASSERT_TRUE(cg.join("ctr", procs[0]));
+  ASSERT_GE(wait_for([&] { return s->ntids >= 1; }, 5000), 0);
+  std::string out;
+  int rc = 1;
+  // Compiles under the emulator (the root too, when this test runs first) may overrun
+  // syrupd's 60 s compile timeout while the host is loaded: asked again.
+  for (int attempt = 0; attempt < 3 && rc != 0; attempt++)
+    rc = run_cmd(build_bin("syrupctl") + " --socket " + daemon_->socket() + " deploy --hook thread --cgroup " +
+                     cg.path("ctr") + " --app scxcg --params core=" + std::to_string(core) + " " +
+                     source_path("tests/policies/thread_prio.c"),
+                 out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_GE(wait_for([&] { return on_core(spinners(s)); }, 5000), 0) << "the cgroup's process";
+  // After the deploy: a thread and a forked child of the first, a process moved in.
+  s->more = 1;
+  procs.push_back(spinner(s, 0, 1));
+  ASSERT_TRUE(cg.join("ctr", procs[1]));
+  // The first process's main thread competes on the core with its spinning thread, whose
+  // key (its wakeup time) is older: it gets the core from the starvation guard (1 s), so
+  // its new thread and child take seconds under the emulator.
+  ASSERT_GE(wait_for([&] { return s->ntids >= 4; }, 30000), 0);
+  int ms = wait_for([&] { return on_core(spinners(s)); }, 10000);
+  std::printf("  4 threads of 3 processes (one forked, one moved in) on core %d after %d ms\n", core, ms);
+  EXPECT_GE(ms, 0);
+  // Alice's process, moved in by root: not the owner's uid, left in the fair class.
+  procs.push_back(spinner(s, security::kAlice, 1));
+  ASSERT_GE(wait_for([&] { return owner_of(procs[2]) == security::kAlice && s->ntids >= 5; }, 5000), 0);
+  ASSERT_TRUE(cg.join("ctr", procs[2]));
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // two of syrupd's idle scans
+  for (pid_t t : spinners(s, {procs[2]})) EXPECT_EQ(policy_of(t), SCHED_OTHER) << "Alice's thread " << t;
+  // Moved out, every thread goes back to the fair class; removed, the cgroup ends the policy.
+  std::ifstream in(cg.dir("ctr") + "/cgroup.procs");
+  for (pid_t p; in >> p;) ASSERT_TRUE(cg.join("out", p));
+  EXPECT_GE(wait_for([&] { return all_policy(spinners(s), SCHED_OTHER); }, 5000), 0);
+  ASSERT_EQ(rmdir(cg.dir("ctr").c_str()), 0) << strerror(errno);
+  std::string why = "cgroup " + cg.path("ctr") + " was removed";
+  EXPECT_GE(wait_for([&] {
+              run_cmd(build_bin("syrupctl") + " --socket " + daemon_->socket() + " list", out);
+              return out.find(why) != std::string::npos;
+            }, 10000), 0)
+      << out;
+  munmap(s, sizeof *s);
 }
 
 // A registered thread that exits without unregistering leaves syrup_threads (at its exit,

@@ -12,6 +12,8 @@
  * Layout of the scheduler (see thread/scx_root.bpf.c for the full design):
  *  - one DSQ per application slot, SYR_SCX_APP_DSQ(slot), ordered by enqueue time;
  *  - syr_scx_procs: scheduled process (tgid) -> slot; written by syrupd;
+ *  - syr_scx_cgroups: a policy's cgroup (id) -> slot and uid, for a policy deployed by
+ *    cgroup; written by syrupd;
  *  - syr_scx_enq / syr_scx_disp: prog arrays, slot -> that application's enqueue and
  *    dispatch programs; syr_scx_disp[SYR_SCX_RESUME] is the root's own dispatch, which an
  *    application's dispatch tail-calls when it has nothing for this core.
@@ -54,11 +56,34 @@ struct sched_ext_entity {
 	__u64 dsq_vtime;
 } __attribute__((preserve_access_index));
 
+/* A task's cgroup v2 and user, for policies deployed by cgroup (syr_scx_slot_of). */
+struct kernfs_node {
+	__u64 id;
+} __attribute__((preserve_access_index));
+
+struct cgroup {
+	struct kernfs_node *kn;
+} __attribute__((preserve_access_index));
+
+struct css_set {
+	struct cgroup *dfl_cgrp;
+} __attribute__((preserve_access_index));
+
+typedef struct {
+	__u32 val;
+} syr_kuid_t;
+
+struct cred {
+	syr_kuid_t euid;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
 	const struct cpumask *cpus_ptr;
 	struct sched_ext_entity scx;
+	struct css_set *cgroups;
+	const struct cred *cred;
 } __attribute__((preserve_access_index));
 
 struct bpf_iter_scx_dsq {
@@ -184,12 +209,41 @@ struct {
 	__uint(max_entries, SYR_SCX_MAX_APPS + 1);
 } syr_scx_disp SEC(".maps");
 
+/* A policy deployed by cgroup (written by syrupd): the cgroup's id -> its slot and the
+ * uid whose threads in it the policy schedules (the owner's). */
+struct syr_scx_cg {
+	__u32 slot;
+	__u32 uid;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u64); /* cgroup v2 id (its directory's inode number) */
+	__type(value, struct syr_scx_cg);
+	__uint(max_entries, SYR_SCX_MAX_APPS);
+} syr_scx_cgroups SEC(".maps");
+
+/* p's application slot: its process's (syr_scx_procs), else its cgroup's if a policy was
+ * deployed by that cgroup and p is its user's. Decided at every event, not remembered: a
+ * process forked in the cgroup, or moved in, belongs to the policy from its first event,
+ * one moved out leaves it (and waits in the fallback FIFO until syrupd restores it); a
+ * SCHED_EXT thread of another user in the cgroup is never the policy's. */
 static __always_inline __u32 syr_scx_slot_of(const struct task_struct *p)
 {
 	__u32 tgid = p->tgid;
 	__u32 *s = bpf_map_lookup_elem(&syr_scx_procs, &tgid);
+	struct syr_scx_cg *cg;
+	__u64 cgid;
 
-	return s ? *s : SYR_SCX_NO_SLOT;
+	if (s)
+		return *s;
+	/* Only threads of cgroup policies (and strays) get here: a process's own policy
+	 * costs no more than before. */
+	cgid = p->cgroups->dfl_cgrp->kn->id;
+	cg = bpf_map_lookup_elem(&syr_scx_cgroups, &cgid);
+	if (!cg || p->cred->euid.val != cg->uid)
+		return SYR_SCX_NO_SLOT;
+	return cg->slot;
 }
 
 /* p's entry in syr_scx_tasks, or 0 if it has none (created by the root's runnable()). */

@@ -2,7 +2,11 @@
 /*
  * The user-space agent's eyes: BPF on the scheduler tracepoints (tp_btf, no trampolines
  * needed) reporting the target process's thread events into a ring buffer. One instance
- * per agent, filtered by the process (target_tgid, set before load).
+ * per agent, filtered by the process (target_tgid, set before load) or, for a policy
+ * deployed by cgroup, by the task's cgroup v2 (target_cgid: the cgroup's id, its inode
+ * number): every thread of every process in that cgroup, those that join it later
+ * included. The agent decides which of them it takes (the deploying user's only); the
+ * tracer only narrows the stream.
  *
  * It shares the application's syrup_threads and syrup_cs maps (reused from their pins by
  * the agent) to count preemptions of registered threads, and how many of them landed
@@ -18,12 +22,26 @@
 
 #define SYR_MAX_EXECUTORS 256
 
+struct kernfs_node {
+	__u64 id;
+} __attribute__((preserve_access_index));
+
+struct cgroup {
+	struct kernfs_node *kn;
+} __attribute__((preserve_access_index));
+
+struct css_set {
+	struct cgroup *dfl_cgrp;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
+	struct css_set *cgroups;
 } __attribute__((preserve_access_index));
 
 const volatile __u32 target_tgid = 0;
+const volatile __u64 target_cgid = 0; /* non-zero: filter by cgroup, not by process */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -52,6 +70,16 @@ struct {
 	__type(value, __u64);
 	__uint(max_entries, SYR_MAX_EXECUTORS);
 } syrup_cs SEC(".maps");
+
+/* Whether `p` is one of the traced threads: of the process, or in the cgroup (its own
+ * cgroup v2, not a descendant: as cgroup.procs lists it). The loads through the task's
+ * pointers are BTF-typed; a task whose css_set is being switched reads one of the two. */
+static __always_inline int traced(struct task_struct *p)
+{
+	if (!target_cgid)
+		return p->tgid == target_tgid;
+	return p->cgroups->dfl_cgrp->kn->id == target_cgid;
+}
 
 static __always_inline void count(__u32 slot)
 {
@@ -88,7 +116,7 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(syr_on_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
 {
-	if (prev->tgid == target_tgid) {
+	if (traced(prev)) {
 		__u32 tid = prev->pid;
 		emit(SYR_TEV_SWITCH_OUT, tid, prev_state);
 		if (prev_state == 0) {
@@ -102,7 +130,7 @@ int BPF_PROG(syr_on_switch, _Bool preempt, struct task_struct *prev, struct task
 			}
 		}
 	}
-	if (next->tgid == target_tgid)
+	if (traced(next))
 		emit(SYR_TEV_SWITCH_IN, next->pid, 0);
 	return 0;
 }
@@ -110,7 +138,7 @@ int BPF_PROG(syr_on_switch, _Bool preempt, struct task_struct *prev, struct task
 SEC("tp_btf/sched_wakeup")
 int BPF_PROG(syr_on_wakeup, struct task_struct *p)
 {
-	if (p->tgid == target_tgid)
+	if (traced(p))
 		emit(SYR_TEV_WAKEUP, p->pid, 0);
 	return 0;
 }
@@ -118,7 +146,7 @@ int BPF_PROG(syr_on_wakeup, struct task_struct *p)
 SEC("tp_btf/sched_wakeup_new")
 int BPF_PROG(syr_on_wakeup_new, struct task_struct *p)
 {
-	if (p->tgid == target_tgid)
+	if (traced(p))
 		emit(SYR_TEV_NEW, p->pid, 0);
 	return 0;
 }
@@ -129,7 +157,7 @@ int BPF_PROG(syr_on_wakeup_new, struct task_struct *p)
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(syr_on_exit, struct task_struct *p)
 {
-	if (p->tgid == target_tgid) {
+	if (traced(p)) {
 		__u32 tid = p->pid;
 		bpf_map_delete_elem(&syrup_threads, &tid);
 		emit(SYR_TEV_EXIT, tid, 0);

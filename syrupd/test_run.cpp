@@ -379,8 +379,9 @@ size_t stage(TestKind kind, const std::vector<TestRunJob::Input>& inputs, size_t
   return n;
 }
 
-// Runs a staged batch of n inputs and appends what each decided to `out`.
-int run_batch(TestKind kind, Batch& b, size_t n, json& out) {
+// Runs a staged batch of n inputs and appends what each decided to `out` (key and slice
+// for the thread hook only).
+int run_batch(TestKind kind, Batch& b, size_t n, std::vector<TestThreadOut>& out) {
   uint32_t zero = 0;
   TestMeta meta{static_cast<uint32_t>(n), 0, 0, 0, 0, 0, {0, 0}};
   if (kind == TestKind::kPacket) std::memcpy(b.in_buf.data(), &meta, sizeof meta);
@@ -390,7 +391,6 @@ int run_batch(TestKind kind, Batch& b, size_t n, json& out) {
   if (kind == TestKind::kPacket) {
     o.data_in = b.frame.data();
     o.data_size_in = static_cast<uint32_t>(b.frame.size());
-    o.repeat = static_cast<int>(n);
   } else {
     o.ctx_in = ctx;
     o.ctx_size_in = sizeof ctx;
@@ -407,15 +407,10 @@ int run_batch(TestKind kind, Batch& b, size_t n, json& out) {
   }
   if (ran != n) return -EIO;
   for (size_t i = 0; i < n; i++) {
-    if (kind == TestKind::kThread) {
-      TestThreadOut t;
-      std::memcpy(&t, &res[i * sizeof t], sizeof t);
-      out.push_back({{"decision", t.decision}, {"key", t.key}, {"slice_ns", t.slice_ns}});
-    } else {
-      uint32_t d;
-      std::memcpy(&d, &res[at + i * sizeof d], sizeof d);
-      out.push_back({{"decision", d}});
-    }
+    TestThreadOut t{};
+    if (kind == TestKind::kThread) std::memcpy(&t, &res[i * sizeof t], sizeof t);
+    else std::memcpy(&t.decision, &res[at + i * sizeof t.decision], sizeof t.decision);
+    out.push_back(t);
   }
   return 0;
 }
@@ -445,9 +440,10 @@ void TestRunJob::run() {
     fail.message = "the test build lacks its batch maps";
     return;
   }
-  json results = json::array();
+  std::vector<TestThreadOut> outs;
+  outs.reserve(inputs.size());
   auto start = std::chrono::steady_clock::now();
-  for (size_t i = 0, max = 1; i < inputs.size();) {
+  for (size_t i = 0, max = std::min<size_t>(16, max_batch); i < inputs.size();) {
     auto t0 = std::chrono::steady_clock::now();
     if (t0 >= deadline) {
       err = -ETIMEDOUT;
@@ -457,7 +453,7 @@ void TestRunJob::run() {
       return;
     }
     size_t n = stage(kind, inputs, i, max, batch);
-    if ((err = run_batch(kind, batch, n, results))) {
+    if ((err = run_batch(kind, batch, n, outs))) {
       fail.message = "the test run of inputs " + std::to_string(i) + ".." + std::to_string(i + n - 1) +
                      " failed: " + std::strerror(-err);
       return;
@@ -466,6 +462,10 @@ void TestRunJob::run() {
     max = std::min(next_batch(max, std::chrono::steady_clock::now() - t0), max_batch);
   }
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  json results = json::array();
+  for (auto& o : outs)
+    results.push_back(kind == TestKind::kThread ? json{{"decision", o.decision}, {"key", o.key}, {"slice_ns", o.slice_ns}}
+                                                : json{{"decision", o.decision}});
   json dumped = json::object();
   if (std::find(dump.begin(), dump.end(), "*") != dump.end()) {
     dump = p->user_maps;

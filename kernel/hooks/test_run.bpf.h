@@ -14,13 +14,13 @@
  *    from one to the next, as one input per run did;
  *  - a packet batch is one map value (struct syr_test_packets): a cursor, the
  *    decisions, and records (struct syr_test_rec, then the bytes, padded to 8) in
- *    SYR_TEST_BLOB bytes; the XDP test program runs once per input (the test run's
- *    `repeat`), copying the next record into its frame:
+ *    SYR_TEST_BLOB bytes; the XDP test program loops over them with bpf_loop(),
+ *    copying the next record into its frame:
  *    SYR_TEST_L4_OFF bytes of padding, then the L4 header, trimmed to the input's
  *    length, so offset 0 of the input is the L4 header and the frame ends where the
  *    input does, as at the real hooks;
- *  - the thread and socket-lookup test programs (syscall programs, no `repeat`) loop
- *    with bpf_loop() over an array of fixed-size inputs.
+ *  - the thread and socket-lookup test programs (syscall programs) loop with
+ *    bpf_loop() over an array of fixed-size inputs.
  */
 #ifndef SYRUP_TEST_RUN_BPF_H
 #define SYRUP_TEST_RUN_BPF_H
@@ -140,23 +140,30 @@ static __always_inline void syr_test_stage(struct xdp_md *ctx, struct syr_test_p
 	p->meta.next++;
 }
 
-/* The packet hooks' test program: an XDP program, which the kernel test-runs once per
- * input of a batch (`repeat`); each run makes the frame the next record's and runs the
- * policy on it. `in` is filled but for data/data_end/l4_off, which the hook sets. */
+struct syr_test_packet_loop {
+	struct xdp_md *ctx;
+	struct syr_test_packets *p;
+};
+
+/* The packet hooks' test program: an XDP program, test-run once per batch (a `repeat`
+ * above 1 would swap the kernel's XDP dispatcher twice per run, milliseconds under
+ * load), looping with bpf_loop() over the batch's inputs: each turn makes the frame the
+ * next record's and runs the policy on it. `in` is filled but for data/data_end/l4_off,
+ * which the hook sets. */
 #define SYR_TEST_PACKET_PROGRAM(name, set_input)                                     \
-	SEC("xdp")                                                                     \
-	int name(struct xdp_md *ctx)                                                   \
+	static long name##_cb(__u64 i, void *arg)                                      \
 	{                                                                              \
-		struct syr_test_packets *p = syr_test_slot0(&syr_test_in);             \
-		if (!p)                                                                \
-			return XDP_ABORTED;                                            \
+		struct syr_test_packet_loop *l = arg;                                  \
+		struct xdp_md *ctx = l->ctx;                                           \
+		struct syr_test_packets *p = l->p;                                     \
+                                                                                       \
 		syr_test_stage(ctx, p);                                                \
 		/* Read after the helper calls, so no packet pointer is kept on the    \
 		 * stack across them (unprivileged code may not overwrite one). */    \
 		void *data = (void *)(long)ctx->data;                                  \
 		void *end = (void *)(long)ctx->data_end;                               \
 		if (data + SYR_TEST_L4_OFF > end)                                      \
-			return XDP_ABORTED;                                            \
+			return 1;                                                      \
 		struct syr_input in = {                                                \
 			.len = p->meta.len,                                            \
 			.hash = p->meta.hash,                                          \
@@ -169,6 +176,16 @@ static __always_inline void syr_test_stage(struct xdp_md *ctx, struct syr_test_p
 		/* ctx stays live across the policy, so the policy's code does not     \
 		 * reuse a stack slot it may have been spilled to. */                 \
 		asm volatile("" : : "r"(ctx));                                         \
+		return 0;                                                              \
+	}                                                                              \
+	SEC("xdp")                                                                     \
+	int name(struct xdp_md *ctx)                                                   \
+	{                                                                              \
+		struct syr_test_packets *p = syr_test_slot0(&syr_test_in);             \
+		if (!p)                                                                \
+			return XDP_ABORTED;                                            \
+		struct syr_test_packet_loop l = {ctx, p};                              \
+		bpf_loop(p->meta.n & (2 * SYR_TEST_BATCH - 1), name##_cb, &l, 0);      \
 		return XDP_PASS;                                                       \
 	}                                                                              \
 	char _license[] SEC("license") = "Dual BSD/GPL"

@@ -141,6 +141,40 @@ TEST_F(Workbench, RandomNumbersFollowTheSeed) {
   EXPECT_NE(a, c);
 }
 
+// Batches (up to 4096 inputs per test run) decide as one run per input (`batch` 1) does,
+// input by input, with the random numbers and the maps carried across batch boundaries,
+// for a packet hook (an XDP test program) and the thread hook (a syscall program); and
+// `batch` out of 1..4096 is refused naming the field.
+TEST_F(Workbench, BatchesDecideAsOneRunPerInput) {
+  const char* counter = "#include <syrup/policy.h>\nSYR_ARRAY(seen, __u64, 1);\n";
+  json packet = {{"op", "test_run"}, {"hook", "socket-select"}, {"executors", 16}, {"dump", {"seen"}},
+                 {"source", std::string(counter) + "SYR_POLICY(struct syr_input *in) { __u32 k = 0; __u64 *n = "
+                            "syr_map_lookup(&seen, &k); if (n) *n += in->len; return (syr_random() + in->len) % 16; }\n"},
+                 {"inputs", json::array()}};
+  json thread = {{"op", "test_run"}, {"hook", "thread"}, {"executors", 4},
+                 {"source", "#include <syrup/policy.h>\nSYR_POLICY(struct syr_thread *t) { t->key = t->tid * 3; "
+                            "return (syr_random() + t->tid) % 4; }\n"},
+                 {"inputs", json::array()}};
+  for (int i = 0; i < 5000; i++) {
+    packet["inputs"].push_back({{"bytes", std::string(2 * (8 + i % 40), '1')}});
+    thread["inputs"].push_back({{"tid", i + 1}});
+  }
+  for (json* req : {&packet, &thread}) {
+    json one = *req, many = *req;
+    one["batch"] = 1;
+    json a = ask(one), b = ask(many);
+    ASSERT_TRUE(a.value("ok", false) && b.value("ok", false)) << a.dump().substr(0, 400) << b.dump().substr(0, 400);
+    EXPECT_EQ(a["results"], b["results"]);
+    EXPECT_EQ(a["maps"], b["maps"]);
+    EXPECT_EQ(b["results"].size(), 5000u);
+  }
+  json bad = thread;
+  bad["batch"] = 4097;
+  json r = ask(bad);
+  EXPECT_EQ(r["errno"], EINVAL) << r;
+  EXPECT_NE(r.value("error", std::string()).find("batch"), std::string::npos) << r;
+}
+
 // A recording in the documented format (runtime/include/syrup/recording.h) of `n`
 // datagrams to a socket-select policy with `execs` executors, decided `decided(i)`.
 std::string write_recording(const TempDir& dir, uint32_t execs, int n, const std::function<uint32_t(int)>& decided) {

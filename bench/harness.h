@@ -237,6 +237,8 @@ int run_xdp_pps(const Env& env, nlohmann::json& out);
 int run_isolation(const Env& env, nlohmann::json& out);
 int run_socket_lookup(const Env& env, nlohmann::json& out);
 int run_recording(const Env& env, nlohmann::json& out);
+int run_replay(const Env& env, nlohmann::json& out);  // workbench.cpp
+int run_test(const Env& env, nlohmann::json& out);    // workbench.cpp
 int run_config_swap(const Env& env, nlohmann::json& out);
 int run_control_plane(const Env& env, nlohmann::json& out);
 int run_live_upgrade(const Env& env, nlohmann::json& out);

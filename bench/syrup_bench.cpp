@@ -79,6 +79,8 @@ constexpr Benchmark kBenchmarks[] = {
     {"isolation", run_isolation},  // by name only: not part of "all"
     {"socket-lookup", run_socket_lookup},
     {"recording", run_recording},
+    {"replay", run_replay},
+    {"test", run_test},
     {"config-swap", run_config_swap},
     {"control-plane", run_control_plane},
     {"live-upgrade", run_live_upgrade},
@@ -144,7 +146,7 @@ int write_json(const std::string& path, const json& j) {
 int main(int argc, char** argv) {
   syrup::cli::parse_flags(&argc, &argv,
       "Syrup's benchmarks (bench/README.md).\n\n"
-      "Usage: syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|socket-lookup|recording|config-swap|control-plane|live-upgrade] [flags]\n\n"
+      "Usage: syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|socket-lookup|recording|replay|test|config-swap|control-plane|live-upgrade] [flags]\n\n"
       "  decision   ns/decision of each shipped policy at the socket-select hook, and of a\n"
       "             hand-written sk_reuseport round robin (kernel BPF statistics)\n"
       "  hint       mmap'ed hint store vs bpf(BPF_MAP_UPDATE_ELEM)\n"
@@ -158,6 +160,8 @@ int main(int argc, char** argv) {
       "             sk_lookup round robin (BPF_PROG_TEST_RUN, --xdp_repeat x --xdp_rounds)\n"
       "  recording  ns/decision of round_robin without the recording capture, with it off and\n"
       "             with a recording running; inputs/s recorded (docs/recording.md)\n"
+      "  replay     inputs/s of a replay through the JIT, batched beside one test run per input\n"
+      "  test       seconds of syrupctl test over every shipped policy's cases, cold and warm\n"
       "  config-swap  a ConfigMap change replacing --config_tenants policies: ..data swap to\n"
       "             applied, with --config_watch and with SIGHUP (two private syrupds)\n"
       "  isolation  p99 of one user's list on an idle syrupd and while another user trickles\n"
@@ -177,7 +181,7 @@ int main(int argc, char** argv) {
   for (auto& b : kBenchmarks) known |= what == b.name;
   if (argc > 2 || !known) {
     std::fprintf(stderr,
-                 "syrup_bench: expected one of all, decision, hint, deploy, xdp, xdp-cost, xdp-scale, xdp-pps, socket-lookup, recording, config-swap, "
+                 "syrup_bench: expected one of all, decision, hint, deploy, xdp, xdp-cost, xdp-scale, xdp-pps, socket-lookup, recording, replay, test, config-swap, "
                  "isolation, control-plane, live-upgrade "
                  "(see --help)\n");
     return 2;

@@ -148,6 +148,8 @@ struct DaemonConfig {
   // --load_timeout_s: a parked load not done by then is answered ETIMEDOUT; the kernel's
   // verifier cannot be interrupted, so its worker finishes and syrupd undoes the load.
   unsigned load_timeout_s = 30;
+  // --test_run_max_ms: a test run's wall-clock bound on its worker (test_run.h).
+  unsigned test_run_max_ms = 10000;
   // --record_max_bytes, --record_max_seconds, --max_recordings (recorder.h).
   RecordLimits record;
   // Told by run() once the previous syrupd's policies are adopted and the --config file is

@@ -68,7 +68,10 @@ inline int check_target_process(const Caller& caller, pid_t pid, std::string& er
 
 // Helpers every policy may use, at any hook: maps, time, random numbers, its CPU, bounded
 // loops, spin locks, ring buffers. No tracing, probing, kernel-memory or packet-changing
-// helpers: a hook adds the few its wrapper and its input need.
+// helpers: a hook adds the few its wrapper and its input need. ringbuf_query is safe for
+// unprivileged code (the kernel offers it without CAP_BPF): it answers only the fill
+// counters and size of a ring the program itself holds, no address; the recording
+// capture uses it to wake syrupd when its ring fills.
 inline std::set<int> policy_helpers() {
   return {BPF_FUNC_map_lookup_elem, BPF_FUNC_map_update_elem, BPF_FUNC_map_delete_elem,
           BPF_FUNC_map_push_elem,   BPF_FUNC_map_pop_elem,    BPF_FUNC_map_peek_elem,
@@ -76,7 +79,7 @@ inline std::set<int> policy_helpers() {
           BPF_FUNC_jiffies64,       BPF_FUNC_get_prandom_u32, BPF_FUNC_get_smp_processor_id,
           BPF_FUNC_get_numa_node_id, BPF_FUNC_loop,           BPF_FUNC_spin_lock,
           BPF_FUNC_spin_unlock,     BPF_FUNC_ringbuf_output,  BPF_FUNC_ringbuf_reserve,
-          BPF_FUNC_ringbuf_submit,  BPF_FUNC_ringbuf_discard};
+          BPF_FUNC_ringbuf_submit,  BPF_FUNC_ringbuf_discard, BPF_FUNC_ringbuf_query};
 }
 
 // Map types a policy may declare for its application (docs/policy-abi.md): plain data.

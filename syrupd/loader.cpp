@@ -499,13 +499,14 @@ void LoadedPolicy::unpin() {
 namespace {
 int load_checked(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFailure& fail);
 
-// A load with no application (LoadSpec::app empty, which no application is named) is a
-// test run's (syrupd/test_run.cpp): every map is the load's own and counts as new, and
-// nothing is pinned, so closing the object frees all it made.
-bool private_load(const LoadSpec& spec) { return spec.app.empty(); }
+bool private_load(const LoadSpec& spec) { return spec.private_run; }
 }  // namespace
 
 int load_policy(const LoadSpec& spec, std::unique_ptr<LoadedPolicy>& out, LoadFailure& fail) {
+  if (spec.private_run != spec.app.empty()) {  // a private load has no application, every other one has
+    fail.message = "internal error: a load must name an application exactly when it is not a test run's";
+    return -EINVAL;
+  }
   int r = load_checked(spec, out, fail);
   if (r) {
     fail.message = scrub_kernel_addresses(fail.message);

@@ -40,6 +40,9 @@ struct Allowlist {
 struct LoadSpec {
   std::string object_path;
   std::string app;
+  // A test run's load (syrupd/test_run.cpp): no application; every map is the load's own
+  // and counts as new, and nothing is pinned, so closing the object frees all it made.
+  bool private_run = false;
   int policy_id = 0;
   std::string policy_name;  // for messages
   std::string hook;         // for messages

@@ -30,6 +30,7 @@ DEFINE_string(cache_dir, "/var/cache/syrup", "where compiled policy objects are 
 DEFINE_uint64(cache_max_bytes, 256ull << 20,
               "bound on the compiled objects kept under --cache_dir/obj, in bytes; over it the "
               "objects used least recently are removed (0: no bound)");
+DEFINE_uint32(test_run_max_ms, 10000, "the longest a test run (syrupctl test, replay) runs on its worker, in ms (100 to 600000)");
 DEFINE_uint32(load_timeout_s, 30,
               "a deploy whose policy the kernel has not verified and loaded within this many seconds is answered "
               "ETIMEDOUT (the load runs on a worker; it is undone when the kernel returns)");
@@ -229,6 +230,11 @@ int compiler_from_flags(syrup::DaemonConfig& cfg) {
     return -EINVAL;
   }
   cfg.load_timeout_s = FLAGS_load_timeout_s;
+  if (FLAGS_test_run_max_ms < 100 || FLAGS_test_run_max_ms > 600000) {
+    std::fprintf(stderr, "syrupd: --test_run_max_ms must be 100 to 600000\n");
+    return -EINVAL;
+  }
+  cfg.test_run_max_ms = FLAGS_test_run_max_ms;
   if (FLAGS_record_max_seconds < 1 || FLAGS_record_max_seconds > 86400 || FLAGS_record_max_bytes < 4096) {
     std::fprintf(stderr, "syrupd: --record_max_seconds must be 1 to 86400 and --record_max_bytes at least 4096\n");
     return -EINVAL;

@@ -4,8 +4,9 @@
 // Design: every hook wrapper has two maps of its own (kernel/hooks/recording.bpf.h): the
 // control element syr_rec_ctl, which the Recorder mmaps and switches on for the length
 // of a recording, and the ring buffer syr_rec_ring the wrapper writes an event into per
-// decision while it is on, waking no one. The Recorder drains the ring on syrupd's event
-// loop every few milliseconds (run_due), at most kTurnEvents events per turn, and writes them as
+// decision while it is on, waking syrupd once per quarter of the ring written. The
+// Recorder drains the ring on syrupd's event loop when woken (its epoll watches the ring)
+// and every few milliseconds (run_due), at most kTurnEvents events per turn, and writes them as
 // records of the recording format into a pipe whose read end went to the client with the
 // answer to its request: the file is written by the client, as the client. The pipe is
 // non-blocking on syrupd's side: what a slow reader cannot take is dropped and counted.

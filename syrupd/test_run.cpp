@@ -38,10 +38,23 @@ struct TestLookup {
   bpf_sk_lookup sk;
   uint32_t hash, pad;
 };
+// Mirror kernel/hooks/test_run.bpf.h and the test wrappers.
 struct TestMeta {
-  uint32_t hash, ip_protocol, decision, pad;
+  uint32_t n, next, off, len, hash, ip_protocol, pad[2];
 };
-constexpr uint32_t kTestL4Off = 14;  // SYR_TEST_L4_OFF
+struct TestRec {
+  uint32_t len, hash, ip_protocol, pad;
+};
+struct TestThreadOut {
+  uint64_t key, slice_ns;
+  uint32_t decision, pad;
+};
+constexpr uint32_t kTestL4Off = 14;          // SYR_TEST_L4_OFF
+constexpr size_t kBatch = 4096;              // SYR_TEST_BATCH
+constexpr size_t kBlobBytes = 256 * 1024;    // SYR_TEST_BLOB
+// struct syr_test_packets: the cursor, the decisions, the records.
+constexpr size_t kPacketDecisions = sizeof(TestMeta), kPacketRecords = kPacketDecisions + 4 * kBatch;
+static_assert(TestRunLimits::kInputBytes == 1500, "SYR_TEST_INPUT_BYTES");
 constexpr uint64_t kDefaultSliceNs = 3'000'000;  // the backends' preset slice
 constexpr uint32_t kNoExecutor = 0xffffffffU;    // SYR_NO_EXECUTOR
 
@@ -111,8 +124,7 @@ std::string parse_packet(const json& in, size_t i, TestRunJob::Input& out) {
       !parse_hex(in["bytes"].get<std::string>(), TestRunLimits::kInputBytes, bytes))
     return at + ".bytes must be the input's bytes from the L4 header on, in hex, up to " +
            std::to_string(TestRunLimits::kInputBytes) + " bytes";
-  out.bytes.assign(kTestL4Off, 0);
-  out.bytes.insert(out.bytes.end(), bytes.begin(), bytes.end());
+  out.bytes = std::move(bytes);
   uint64_t h = 0, p = IPPROTO_UDP;
   if (in.contains("hash"))
     if (std::string why = u64_of(at + ".hash", in["hash"], UINT32_MAX, h); !why.empty()) return why;
@@ -246,6 +258,11 @@ int parse_test_run(const json& b, const Hook& hook, TestRunJob& job, std::string
   job.spec.num_executors = static_cast<uint32_t>(n);
   if (b.contains("seed"))
     if (why = u64_of("seed", b["seed"], UINT64_MAX, job.seed); !why.empty()) return -EINVAL;
+  if (b.contains("batch")) {  // the most inputs per test run (1: one run per input, as a baseline)
+    int64_t batch = 0;
+    if (why = names::integer("batch", b["batch"], 1, kBatch, batch); !why.empty()) return -EINVAL;
+    job.max_batch = static_cast<size_t>(batch);
+  }
   if (auto bad = check_params(b, job.spec.params)) {
     why = *bad;
     return -EINVAL;
@@ -322,39 +339,97 @@ json dump_map(const MapShape& m) {
   return entries;
 }
 
-// One input through the test program: the decision (and a thread's key and slice).
-int run_one(int prog, int meta_fd, TestKind kind, TestRunJob::Input& in, json& out) {
-  LIBBPF_OPTS(bpf_test_run_opts, o);
+// One batch: the program, its maps and the staging buffers, reused batch after batch.
+struct Batch {
+  int prog = -1, in = -1, out = -1;
+  std::vector<uint8_t> in_buf, out_buf;
+  std::vector<uint8_t> frame = std::vector<uint8_t>(kTestL4Off + TestRunLimits::kInputBytes, 0);
+
+  int open(const LoadedPolicy& p) {
+    prog = p.prog_fd();
+    in = p.map_fd("syr_test_in");
+    out = p.map_fd("syr_test_out");  // none in a packet build: its decisions are in `in`
+    bpf_map_info ii{}, oi{};
+    uint32_t l1 = sizeof ii, l2 = sizeof oi;
+    if (in < 0 || bpf_map_get_info_by_fd(in, &ii, &l1) || (out >= 0 && bpf_map_get_info_by_fd(out, &oi, &l2)))
+      return -EIO;
+    in_buf.assign(ii.value_size, 0);
+    out_buf.assign(out >= 0 ? oi.value_size : 0, 0);
+    return 0;
+  }
+};
+
+// Stages inputs [first, first + max) as one batch: as many as fit. How many.
+size_t stage(TestKind kind, const std::vector<TestRunJob::Input>& inputs, size_t first, size_t max, Batch& b) {
+  size_t n = 0, off = 0, end = std::min({inputs.size(), first + max, first + kBatch});
+  for (size_t i = first; i < end; i++, n++) {
+    const TestRunJob::Input& in = inputs[i];
+    if (kind != TestKind::kPacket) {
+      if ((n + 1) * in.bytes.size() > b.in_buf.size()) break;
+      std::memcpy(&b.in_buf[n * in.bytes.size()], in.bytes.data(), in.bytes.size());
+      continue;
+    }
+    size_t rec = sizeof(TestRec) + (in.bytes.size() + 7) / 8 * 8;
+    if (off + rec > kBlobBytes || kPacketRecords + off + rec > b.in_buf.size()) break;
+    TestRec h{static_cast<uint32_t>(in.bytes.size()), in.hash, in.ip_protocol, 0};
+    std::memcpy(&b.in_buf[kPacketRecords + off], &h, sizeof h);
+    std::memcpy(&b.in_buf[kPacketRecords + off + sizeof h], in.bytes.data(), in.bytes.size());
+    off += rec;
+  }
+  return n;
+}
+
+// Runs a staged batch of n inputs and appends what each decided to `out` (key and slice
+// for the thread hook only).
+int run_batch(TestKind kind, Batch& b, size_t n, std::vector<TestThreadOut>& out) {
   uint32_t zero = 0;
-  TestMeta meta{in.hash, in.ip_protocol, SYR_PASS, 0};
+  TestMeta meta{static_cast<uint32_t>(n), 0, 0, 0, 0, 0, {0, 0}};
+  if (kind == TestKind::kPacket) std::memcpy(b.in_buf.data(), &meta, sizeof meta);
+  if (bpf_map_update_elem(b.in, &zero, b.in_buf.data(), BPF_ANY)) return -errno;
+  LIBBPF_OPTS(bpf_test_run_opts, o);
+  uint32_t ctx[2] = {static_cast<uint32_t>(n), 0};
   if (kind == TestKind::kPacket) {
-    if (bpf_map_update_elem(meta_fd, &zero, &meta, BPF_ANY)) return -errno;
-    o.data_in = in.bytes.data();
-    o.data_size_in = static_cast<uint32_t>(in.bytes.size());
+    o.data_in = b.frame.data();
+    o.data_size_in = static_cast<uint32_t>(b.frame.size());
   } else {
-    // A syscall program's context is copied back into ctx_in when the run ends.
-    o.ctx_in = in.bytes.data();
-    o.ctx_size_in = static_cast<uint32_t>(in.bytes.size());
+    o.ctx_in = ctx;
+    o.ctx_size_in = sizeof ctx;
   }
-  if (bpf_prog_test_run_opts(prog, &o)) return -errno;
-  uint32_t decision = o.retval;
+  if (bpf_prog_test_run_opts(b.prog, &o)) return -errno;
+  // A packet batch's decisions come back in its own value, the others' in syr_test_out.
+  std::vector<uint8_t>& res = kind == TestKind::kPacket ? b.in_buf : b.out_buf;
+  if (bpf_map_lookup_elem(kind == TestKind::kPacket ? b.in : b.out, &zero, res.data())) return -errno;
+  size_t at = 0, ran = o.retval;
   if (kind == TestKind::kPacket) {
-    if (bpf_map_lookup_elem(meta_fd, &zero, &meta)) return -errno;
-    decision = meta.decision;
+    std::memcpy(&meta, res.data(), sizeof meta);
+    ran = meta.next;
+    at = kPacketDecisions;
   }
-  out = {{"decision", decision}};
-  if (kind == TestKind::kThread) {
-    SyrThread t;
-    std::memcpy(&t, in.bytes.data(), sizeof t);
-    out["key"] = t.key;
-    out["slice_ns"] = t.slice_ns;
+  if (ran != n) return -EIO;
+  for (size_t i = 0; i < n; i++) {
+    TestThreadOut t{};
+    if (kind == TestKind::kThread) std::memcpy(&t, &res[i * sizeof t], sizeof t);
+    else std::memcpy(&t.decision, &res[at + i * sizeof t.decision], sizeof t.decision);
+    out.push_back(t);
   }
   return 0;
+}
+
+// The next batch's size: batches start at one input, grow while they take under 5 ms
+// and shrink past 20, so the time bound is checked every few ms however long one input
+// runs (short of one input alone outlasting it), and an XDP test run, which holds its
+// CPU without preemption for the whole batch, holds it no longer than one run per
+// input did, plus a few ms.
+size_t next_batch(size_t cur, std::chrono::nanoseconds took) {
+  if (took < std::chrono::milliseconds(5)) return std::min(cur * 2, kBatch);
+  if (took > std::chrono::milliseconds(20)) return std::max<size_t>(cur / 2, 1);
+  return cur;
 }
 
 }  // namespace
 
 void TestRunJob::run() {
+  deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(max_ms);
   std::unique_ptr<LoadedPolicy> p;
   if ((err = load_policy(spec, p, fail))) return;
   std::string why;
@@ -362,18 +437,37 @@ void TestRunJob::run() {
     fail.message = why;
     return;
   }
-  int prog = p->prog_fd(), meta = p->map_fd("syr_test_meta");
-  json results = json::array();
+  Batch batch;
+  if ((err = batch.open(*p))) {
+    fail.message = "the test build lacks its batch maps";
+    return;
+  }
+  std::vector<TestThreadOut> outs;
+  outs.reserve(inputs.size());
   auto start = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < inputs.size(); i++) {
-    json one;
-    if ((err = run_one(prog, meta, kind, inputs[i], one))) {
-      fail.message = "the test run of input " + std::to_string(i) + " failed: " + std::strerror(-err);
+  for (size_t i = 0, max = 1; i < inputs.size();) {
+    auto t0 = std::chrono::steady_clock::now();
+    if (t0 >= deadline) {
+      err = -ETIMEDOUT;
+      fail.message = "the test run was stopped after " + std::to_string(max_ms) + " ms at input " +
+                     std::to_string(i) + " of " + std::to_string(inputs.size()) + ": a test run may take at most " +
+                     std::to_string(max_ms) + " ms (syrupd --test_run_max_ms)";
       return;
     }
-    results.push_back(std::move(one));
+    size_t n = stage(kind, inputs, i, max, batch);
+    if ((err = run_batch(kind, batch, n, outs))) {
+      fail.message = "the test run of inputs " + std::to_string(i) + ".." + std::to_string(i + n - 1) +
+                     " failed: " + std::strerror(-err);
+      return;
+    }
+    i += n;
+    max = std::min(next_batch(max, std::chrono::steady_clock::now() - t0), max_batch);
   }
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  json results = json::array();
+  for (auto& o : outs)
+    results.push_back(kind == TestKind::kThread ? json{{"decision", o.decision}, {"key", o.key}, {"slice_ns", o.slice_ns}}
+                                                : json{{"decision", o.decision}});
   json dumped = json::object();
   if (std::find(dump.begin(), dump.end(), "*") != dump.end()) {
     dump = p->user_maps;
@@ -389,7 +483,7 @@ void TestRunJob::run() {
   }
   bpf_prog_info info{};
   uint32_t len = sizeof info;
-  bpf_prog_get_info_by_fd(prog, &info, &len);
+  bpf_prog_get_info_by_fd(batch.prog, &info, &len);
   result = {{"results", std::move(results)}, {"maps", std::move(dumped)}, {"run_ns", ns},
             {"insns", info.xlated_prog_len / 8}, {"jited", info.jited_prog_len > 0}};
 }  // the object closes here: the program and every map of the run are freed
@@ -442,14 +536,16 @@ Daemon::Response Daemon::test_run(const Caller& caller, proto::Message& req) {
 
   LoadSpec& s = job->spec;
   s.object_path = cr.object_path;
-  s.app = "";  // no application: the loader's private load (loader.cpp, private_load())
+  s.private_run = true;  // nothing pinned or shared: every map is the run's own
   s.policy_name = name;
   s.hook = hook;
   s.params["syr_test_seed"] = job->seed;
   s.system_maps = hi->system_maps();
-  s.system_maps.push_back("syr_test_meta");
+  s.system_maps.insert(s.system_maps.end(), {"syr_test_in", "syr_test_out"});
   s.allowed = hi->allowlist();
-  s.allowed.helpers.insert({BPF_FUNC_xdp_load_bytes, BPF_FUNC_xdp_get_buff_len, BPF_FUNC_map_lookup_elem});
+  // The test wrappers' own calls: staging a packet input in the frame, the batch loop.
+  s.allowed.helpers.insert({BPF_FUNC_xdp_load_bytes, BPF_FUNC_xdp_get_buff_len, BPF_FUNC_map_lookup_elem,
+                            BPF_FUNC_xdp_adjust_tail, BPF_FUNC_xdp_store_bytes, BPF_FUNC_loop});
   // The run's maps are its own, bounded here; its instructions by the caller's quota.
   size_t insns = caller.admin() ? SIZE_MAX : cfg_.quotas.insns;
   s.check_quota = [insns](const LoadFootprint& fp) -> std::string {
@@ -462,6 +558,7 @@ Daemon::Response Daemon::test_run(const Caller& caller, proto::Message& req) {
     return {};
   };
   job->cached = cr.cached;
+  job->max_ms = cfg_.test_run_max_ms;
   if (!may_park_) {
     job->run();
     return answer_of(*job);

@@ -9,13 +9,17 @@
 // mean the same) and a seeded random generator. The request is checked and bounded on
 // the main thread (parse_test_run); the compile runs on the compile workers, the load and
 // the runs on the load workers (TestRunJob::run), uids in turn, like a deploy's.
-// Invariants: the run's maps are its own (a load with no application, loader.cpp's
-// private_load()): nothing is pinned,
+// Inputs run in batches of up to 4096 (one BPF_PROG_TEST_RUN each, test_run.bpf.h),
+// batches sized so that one takes a few ms: between two the worker checks the run's
+// wall-clock bound (--test_run_max_ms), so a policy that loops long ends in ETIMEDOUT
+// and frees its worker, and the main loop never waits on a run.
+// Invariants: the run's maps are its own (LoadSpec::private_run): nothing is pinned,
 // attached or shared with an application, and closing the object at the end of run()
 // frees every map and the program; every resource a request can consume is bounded
 // (inputs, bytes per input, map entries set and dumped, map memory, instructions).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -31,7 +35,9 @@ class Hook;
 
 // Bounds of one test_run request.
 struct TestRunLimits {
-  static constexpr size_t kInputs = 16384;        // inputs run per request (the answer fits a frame)
+  // Inputs run per request: the answer (~70 bytes an input for the thread hook) fits a
+  // 4 MiB frame; the batch loop itself has no limit but this.
+  static constexpr size_t kInputs = 32768;
   static constexpr size_t kInputBytes = 1500;     // of one packet input (an Ethernet MTU)
   static constexpr size_t kMapEntries = 4096;     // entries set before the run, over all maps
   static constexpr size_t kDumpEntries = 4096;    // entries answered per dumped map
@@ -56,7 +62,10 @@ struct TestRunJob {
   nlohmann::json maps = nlohmann::json::object();  // name -> [[key, value], ...]
   std::vector<std::string> dump;
   uint64_t seed = 1;
+  size_t max_batch = 4096;  // inputs per test run at most (SYR_TEST_BATCH; the request's `batch`)
   bool cached = false;  // the compile came from the cache
+  uint32_t max_ms = 10000;  // --test_run_max_ms: the run's wall-clock bound, from when a worker starts it
+  std::chrono::steady_clock::time_point deadline;
   // The outcome, written by run() on a worker, read by the main thread once it is done.
   int err = 0;
   LoadFailure fail;

@@ -20,7 +20,7 @@ XDP_PASS, XDP_REDIRECT = 2, 4
 SMALL = ["--datagrams=%d" % DATAGRAMS, "--rounds=1", "--hints=10000", "--syscalls=10000", "--deploys=2",
          "--pps_rounds=1", "--pps_seconds=0.2", "--xdp_apps=4", "--xdp_repeat=1000", "--xdp_rounds=1",
          "--config_tenants=4", "--config_rounds=1",
-         "--cp_max=20", "--cp_samples=1", "--lu_replaces=2", "--lu_gap_us=100"]
+         "--cp_max=20", "--cp_samples=1", "--lu_replaces=2", "--lu_gap_us=100", "--replay_inputs=2000"]
 
 
 class EveryBenchmarkRunsAndReports(unittest.TestCase):
@@ -41,7 +41,7 @@ class EveryBenchmarkRunsAndReports(unittest.TestCase):
 
     def test_exits_0_with_every_section(self):
         self.assertEqual(self.run_.returncode, 0, self.output())
-        for section in ["decision", "hint", "deploy", "xdp-cost", "xdp-scale", "xdp-pps", "socket-lookup", "recording", "config-swap",
+        for section in ["decision", "hint", "deploy", "xdp-cost", "xdp-scale", "xdp-pps", "socket-lookup", "recording", "replay", "test", "config-swap",
                         "control-plane", "live-upgrade", "machine",
                         "command"]:
             self.assertIn(section, self.report, self.output())
@@ -68,6 +68,15 @@ class EveryBenchmarkRunsAndReports(unittest.TestCase):
         self.assertGreater(h.get("syscall_ns_per_update", {}).get("median", 0), 0, self.output())
         self.assertEqual(len(dep.get("cold", {}).get("samples_ms", [])), 2, self.output())
         self.assertEqual(len(dep.get("warm", {}).get("samples_ms", [])), 2, self.output())
+
+    def test_replay_and_test_ran_every_input_and_case(self):
+        rp, t = self.report.get("replay", {}), self.report.get("test", {})
+        self.assertEqual(rp.get("inputs"), 2000, self.output())
+        self.assertTrue(rp.get("same_decisions"), self.output())  # batched and per-input decided alike
+        self.assertGreater(rp.get("batched_inputs_per_s", {}).get("median", 0), 0, self.output())
+        self.assertGreater(rp.get("per_input_inputs_per_s", {}).get("median", 0), 0, self.output())
+        self.assertGreater(t.get("policies", 0), 0, self.output())
+        self.assertEqual(len(t.get("warm_s", {}).get("per_round", [])), 1, self.output())
 
     def test_config_swap_applied_every_change_on_both_daemons(self):
         c = self.report.get("config-swap", {})

@@ -9,7 +9,7 @@
 // input by input: how many decisions moved and the first that did, the share of inputs
 // per executor, the maps' final contents and the inputs per second the runs took.
 // Invariants: a replay is deterministic for one policy, recording and seed; a recording
-// larger than one request takes (TestRunLimits: 16384 inputs, a 4 MiB frame) is replayed
+// larger than one request takes (TestRunLimits: 32768 inputs, a 4 MiB frame) is replayed
 // up to that point, and the report says so; the policy reads only the recorded payload
 // prefix (cap_len bytes) of each input.
 #include <gflags/gflags.h>
@@ -35,7 +35,7 @@ namespace {
 
 using nlohmann::json;
 
-constexpr size_t kMaxInputs = 16384;           // syrupd's TestRunLimits::kInputs
+constexpr size_t kMaxInputs = 32768;           // syrupd's TestRunLimits::kInputs
 constexpr size_t kMaxRequestBytes = 3u << 20;  // below the protocol's 4 MiB frame
 
 const char* hook_name(uint32_t h) {

@@ -8,7 +8,7 @@
  * switches on for the length of a recording; while it is off a decision pays one inlined
  * array lookup and a branch. While on, each decision (or one in sample_every) reserves a
  * fixed-size event in the policy's ring buffer syr_rec_ring and fills it; syrupd drains
- * the ring and writes the events, trimmed to their payload, as records of the recording
+ * the ring (every 5 ms, and when an event wakes it: syr_rec_submit()) and writes the events, trimmed to their payload, as records of the recording
  * format. A full ring loses the event, counted in `full`, never the decision.
  *
  * Invariants:
@@ -127,11 +127,21 @@ static __always_inline struct syr_rec_event *syr_rec_begin(struct syr_rec_ctl *c
 	return e;
 }
 
-/* Wakes no one: a wakeup per event (an irq_work and a context switch) would cost more
- * than the event. syrupd drains the ring every few milliseconds instead. */
+/* Wakes syrupd (its epoll sees the ring readable) only with the event that carries the
+ * ring's producer position past a multiple of a quarter of the ring: the ring cannot
+ * fill between two drains without three such wakeups. A wakeup per event (an irq_work
+ * and a context switch) would cost more than the event, and syrupd's 5 ms drain alone
+ * lets a burst fill the ring. The producer position, not the fill: the fill reads the
+ * consumer position, a cache line syrupd writes while it drains (+67 ns a decision
+ * measured while recording). */
+#define SYR_REC_WAKE_STEP (SYR_REC_RING_BYTES / 4)
 static __always_inline void syr_rec_submit(struct syr_rec_event *e)
 {
-	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	__u64 pos = bpf_ringbuf_query(&syr_rec_ring, BPF_RB_PROD_POS); /* past this event */
+	__u64 used = sizeof(*e) + BPF_RINGBUF_HDR_SZ;                   /* its footprint (8-aligned) */
+
+	bpf_ringbuf_submit(e, pos / SYR_REC_WAKE_STEP != (pos - used) / SYR_REC_WAKE_STEP ? BPF_RB_FORCE_WAKEUP
+											 : BPF_RB_NO_WAKEUP);
 }
 
 /* The hook's own context fields of a packet input (socket-lookup's addresses), set by

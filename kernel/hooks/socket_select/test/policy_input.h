@@ -9,6 +9,7 @@
 #define syr_hook_read syr_hook_read_at_the_hook
 #include "../policy_input.h"
 #undef syr_hook_read
+#define SYR_TEST_PACKETS 1
 #include "test_run.bpf.h"
 
 static __always_inline int syr_hook_read(const struct syr_input *in, __u32 off, void *dst, __u32 len)

@@ -3,7 +3,7 @@
  * The socket-select hook's test wrapper: the policy as an XDP program over a frame whose
  * L4 header starts at SYR_TEST_L4_OFF (kernel/hooks/test_run.bpf.h). Like the real
  * wrapper (wrapper.bpf.h) it hands the policy direct pointers to the linear bytes
- * (data, data_end) and the whole length; the decision goes back raw in syr_test_meta.
+ * (data, data_end) and the whole length; the decision goes back raw in the batch.
  */
 #ifndef SYRUP_HOOK_SOCKET_SELECT_TEST_H
 #define SYRUP_HOOK_SOCKET_SELECT_TEST_H

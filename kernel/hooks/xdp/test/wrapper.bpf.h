@@ -2,7 +2,7 @@
 /*
  * The XDP hook's test wrapper: an XDP program like the real wrapper (wrapper.bpf.h),
  * but the L4 header is at SYR_TEST_L4_OFF instead of where the root program parsed it,
- * and the hash and protocol come from syr_test_meta. As at the hook, the policy gets no
+ * and the hash and protocol come from the batch's record. As at the hook, the policy gets no
  * packet pointer (in->data is NULL) and reads through the helper; the decision goes
  * back raw.
  */

@@ -172,7 +172,7 @@ void Daemon::answer(int fd, Response& resp) {
   if (it == clients_.end()) return;
   Conn& c = it->second;
   c.last = std::chrono::steady_clock::now();
-  if (int r = proto::encode_frame(resp.body, c.out)) {
+  if (int r = resp.raw.empty() ? proto::encode_frame(resp.body, c.out) : proto::encode_payload(resp.raw, c.out)) {
     log(LogLevel::kWarn, "pid %d uid %u: the answer is over the %u-byte frame limit", c.pid, c.uid, proto::kMaxPayload);
     proto::encode_frame(proto::error_response(-r, "the answer would be larger than the 4 MiB frame limit"), c.out);
     resp.fds.clear();

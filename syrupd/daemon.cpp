@@ -278,10 +278,11 @@ int Daemon::start_loop() {
     epoll_event ev{EPOLLIN, {.fd = fd}};
     epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev);
   }
+  // Each owner's pidfd once (an owner's policies share it: EEXIST for the others).
   for (auto& [id, p] : policies_)
     if (p->owner_pidfd) {
-      epoll_event ev{EPOLLIN, {.fd = p->owner_pidfd.get()}};
-      epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, p->owner_pidfd.get(), &ev);
+      epoll_event ev{EPOLLIN, {.fd = p->owner_pidfd->get()}};
+      epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, p->owner_pidfd->get(), &ev);
     }
   return 0;
 }
@@ -309,7 +310,9 @@ int Daemon::run() {
   if (cfg_.on_ready) cfg_.on_ready(policies_.size());
   epoll_event evs[32];
   for (bool stop = false; !stop;) {
+    LoadedPolicy::release_reopened();  // what the start, or the last events, reopened
     int timeout = run_timers();
+    LoadedPolicy::release_reopened();
     int n = epoll_wait(epoll_fd_.get(), evs, 32, timeout);
     if (n < 0) {
       if (errno == EINTR) continue;

@@ -79,7 +79,9 @@ struct Policy {
   uid_t uid = 0;
   pid_t owner_pid = 0;  // 0 when the policy persists
   uint64_t owner_start = 0;  // the owner's start time, to tell it from a reused pid
-  UniqueFd owner_pidfd;
+  // Shared by every policy of that owner (Daemon::owner_fd()): one descriptor and one epoll
+  // entry per process, not per policy. Null when the policy persists.
+  std::shared_ptr<UniqueFd> owner_pidfd;
   std::map<std::string, uint64_t> params;
   std::unique_ptr<Target> target;        // where it is attached, with its executors
   std::unique_ptr<LoadedPolicy> loaded;  // declared after target: destroyed first
@@ -87,6 +89,10 @@ struct Policy {
   std::string config_identity;  // "<tenant>/<name>" when deployed from --config
   std::string config_hash;
   std::string state_json;  // its entry in the state file (Daemon::record)
+  // Its list entry's fields that never change, serialised without the closing brace;
+  // made by the first list after record(), which clears it (Daemon::list_entry).
+  mutable std::string list_json;
+  std::string key;  // target->key() as the registry's index has it (Daemon::index)
   // The loaded program's kernel id and instruction count, read once (Daemon::record):
   // list and the quota checks need them for every policy, and they never change.
   uint32_t prog_id = 0;
@@ -216,6 +222,9 @@ class Daemon {
   };
   struct Response {
     nlohmann::json body;
+    // Set: the answer's payload, serialised already (list), sent instead of body, which
+    // then only says whether it succeeded.
+    std::string raw;
     std::vector<int> fds;  // borrowed: valid until the response is sent
     std::vector<UniqueFd> owned_fds;
     // Set by a deploy that may park and whose object is not cached.
@@ -307,8 +316,12 @@ class Daemon {
   Response list(const Caller& caller, const nlohmann::json& req);
   // Most entries of one list or stats answer (docs/protocol.md, list).
   static constexpr int64_t kListPage = 1000;
-  std::optional<Response> page(const Caller& caller, const nlohmann::json& req, nlohmann::json& arr,
-                               nlohmann::json& next, nlohmann::json (Daemon::*entry)(const Policy&) const) const;
+  // Calls `entry` for each policy of the page; `next`: the cursor, when more may follow.
+  std::optional<Response> page(const Caller& caller, const nlohmann::json& req, nlohmann::json& next,
+                               const std::function<void(const Policy&)>& entry) const;
+  // Appends `p`'s list entry, serialised, to `out`: its fields that never change are
+  // serialised once (Policy::list_json), those of its target's state each time.
+  void list_entry(const Policy& p, std::string& out) const;
   Response stats(const Caller& caller, const nlohmann::json& req);
   struct AppMap {
     std::string app, map;
@@ -334,6 +347,10 @@ class Daemon {
   // `ended`: no one asked (its owner exited, its attachment is gone): `list` shows it.
   void remove_policy(int id, bool detach_hook, const char* why, bool ended = false);
   void owner_exited(int pidfd);
+  // The pidfd of owner `pid`, shared with its other policies, watched by epoll (once
+  // epoll exists: start_loop() adds those of adopted policies); null if it is gone.
+  std::shared_ptr<UniqueFd> owner_fd(pid_t pid);
+  std::map<pid_t, std::weak_ptr<UniqueFd>> owner_fds_;
   // After a hook's refresh() found its kernel state changed by others: removes the
   // policies whose attachment the kernel no longer runs (Target::gone()), with that
   // reason, and records the rest (an XDP policy's interface renamed: its key and state).
@@ -468,6 +485,15 @@ class Daemon {
   // are destroyed first.
   std::vector<std::unique_ptr<Hook>> hooks_;
   std::map<int, std::unique_ptr<Policy>> policies_;
+  // The registry's indexes, so that a deploy reads the policies of its target and of its
+  // application, not every policy (at 1000 policies walking them all was 27% of a
+  // deploy's CPU, building each one's key string 19%). Kept by index()/unindex() beside
+  // every change of policies_.
+  std::map<std::string, std::set<int>> by_key_, by_app_;
+  void index(Policy& p);
+  void unindex(const Policy& p);
+  // The ids of `app`'s policies (none: an empty set).
+  const std::set<int>& policies_of(const std::string& app) const;
   // The most recently removed policies (ids only grow, so the first is the oldest), for
   // "no policy N" to say what became of N: a script removing an id that was replaced
   // or whose owner exited learns why. Shown to its uid and admins only. Those not adopted

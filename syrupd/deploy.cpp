@@ -176,18 +176,18 @@ Daemon::Response Daemon::deploy(const Caller& caller, proto::Message& req, bool 
 std::optional<Daemon::Response> Daemon::find_replaced(const Caller& caller, DeployRun& run) {
   const std::string key = run.target->key();
   std::vector<std::pair<int, std::string>> dead;
-  for (auto& [id, p] : policies_)
-    if (p->target->key() == key)
-      if (std::string why = why_ended(*p); !why.empty()) dead.emplace_back(id, std::move(why));
+  auto on_key = [&] { auto it = by_key_.find(key); return it == by_key_.end() ? std::set<int>() : it->second; };
+  for (int id : on_key())
+    if (std::string why = why_ended(*policies_.at(id)); !why.empty()) dead.emplace_back(id, std::move(why));
   for (auto& [id, why] : dead) end_policy(id, why);
-  for (auto& [id, p] : policies_) {
-    if (p->target->key() != key) continue;
+  for (int id : on_key()) {
+    Policy* p = policies_.at(id).get();
     if (p->app != run.args.app)
       return Response{proto::error_response(
           EBUSY, key + " is scheduled by " +
                      (visible(caller, *p) ? "application '" + p->app + "' (policy " + std::to_string(id) + ")"
                                           : std::string("another user's application")))};
-    run.old = p.get();
+    run.old = p;
   }
   return std::nullopt;
 }
@@ -208,7 +208,7 @@ std::unique_ptr<Policy> Daemon::new_policy(const Caller& caller, const DeployRun
   if (a.persist) return pol;
   pol->owner_pid = owner;
   pol->owner_start = process_start_time(owner);
-  pol->owner_pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, owner, 0)));
+  pol->owner_pidfd = owner_fd(owner);
   if (pol->owner_pidfd) return pol;
   resp = {proto::error_response(ESRCH, "process " + std::to_string(owner) + " exited before its policy was deployed")};
   return nullptr;
@@ -333,17 +333,20 @@ int Daemon::load_step(DeployRun& run, Policy& pol, DeployTxn& txn, Response& res
 // registry back into `pol`, which the steps before act on.
 void Daemon::register_step(std::unique_ptr<Policy>& pol, DeployTxn& txn) {
   int id = pol->id;
+  // Watched again: an exit seen while the deploy ran found no policy and unwatched it
+  // (EEXIST otherwise).
   if (pol->owner_pidfd) {
-    epoll_event ev{EPOLLIN, {.fd = pol->owner_pidfd.get()}};
-    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, pol->owner_pidfd.get(), &ev);
+    epoll_event ev{EPOLLIN, {.fd = pol->owner_pidfd->get()}};
+    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, pol->owner_pidfd->get(), &ev);
   }
   record(*pol);
+  index(*pol);
   policies_.emplace(id, std::move(pol));
   txn.on_undo("registration of policy " + std::to_string(id), [this, id, &pol] {
     auto it = policies_.find(id);
+    unindex(*it->second);
     pol = std::move(it->second);
     policies_.erase(it);
-    if (pol->owner_pidfd) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, pol->owner_pidfd.get(), nullptr);
   });
 }
 
@@ -392,6 +395,9 @@ Daemon::Response Daemon::run_deploy(const Caller& caller, DeployRun& run, pid_t 
   gc_app(a.app);
   totals_.deploys++;
   changed();
+  // Pinned and attached: its program and maps need no descriptor of syrupd's until a
+  // request asks for them (LoadedPolicy::release()).
+  p.loaded->release();
   return {ok(out)};
 }
 

@@ -134,8 +134,8 @@ Daemon::Response Daemon::remove(const Caller& caller, const json& req) {
 // loop (and everyone else's request) for its whole build and could pass the 4 MiB frame
 // limit; a page bounds both. "next" (the page's last id) is set when more may follow: it
 // names only a policy the caller sees. 0, or the error to answer.
-std::optional<Daemon::Response> Daemon::page(const Caller& caller, const json& req, json& arr, json& next,
-                                             json (Daemon::*entry)(const Policy&) const) const {
+std::optional<Daemon::Response> Daemon::page(const Caller& caller, const json& req, json& next,
+                                             const std::function<void(const Policy&)>& entry) const {
   int64_t after = 0, limit = kListPage;
   if (req.contains("after"))
     if (std::string why = names::integer("after", req["after"], 0, INT32_MAX, after); !why.empty())
@@ -143,21 +143,32 @@ std::optional<Daemon::Response> Daemon::page(const Caller& caller, const json& r
   if (req.contains("limit"))
     if (std::string why = names::integer("limit", req["limit"], 1, kListPage, limit); !why.empty())
       return Response{proto::error_response(EINVAL, why)};
-  arr = json::array();
+  int64_t n = 0, last = 0;
   for (auto it = policies_.upper_bound(static_cast<int>(after)); it != policies_.end(); ++it) {
     if (!visible(caller, *it->second)) continue;
-    if (arr.size() == static_cast<size_t>(limit)) {
-      next = arr.back()["id"];
+    if (n++ == limit) {
+      next = last;
       break;
     }
-    arr.push_back((this->*entry)(*it->second));
+    entry(*it->second);
+    last = it->first;
   }
   return std::nullopt;
 }
 
+// A list page is most of what `list` costs: each entry is spliced from its policy's
+// serialised fixed fields and its target's live state, not built as JSON and serialised
+// whole (16 us of syrupd's CPU per policy before).
 Daemon::Response Daemon::list(const Caller& caller, const json& req) {
-  json arr, next;
-  if (auto err = page(caller, req, arr, next, &Daemon::describe)) return std::move(*err);
+  json next;
+  std::string entries;
+  if (auto err = page(caller, req, next, [&](const Policy& p) {
+        entries += entries.empty() ? '[' : ',';
+        list_entry(p, entries);
+      }))
+    return std::move(*err);
+  if (entries.empty()) entries = "[";
+  entries += ']';
   // What ended without a request (its owner exited, its sockets all closed), so that the
   // user sees why a policy is no longer listed, not only syrupd's log; to whom `no_policy`
   // would say it. At most 256 (gone_'s bound), on every page.
@@ -165,9 +176,13 @@ Daemon::Response Daemon::list(const Caller& caller, const json& req) {
   for (auto& [id, g] : gone_)
     if (g.ended && (caller.admin() || g.uid == caller.uid))
       ended.push_back({{"id", id}, {"app", g.app}, {"name", g.name}, {"why", g.why}});
-  json out = {{"policies", std::move(arr)}, {"ended", std::move(ended)}};
+  json out = ok({{"ended", std::move(ended)}});
   if (!next.is_null()) out["next"] = next;
-  return {ok(std::move(out))};
+  Response resp{ok()};
+  resp.raw = state_entry(out);
+  resp.raw.back() = ',';  // its closing brace: the policies follow
+  resp.raw += "\"policies\":" + entries + '}';
+  return resp;
 }
 
 Daemon::Response Daemon::stats(const Caller& caller, const json& req) {
@@ -177,7 +192,7 @@ Daemon::Response Daemon::stats(const Caller& caller, const json& req) {
     Policy* p = visible_policy(caller, req["id"], refusal);
     if (!p) return refusal;
     arr.push_back(policy_stats(*p));
-  } else if (auto err = page(caller, req, arr, next, &Daemon::policy_stats)) {
+  } else if (auto err = page(caller, req, next, [&](const Policy& p) { arr.push_back(policy_stats(p)); })) {
     return std::move(*err);
   }
   json out = {{"stats", std::move(arr)}};

@@ -437,17 +437,144 @@ void loader_init() { libbpf_set_print(libbpf_print); }
 LibbpfQuiet::LibbpfQuiet() { g_quiet++; }
 LibbpfQuiet::~LibbpfQuiet() { g_quiet--; }
 
+namespace {
+// The released policies with descriptors reopened since the last release_reopened().
+// Main thread only: released policies are the registry's.
+std::vector<const LoadedPolicy*> g_reopened;
+
+// Is `now` the program recorded as `was`? Its id, tag and name: an id names another
+// program only once the recorded one is freed, and then the tag (a hash of its code) tells.
+bool same_prog(const bpf_prog_info& was, const bpf_prog_info& now) {
+  return now.id == was.id && std::memcmp(now.tag, was.tag, sizeof now.tag) == 0 &&
+         std::strncmp(now.name, was.name, sizeof now.name) == 0;
+}
+
+bool same_map(const bpf_map_info& was, const bpf_map_info& now) {
+  return now.id == was.id && now.type == was.type && now.key_size == was.key_size &&
+         now.value_size == was.value_size && now.max_entries == was.max_entries &&
+         now.map_flags == was.map_flags && std::strncmp(now.name, was.name, sizeof now.name) == 0;
+}
+}  // namespace
+
 LoadedPolicy::~LoadedPolicy() {
   if (obj) bpf_object__close(obj);
+  std::erase(g_reopened, this);
+}
+
+int LoadedPolicy::reopen_prog(UniqueFd& fd, bpf_prog_info& now) const {
+  fd.reset(bpf_prog_get_fd_by_id(prog_info_.id));
+  now = {};
+  uint32_t len = sizeof now;
+  if (!fd || bpf_prog_get_info_by_fd(fd.get(), &now, &len) != 0 || !same_prog(prog_info_, now)) {
+    log(LogLevel::kWarn, "policy %d: its program (id %u) is gone", policy_id, prog_info_.id);
+    fd.reset();
+    return -ENOENT;
+  }
+  return 0;
+}
+
+int LoadedPolicy::prog_fd() const {
+  if (obj) return bpf_program__fd(prog);
+  if (adopted_prog || !released_) return adopted_prog.get();
+  UniqueFd fd;
+  bpf_prog_info now;
+  if (int r = reopen_prog(fd, now)) return r;
+  if (adopted_maps.empty()) g_reopened.push_back(this);
+  adopted_prog = std::move(fd);
+  return adopted_prog.get();
+}
+
+int LoadedPolicy::prog_info(bpf_prog_info& info) const {
+  if (obj || adopted_prog || !released_) {
+    uint32_t len = sizeof info;
+    return bpf_prog_get_info_by_fd(prog_fd(), &info, &len) == 0 ? 0 : -errno;
+  }
+  UniqueFd fd;  // closed at once
+  return reopen_prog(fd, info);
+}
+
+void LoadedPolicy::close_reopened() const {
+  if (!released_) return;
+  adopted_prog.reset();
+  adopted_maps.clear();  // its entry in g_reopened, if any, is harmless until then
 }
 
 int LoadedPolicy::map_fd(const char* name) const {
-  if (!obj) {
-    auto it = adopted_maps.find(name);
-    return it == adopted_maps.end() ? -ENOENT : it->second.get();
+  if (obj) {
+    bpf_map* m = bpf_object__find_map_by_name(obj, name);
+    return m ? bpf_map__fd(m) : -ENOENT;
   }
-  bpf_map* m = bpf_object__find_map_by_name(obj, name);
-  return m ? bpf_map__fd(m) : -ENOENT;
+  if (auto it = adopted_maps.find(name); it != adopted_maps.end()) return it->second.get();
+  auto was = map_info_.find(name);
+  if (was == map_info_.end()) return reopen_pin(name);
+  UniqueFd fd(bpf_map_get_fd_by_id(was->second.id));
+  bpf_map_info now{};
+  uint32_t len = sizeof now;
+  if (!fd || bpf_map_get_info_by_fd(fd.get(), &now, &len) != 0 || !same_map(was->second, now)) {
+    log(LogLevel::kWarn, "policy %d: its map %s (id %u) is gone", policy_id, name, was->second.id);
+    return -ENOENT;
+  }
+  if (adopted_maps.empty() && !adopted_prog) g_reopened.push_back(this);
+  return (adopted_maps[name] = std::move(fd)).get();
+}
+
+// An adopted policy's map that no one has asked for yet: opened by its pin under
+// syrupd's own tree (pins::obj_get follows no link; only root writes there), checked to
+// carry the map's name, as adopt_policy() checks what it opens.
+int LoadedPolicy::reopen_pin(const char* name) const {
+  std::string path;
+  if (std::find(system_maps.begin(), system_maps.end(), name) != system_maps.end())
+    path = pins::policy_map(app, policy_id, name);
+  else if (std::find(user_maps.begin(), user_maps.end(), name) != user_maps.end())
+    path = pins::app_map(app, name);
+  else
+    return -ENOENT;
+  UniqueFd fd(pins::obj_get(path));
+  bpf_map_info info{};
+  uint32_t len = sizeof info;
+  if (!fd || bpf_map_get_info_by_fd(fd.get(), &info, &len) != 0 ||
+      std::string_view(name).substr(0, BPF_OBJ_NAME_LEN - 1) != info.name) {
+    log(LogLevel::kWarn, "policy %d: its map %s is not pinned at %s", policy_id, name, path.c_str());
+    return -ENOENT;
+  }
+  if (adopted_maps.empty() && !adopted_prog) g_reopened.push_back(this);
+  return (adopted_maps[name] = std::move(fd)).get();
+}
+
+void LoadedPolicy::release() {
+  if (released_) return;
+  uint32_t len = sizeof prog_info_;
+  if (bpf_prog_get_info_by_fd(prog_fd(), &prog_info_, &len) != 0) return;  // kept open
+  // The maps open now (all of a loaded object's; those an adoption opened) are reopened
+  // by id later; the others by their pins (reopen_pin()).
+  std::vector<std::string> names = system_maps;
+  names.insert(names.end(), user_maps.begin(), user_maps.end());
+  for (const auto& n : names) {
+    bpf_map_info info{};
+    len = sizeof info;
+    // A map libbpf took over from its pin carries the kernel's name, its first 15 characters.
+    auto open_now = [&](const std::string& as) {
+      auto it = adopted_maps.find(as);
+      return obj ? map_fd(as.c_str()) : it == adopted_maps.end() ? -ENOENT : it->second.get();
+    };
+    int fd = open_now(n);
+    if (fd < 0) fd = open_now(n.substr(0, BPF_OBJ_NAME_LEN - 1));
+    if (fd >= 0 && bpf_map_get_info_by_fd(fd, &info, &len) == 0) map_info_[n] = info;
+  }
+  if (obj) bpf_object__close(obj);
+  obj = nullptr;
+  prog = nullptr;
+  adopted_prog.reset();
+  adopted_maps.clear();
+  released_ = true;
+}
+
+void LoadedPolicy::release_reopened() {
+  for (const LoadedPolicy* p : g_reopened) {
+    p->adopted_prog.reset();
+    p->adopted_maps.clear();
+  }
+  g_reopened.clear();
 }
 
 int adopt_policy(const std::string& app, int id, const std::vector<std::string>& user_maps,
@@ -464,28 +591,8 @@ int adopt_policy(const std::string& app, int id, const std::vector<std::string>&
     err = "its program is not pinned at " + pins::policy_prog(app, id) + ": " + std::strerror(e);
     return -e;
   }
-  // An older syrupd's tree was writable by the application's owner, who could have moved
-  // its pins around: each map must carry its own name (the kernel keeps 15 characters).
-  auto open_pin = [&](const std::string& name, const std::string& path) {
-    UniqueFd fd(pins::obj_get(path));
-    if (!fd) {
-      int e = -fd.get();
-      err = "map " + name + " is not pinned at " + path + ": " + std::strerror(e);
-      return -e;
-    }
-    bpf_map_info info{};
-    uint32_t len = sizeof info;
-    if (bpf_map_get_info_by_fd(fd.get(), &info, &len) != 0 || name.compare(0, BPF_OBJ_NAME_LEN - 1, info.name) != 0) {
-      err = "the pin " + path + " is not the program's map " + name;
-      return -EINVAL;
-    }
-    p->adopted_maps[name] = std::move(fd);
-    return 0;
-  };
-  for (auto& m : system_maps)
-    if (int r = open_pin(m, pins::policy_map(app, id, m))) return r;
-  for (auto& m : user_maps)
-    if (int r = open_pin(m, pins::app_map(app, m))) return r;
+  // Its maps are opened when asked for (map_fd(), by their pins, each checked to carry
+  // its own name), not all at once: most are never asked for.
   out = std::move(p);
   return 0;
 }

@@ -16,6 +16,7 @@
 // Everything a load sends back (message, verifier log) has kernel addresses scrubbed.
 #pragma once
 
+#include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 
 #include <cstdint>
@@ -83,23 +84,46 @@ struct LoadFailure {
 };
 
 // A policy's program and maps: either loaded by this syrupd (obj set), or adopted from
-// the pins a previous syrupd left (obj null, fds opened from bpffs).
+// the pins a previous syrupd left (obj null, fds opened from bpffs), or released
+// (release(): no descriptor held; the pins and the attachment keep the objects alive).
+// A released policy's prog_fd() and map_fd() reopen the object by its kernel id and
+// check it is the one recorded at release (an id is reused once its object is freed);
+// what they reopen stays open until release_reopened(), which syrupd calls after each
+// event, so a descriptor they return is valid until the event is handled.
 class LoadedPolicy {
  public:
   ~LoadedPolicy();
   bpf_object* obj = nullptr;
   bpf_program* prog = nullptr;
-  UniqueFd adopted_prog;
-  std::map<std::string, UniqueFd> adopted_maps;
+  mutable UniqueFd adopted_prog;
+  mutable std::map<std::string, UniqueFd> adopted_maps;
   std::vector<std::string> user_maps;    // names of the application maps it uses
   std::vector<std::string> system_maps;  // pinned under the policy's directory
   std::string app;
   int policy_id = 0;
 
-  int prog_fd() const { return obj ? bpf_program__fd(prog) : adopted_prog.get(); }
+  int prog_fd() const;
   int map_fd(const char* name) const;
+  // Records the ids of the program and of the maps it names, then closes every
+  // descriptor (the libbpf object's too). Only for a policy pinned and attached.
+  void release();
+  // Closes what prog_fd()/map_fd() reopened of every released policy.
+  static void release_reopened();
+  // Closes what they reopened of this one (a walk over every policy would otherwise hold
+  // two descriptors per policy at once).
+  void close_reopened() const;
+  // The program's info (run counts), without keeping a descriptor of a released policy.
+  // 0 or -errno.
+  int prog_info(bpf_prog_info& info) const;
   // Removes the pins of the program and system maps (not the application's maps).
   void unpin();
+
+ private:
+  int reopen_prog(UniqueFd& fd, bpf_prog_info& now) const;
+  int reopen_pin(const char* name) const;
+  bool released_ = false;
+  bpf_prog_info prog_info_{};                    // at release: id, tag, name
+  std::map<std::string, bpf_map_info> map_info_;  // at release, by name
 };
 
 // Installs the libbpf print callback that load() captures from. Call once.

@@ -99,8 +99,9 @@ std::string Daemon::check_quota(const std::string& app, const Policy* replaced, 
   Quotas q{config::Quotas::limit(cq.policies), config::Quotas::limit(cq.maps),
            config::Quotas::limit(cq.map_bytes), config::Quotas::limit(cq.insns), 0};
   size_t policies = 0, insns = fp.insns;
-  for (auto& [id, p] : policies_) {
-    if (p->app != app || p.get() == replaced) continue;
+  for (int id : policies_of(app)) {
+    const Policy* p = policies_.at(id).get();
+    if (p == replaced) continue;
     policies++;
     insns += p->insns;
   }
@@ -168,11 +169,13 @@ std::string Daemon::check_uid_quota(const std::string& app, const Policy* replac
   std::set<std::string> apps;
   for (auto& [a, u] : app_owner_)
     if (u == uid) apps.insert(a);
-  for (auto& [id, p] : policies_) {
-    if (!apps.count(p->app) || p.get() == replaced) continue;
-    have[0]++;
-    have[3] += p->insns;
-  }
+  for (auto& a : apps)
+    for (int id : policies_of(a)) {
+      const Policy* p = policies_.at(id).get();
+      if (p == replaced) continue;
+      have[0]++;
+      have[3] += p->insns;
+    }
   for (auto& a : apps) {
     MapUsage u = a == app ? pinned : pinned_map_usage(a);
     have[1] += u.maps;
@@ -193,11 +196,15 @@ void Daemon::remove_policy(int id, bool detach_hook, const char* why, bool ended
   // A replaced policy's attachment now belongs to its successor: only a real removal
   // uninstalls.
   if (detach_hook && p.loaded) p.target->uninstall(*p.loaded);
-  if (p.owner_pidfd) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, p.owner_pidfd.get(), nullptr);
+  // Its owner's pidfd leaves epoll when its last policy closes it.
+  if (auto it = owner_fds_.find(p.owner_pid); p.owner_pidfd.use_count() == 1 && it != owner_fds_.end() &&
+                                               it->second.lock() == p.owner_pidfd)
+    owner_fds_.erase(it);
   if (p.loaded) p.loaded->unpin();
   std::string app = p.app;
   log(LogLevel::kInfo, "removed policy %d (%s) of app '%s': %s", id, p.name.c_str(), app.c_str(), why);
   remember_gone(id, Gone{p.uid, app, p.name, why, {}, ended});
+  unindex(p);
   policies_.erase(it);
   gc_app(app);
   totals_.removals++;
@@ -209,10 +216,9 @@ void Daemon::gc_app(const std::string& app) {
   if (loading_apps_.count(app)) return;
   bool any = false;
   std::map<std::string, bool> used;
-  for (auto& [id, p] : policies_) {
-    if (p->app != app) continue;
+  for (int id : policies_of(app)) {
     any = true;
-    for (auto& m : p->loaded->user_maps) used[m] = true;
+    for (auto& m : policies_.at(id)->loaded->user_maps) used[m] = true;
   }
   for (const auto& name : pins::app_map_names(app))
     if (!used.count(name)) unlink(pins::app_map(app, name).c_str());
@@ -228,10 +234,30 @@ void Daemon::owner_exited(int pidfd) {
   // the pidfd still shows ends policies.
   if (!exited(pidfd)) return;
   std::vector<int> ids;
+  pid_t owner = 0;
   for (auto& [id, p] : policies_)
-    if (p->owner_pidfd.get() == pidfd) ids.push_back(id);
+    if (p->owner_pidfd && p->owner_pidfd->get() == pidfd) ids.push_back(id), owner = p->owner_pid;
+  if (owner) owner_fds_.erase(owner);
   for (int id : ids) end_policy(id, owner_exited_reason(*policies_[id]));
   if (ids.empty()) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, pidfd, nullptr);
+}
+
+std::shared_ptr<UniqueFd> Daemon::owner_fd(pid_t pid) {
+  auto& known = owner_fds_[pid];
+  // A pidfd of a process that exited stays with the policies it ends; a new process that
+  // reused the pid gets its own.
+  if (auto fd = known.lock(); fd && !exited(fd->get())) return fd;
+  auto fd = std::make_shared<UniqueFd>(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+  if (!*fd) {
+    owner_fds_.erase(pid);
+    return nullptr;
+  }
+  if (epoll_fd_) {
+    epoll_event ev{EPOLLIN, {.fd = fd->get()}};
+    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd->get(), &ev);
+  }
+  known = fd;
+  return fd;
 }
 
 std::string Daemon::owner_exited_reason(const Policy& p) {
@@ -239,7 +265,7 @@ std::string Daemon::owner_exited_reason(const Policy& p) {
 }
 
 std::string Daemon::why_ended(const Policy& p) {
-  return exited(p.owner_pidfd.get()) ? owner_exited_reason(p) : p.target->gone();
+  return p.owner_pidfd && exited(p.owner_pidfd->get()) ? owner_exited_reason(p) : p.target->gone();
 }
 
 bool Daemon::some_end_unannounced() const {
@@ -259,8 +285,32 @@ void Daemon::follow_kernel() {
   remove_ended();
   // What the others save may have changed with the kernel (an interface's new name). Rare
   // enough to serialise them all again.
-  for (auto& [id, p] : policies_) record(*p);
+  for (auto& [id, p] : policies_) {
+    record(*p);
+    if (p->target->key() != p->key) {
+      unindex(*p);
+      index(*p);
+    }
+  }
   changed();
+}
+
+void Daemon::index(Policy& p) {
+  p.key = p.target->key();
+  by_key_[p.key].insert(p.id);
+  by_app_[p.app].insert(p.id);
+}
+
+void Daemon::unindex(const Policy& p) {
+  for (auto [index, k] : {std::pair{&by_key_, &p.key}, std::pair{&by_app_, &p.app}})
+    if (auto it = index->find(*k); it != index->end() && it->second.erase(p.id) && it->second.empty())
+      index->erase(it);
+}
+
+const std::set<int>& Daemon::policies_of(const std::string& app) const {
+  static const std::set<int> none;
+  auto it = by_app_.find(app);
+  return it == by_app_.end() ? none : it->second;
 }
 
 void Daemon::end_policy(int id, const std::string& why) {
@@ -271,6 +321,32 @@ void Daemon::end_policy(int id, const std::string& why) {
     config_waiting_.insert(entry);
   }
   remove_policy(id, true, why.c_str(), true);
+}
+
+// The fields describe() adds to the target's.
+static constexpr const char* kFixedFields[] = {"id",     "app",       "hook",   "name",    "uid",
+                                               "owner_pid", "persist", "target", "executors", "params",
+                                               "prog_id", "created", "pin"};
+
+void Daemon::list_entry(const Policy& p, std::string& out) const {
+  if (p.list_json.empty()) {
+    json fixed = describe(p), own = p.target->describe();
+    for (auto& [k, v] : own.items())
+      if (std::ranges::find_if(kFixedFields, [&](const char* f) { return k == f; }) == std::end(kFixedFields))
+        fixed.erase(k);
+    p.list_json = state_entry(fixed);
+    p.list_json.pop_back();  // '}'
+  }
+  out += p.list_json;
+  json live = p.target->describe();
+  for (const char* f : kFixedFields) live.erase(f);
+  if (live.empty()) {
+    out += '}';
+    return;
+  }
+  std::string d = state_entry(live);
+  d[0] = p.list_json.size() > 1 ? ',' : ' ';
+  out += d;
 }
 
 json Daemon::describe(const Policy& p) const {
@@ -324,9 +400,9 @@ json Daemon::policy_stats(const Policy& p) const {
     total += v;
   }
   uint64_t pass = slot(SYR_STAT_PASS), drop = slot(SYR_STAT_DROP), fb = slot(SYR_STAT_FALLBACK);
+  p.loaded->close_reopened();
   bpf_prog_info info{};
-  uint32_t len = sizeof info;
-  bpf_prog_get_info_by_fd(p.loaded->prog_fd(), &info, &len);
+  p.loaded->prog_info(info);
   json st = {{"id", p.id},           {"app", p.app},      {"name", p.name},     {"hook", p.hook},
              {"executors", execs},   {"pass", pass},      {"drop", drop},
              {"fallback", fb},       {"decisions", total + pass + drop + fb},

@@ -48,6 +48,7 @@ void Daemon::record(Policy& p) {
       p.insns = info.xlated_prog_len / 8;
     }
   }
+  p.list_json.clear();  // its target's key may have changed (an interface renamed)
   json saved = p.target->save();
   if (saved.is_null()) {
     p.state_json.clear();
@@ -150,13 +151,15 @@ void Daemon::adopt_state() {
     }
     next_id_ = std::max(next_id_, pol->id + 1);  // ids are never reused, even if next_id was lost
     if (pol->owner_pid) {
-      pol->owner_pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, pol->owner_pid, 0)));
+      pol->owner_pidfd = owner_fd(pol->owner_pid);
       // The same process, not a new one that reused its pid.
       if (pol->owner_pidfd && process_start_time(pol->owner_pid) != pol->owner_start) pol->owner_pidfd.reset();
     }
     record(*pol);
+    pol->loaded->release();
     int id = pol->id;
     bool owner_gone = pol->owner_pid && !pol->owner_pidfd;
+    index(*pol);
     policies_.emplace(id, std::move(pol));
     adopted++;
     if (owner_gone) remove_policy(id, true, "its owner exited while syrupd was down", true);

@@ -488,11 +488,12 @@ class GroupTarget : public Target {
   bool ends_unannounced() const override { return true; }
 
   // After install() or adopt(): the executor map, to see which executors are open.
-  // Its program too (borrowed: the policy outlives its target's use of it), for a
-  // replacement's undo to put back.
+  // Its policy too (borrowed: the policy outlives its target's use of it), whose program
+  // a replacement's undo puts back: asked for when needed, since a policy at rest holds
+  // no descriptor of its program (LoadedPolicy::release()).
   void watch(const LoadedPolicy& p) {
     map_.reset(fcntl(p.map_fd(SYR_EXECUTORS_MAP), F_DUPFD_CLOEXEC, 0));
-    prog_fd_ = p.prog_fd();
+    loaded_ = &p;
   }
 
   // A socket can be in one REUSEPORT_SOCKARRAY only: the new program shares the old
@@ -526,7 +527,7 @@ class GroupTarget : public Target {
     auto held = std::make_shared<Executors>(ex_.identity());
     held->sockets = std::move(ex_.sockets);
     ex_.sockets.clear();
-    int prev_prog = prev ? prev->prog_fd_ : -1;
+    int prev_prog = prev && prev->loaded_ ? prev->loaded_->prog_fd() : -1;
     txn.on_undo("attach to " + key(), [held, prev_prog] {
       std::string ignored;
       prev_prog >= 0 ? attach(*held, prev_prog, ignored) : detach(*held, ignored);
@@ -572,7 +573,7 @@ class GroupTarget : public Target {
   Executors ex_;
   Anchor anchor_;  // deployed by pid: the process the policy lives with (group_owner.h)
   UniqueFd map_;
-  int prog_fd_ = -1;  // borrowed from its policy once installed or adopted (watch())
+  const LoadedPolicy* loaded_ = nullptr;  // its policy's, once installed or adopted (watch())
 };
 
 // The group on the port among the sockets of a cgroup's processes (--cgroup): each

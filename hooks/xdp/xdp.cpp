@@ -565,11 +565,11 @@ namespace {
 class XdpTarget : public Target {
  public:
   XdpTarget(XdpHook& hook, std::shared_ptr<Root> root, std::string app, std::set<Claim> ports,
-            std::vector<uint32_t> cpus, std::vector<UniqueFd> xsks, int slot = -1, int prog_fd = -1,
+            std::vector<uint32_t> cpus, std::vector<UniqueFd> xsks, int slot = -1, const LoadedPolicy* loaded = nullptr,
             uint32_t n_xsks = 0)
       : hook_(hook), root_(std::move(root)), app_(std::move(app)), ports_(std::move(ports)),
         cpus_(std::move(cpus)), xsks_(std::move(xsks)), n_xsks_(xsks_.empty() ? n_xsks : xsks_.size()),
-        slot_(slot), prog_fd_(prog_fd) {}
+        slot_(slot), loaded_(loaded) {}
 
   ~XdpTarget() override { hook_.release_if_unused(std::move(root_)); }
 
@@ -605,7 +605,7 @@ class XdpTarget : public Target {
       err = "cannot install the policy in slot " + std::to_string(slot) + ": " + std::strerror(e);
       return -e;
     }
-    txn.on_undo("program in slot " + std::to_string(slot), [root, slot, ofd = prev ? prev->prog_fd_ : -1] {
+    txn.on_undo("program in slot " + std::to_string(slot), [root, slot, ofd = prev && prev->loaded_ ? prev->loaded_->prog_fd() : -1] {
       int apps = root->map_fd("syr_xdp_apps");
       ofd >= 0 ? bpf_map_update_elem(apps, &slot, &ofd, 0) : bpf_map_delete_elem(apps, &slot);
     });
@@ -624,7 +624,7 @@ class XdpTarget : public Target {
           txn.on_undo("release of " + c.str(),
                       [root, c, slot, app = app_] { std::string e; set_claim(*root, c, slot + 1, app, e); });
         }
-    prog_fd_ = fd;
+    loaded_ = &p;
     return 0;
   }
 
@@ -717,7 +717,9 @@ class XdpTarget : public Target {
   std::vector<UniqueFd> xsks_;
   size_t n_xsks_ = 0;  // AF_XDP executors (the sockets are not re-taken on adoption)
   int slot_ = -1;
-  int prog_fd_ = -1;  // borrowed from the policy's LoadedPolicy while installed
+  // Its policy's, while installed: a replacement's undo puts its program back, asked for
+  // then (a policy at rest holds no descriptor of it: LoadedPolicy::release()).
+  const LoadedPolicy* loaded_ = nullptr;
 };
 
 }  // namespace
@@ -906,7 +908,7 @@ int XdpHook::adopt(const json& saved, LoadedPolicy& p, std::unique_ptr<Target>& 
   for (auto& c : ports) root->claims()[c] = app;
   out = std::make_unique<XdpTarget>(*this, root, app, std::move(ports),
                                     saved.value("cpus", std::vector<uint32_t>{}), std::vector<UniqueFd>{},
-                                    slot, p.prog_fd(), saved.value("xsks", 0u));
+                                    slot, &p, saved.value("xsks", 0u));
   return 0;
 }
 

@@ -38,7 +38,10 @@ int wait_readable(int sock, Clock::time_point deadline) {
 }  // namespace
 
 int encode_frame(const nlohmann::json& body, std::string& out) {
-  std::string payload = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return encode_payload(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), out);
+}
+
+int encode_payload(std::string_view payload, std::string& out) {
   if (payload.size() > kMaxPayload) return -EMSGSIZE;
   Header h{htole32(kMagic), htole32(static_cast<uint32_t>(payload.size()))};
   out.assign(reinterpret_cast<const char*>(&h), sizeof h);

@@ -38,6 +38,8 @@ int send_message(int sock, const nlohmann::json& body, std::span<const int> fds 
 
 // The frame of `body` (header and payload) into `out`. 0 or -EMSGSIZE.
 int encode_frame(const nlohmann::json& body, std::string& out);
+// The frame of a payload serialised already (one JSON object). 0 or -EMSGSIZE.
+int encode_payload(std::string_view payload, std::string& out);
 
 // Sends what the socket takes now of frame bytes `frame` from `off` on, the descriptors
 // `fds` with the frame's first byte (off 0). The bytes sent, or -errno (-EAGAIN: none

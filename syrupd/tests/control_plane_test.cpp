@@ -1,8 +1,12 @@
 // The control plane with many policies: list and stats answer in bounded pages that join
-// to the whole (and whose cursor names nothing the caller may not see), and a restart
-// adopts many policies of one holder process, each still deciding.
+// to the whole (and whose cursor names nothing the caller may not see), a policy at rest
+// holds about one descriptor of syrupd's (its program and maps reopened by id when a
+// request needs them), and a restart adopts many policies of one holder process, each
+// still deciding.
 #include <gtest/gtest.h>
 #include <unistd.h>
+
+#include <filesystem>
 
 #include <set>
 #include <string>
@@ -51,7 +55,72 @@ std::vector<int> page_through(const char* op, const char* field, int limit, int&
   return ids;
 }
 
+// How many descriptors process `pid` has open.
+size_t open_fds(pid_t pid) {
+  size_t n = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    n++;
+  return n;
+}
+
+// Decisions `stats` counts for policy `id`, or -1 if it does not show it.
+int64_t decisions(int id) {
+  json r = request({{"op", "stats"}});
+  for (auto& e : r.value("stats", json::array()))
+    if (e["id"] == id) return e["decisions"].get<int64_t>();
+  return -1;
+}
+
+// Waits (up to 2 s) until syrupd holds at most `n` descriptors and a few more (a compile
+// worker's first compile may keep its own): what a request reopened is closed once its
+// event is handled, which may be just after the answer arrives. Stats of every policy
+// reopen two per policy, so a leak shows as many more.
+bool holds(pid_t pid, size_t n) {
+  return wait_for([&] { return open_fds(pid) <= n + 3; }, 2000) >= 0;
+}
+
 class ControlPlane : public SocketSelectTest {};
+
+// syrupd keeps no descriptor of a deployed policy's program and maps (they are pinned;
+// the socket-select target keeps its executor map, to see which sockets are open), and
+// one pidfd per owner process: a request that needs them reopens them by id, and they are
+// closed again after it.
+TEST_F(ControlPlane, APolicyAtRestHoldsOneDescriptorAndStillAnswersStatsReplaceAndRemove) {
+  constexpr size_t kPolicies = 20;
+  pid_t d = daemon_->pid();
+  std::vector<UdpGroup> groups;
+  for (size_t i = 0; i < kPolicies; i++) groups.emplace_back(2);
+  size_t before = open_fds(d);
+  std::vector<int> ids;
+  for (auto& g : groups) {
+    ids.push_back(deploy("policies/round_robin.c", g, {}, "atrest"));
+    ASSERT_GT(ids.back(), 0) << syr_last_error();
+  }
+  size_t after = open_fds(d);
+  EXPECT_LE(after, before + kPolicies + 1) << "descriptors per policy: " << (after - before) / double(kPolicies);
+
+  UdpClient c(groups[0].port());
+  EXPECT_EQ(delivered(groups[0], c, 10), 10);
+  EXPECT_EQ(decisions(ids[0]), 10) << "stats read from the reopened map";
+  EXPECT_EQ(decisions(ids[1]), 0);
+  EXPECT_TRUE(holds(d, after)) << "stats left " << open_fds(d) << " descriptors open, not " << after;
+
+  // Replacing a policy at rest: the new program shares its executor map (reopened), and
+  // the old program goes back if the replacement fails (its undo asks for it).
+  int drop = deploy("tests/policies/drop_all.c", groups[0], {}, "atrest");
+  ASSERT_GT(drop, 0) << syr_last_error();
+  EXPECT_EQ(delivered(groups[0], c, 10), 0) << "the replacement decides";
+  EXPECT_EQ(decisions(ids[0]), -1) << "the replaced policy is gone";
+  EXPECT_TRUE(holds(d, after)) << open_fds(d) << " descriptors, not " << after;
+
+  // Removing one at rest detaches it: the kernel's hash decides again.
+  ASSERT_EQ(syr_remove_policy(drop), 0) << syr_last_error();
+  EXPECT_EQ(delivered(groups[0], c, 10), 10);
+  for (size_t i = 1; i < kPolicies; i++) ASSERT_EQ(syr_remove_policy(ids[i]), 0) << syr_last_error();
+  EXPECT_TRUE(holds(d, before)) << "after removing everything: " << open_fds(d) << ", not " << before;
+}
 
 TEST_F(ControlPlane, ListAndStatsComeInPagesThatJoinToTheWhole) {
   std::vector<UdpGroup> groups;
@@ -136,6 +205,38 @@ TEST(ControlPlaneRestart, ManyPoliciesOfOneHolderAreAllAdoptedAndStillDecide) {
   EXPECT_EQ(list_policies().size(), static_cast<size_t>(kPolicies));
   for (int i : {0, kPolicies / 2, kPolicies - 1})
     EXPECT_EQ(delivered(groups[i], clients[i]), 0) << "group " << i << " lost its policy in the restart";
+  EXPECT_EQ(d.stop(), 0);
+}
+
+// A few hundred policies adopted after SIGKILL: all listed, syrupd holding about one
+// descriptor each, each still deciding and counted by stats, and removable.
+TEST(ControlPlaneRestart, HundredsOfPoliciesAreAdoptedAtOneDescriptorEach) {
+  SYRUP_REQUIRE_ROOT();
+  constexpr size_t kPolicies = 200;
+  Daemon d;
+  d.start();
+  size_t base = open_fds(d.pid());
+  std::vector<UdpGroup> groups;
+  for (size_t i = 0; i < kPolicies; i++) groups.emplace_back(1);
+  std::vector<int> ids;
+  for (auto& g : groups) {
+    ids.push_back(deploy_on(g, "tests/policies/drop_all.c", "hundreds"));
+    ASSERT_GT(ids.back(), 0) << syr_last_error();
+  }
+  d.crash();
+  d.start(d.bpffs_root());
+  EXPECT_NE(d.log().find("adopted " + std::to_string(kPolicies) + " policies"), std::string::npos) << d.log();
+  EXPECT_EQ(list_policies().size(), kPolicies);
+  size_t held = open_fds(d.pid());
+  EXPECT_LE(held, base + kPolicies + 2) << "descriptors per adopted policy: " << (held - base) / double(kPolicies);
+  for (size_t i : {size_t{0}, kPolicies / 2, kPolicies - 1}) {
+    UdpClient c(groups[i].port());
+    EXPECT_EQ(delivered(groups[i], c, 5), 0) << "group " << i << " lost its policy in the restart";
+    EXPECT_EQ(decisions(ids[i]), 5) << "policy " << ids[i];
+  }
+  ASSERT_EQ(syr_remove_policy(ids[0]), 0) << syr_last_error();
+  UdpClient c(groups[0].port());
+  EXPECT_EQ(delivered(groups[0], c, 5), 5) << "removed: the kernel's hash decides again";
   EXPECT_EQ(d.stop(), 0);
 }
 

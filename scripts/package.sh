@@ -36,7 +36,7 @@ build=$(cd "$build" && pwd)
 if grep -q '^SYRUP_FAULT_INJECTION:BOOL=ON' "$build/CMakeCache.txt"; then
   echo "package.sh: $build has SYRUP_FAULT_INJECTION=ON: these packages are for tests only" >&2
 fi
-cmake --build "$build" --target syrup syrupd syrupctl syrup-agent >/dev/null
+cmake --build "$build" -j "$(nproc)" --target syrup syrupd syrupctl syrup-agent >/dev/null
 
 mkdir -p "$out"
 staging=$build/cpack

@@ -3,7 +3,8 @@
 
 scripts/package.sh packages the suite's built tree; dpkg -i installs syrupd, libsyrup0
 and libsyrup-dev; the installed /usr/sbin/syrupd runs with the unit's own command line
-(packaged defaults: /etc/syrup/syrup.yaml, /run/syrup/syrupd.sock, /sys/fs/bpf/syrup);
+(packaged defaults: /etc/syrup/syrup.yaml, /run/syrup/syrupd.sock, /sys/fs/bpf/syrup),
+after a check that no installed path is writable by an unprivileged user (uid 62001);
 the installed syrupctl deploys the shipped round_robin.c for a UDP SO_REUSEPORT group and
 datagrams of one flow spread over its sockets; a program built with
 `pkg-config --cflags --libs libsyrup` deploys through the library; syrupd stops (its
@@ -32,6 +33,7 @@ UNIT = "/lib/systemd/system/syrupd.service"
 POLICY = "/usr/share/syrup/policies/round_robin.c"
 ADMIN_GROUP = "syrup-admin"
 SKIP = 77
+UNPRIVILEGED_UID = 62001  # the security tests' attacker (tests/security)
 
 
 class Failure(Exception):
@@ -145,11 +147,31 @@ def check_installed(group_before):
               "/usr/share/syrup/kernel/include/syrup/policy.h", "/usr/include/syrup/syrup.h"]:
         if not os.path.exists(f):
             raise Failure(f"{f} was not installed")
+    if shutil.which("systemd-analyze"):
+        r = run(["systemd-analyze", "verify", "--man=no", "--recursive-errors=no", UNIT])
+        if r.returncode != 0 or "syrupd.service" in r.stdout + r.stderr:
+            raise Failure(f"systemd-analyze verify {UNIT}:\n{r.stdout}{r.stderr}")
     if not os.path.isdir("/run/systemd/system"):
         r = run(["pgrep", "-x", "syrupd", "-a"])
         running = [l for l in r.stdout.splitlines() if l.split()[1:2] == ["/usr/sbin/syrupd"]]
         if running:
             raise Failure(f"installing started syrupd on a machine without systemd: {running}")
+
+
+def writable_by_user(debs, uid):
+    """What of the packages' files and directories (and of what postinst made) user `uid`
+    may write: a tenant who could edit the config, a policy or a binary would own root."""
+    paths = {"/var/lib/syrup"}
+    for deb in debs:
+        for line in must(["dpkg-deb", "-c", deb], "dpkg-deb -c").splitlines():
+            if not line.startswith("l"):
+                paths.add(line.split(None, 5)[5].lstrip(".").rstrip("/") or "/")
+    paths = sorted(p for p in paths if os.path.lexists(p))
+    r = run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sh", "-c",
+             'for p; do [ -w "$p" ] && echo "$p"; done; true', "sh"] + paths)
+    if r.returncode != 0:
+        raise Failure(f"checking as uid {uid}: {r.stderr}")
+    return r.stdout.split()
 
 
 def deploy_and_send():
@@ -212,14 +234,20 @@ def main():
     log = open(os.path.join(tmp, "syrupd.log"), "w+")
     t0 = time.monotonic()
     try:
-        out = must([os.path.join(src, "scripts/package.sh"), "-b", build, "-o", os.path.join(tmp, "debs")],
-                   "scripts/package.sh")
+        r = run([os.path.join(src, "scripts/package.sh"), "-b", build, "-o", os.path.join(tmp, "debs")])
+        sys.stdout.write(r.stderr)  # lintian's warnings, for the log
+        if r.returncode != 0:
+            raise Failure(f"scripts/package.sh failed:\n{r.stdout}")
+        out = r.stdout
         debs = sorted(l for l in out.splitlines() if l.endswith(".deb"))
         if len(debs) != 3:
             raise Failure(f"expected 3 packages, package.sh made {debs}")
         print(f"package_test: built {[os.path.basename(d) for d in debs]} in {time.monotonic() - t0:.0f} s")
         must(["dpkg", "-i"] + debs, "dpkg -i")
         check_installed(group_before)
+        writable = writable_by_user(debs, UNPRIVILEGED_UID)
+        if writable:
+            raise Failure(f"uid {UNPRIVILEGED_UID} may write installed paths: {writable}")
         syrupd = start_syrupd(log)
         socks = deploy_and_send()
         if not os.listdir("/sys/fs/bpf/syrup"):

@@ -21,6 +21,7 @@ BOOKWORM_PKGS=(
   qemu-system-x86 busybox-static cpio zstd python3 e2fsprogs xz-utils
   librocksdb-dev python3-matplotlib python3-venv
   nginx-light  # syrup_servers_tests runs its own nginx through a reload (docs/servers.md)
+  dpkg-dev lintian  # scripts/package.sh: dpkg-shlibdeps for the packages' dependencies, lintian checks them
 )
 BACKPORTS_PKGS=(libbpf-dev libbpf1)
 

@@ -8,7 +8,7 @@ src=$(cd "$(dirname "$0")" && pwd)
 prefix=$(mktemp -d /tmp/syrup-install-XXXXXX)
 trap 'rm -rf "$prefix"' EXIT
 cmake --install "$build" --prefix "$prefix" >/dev/null
-for f in bin/syrupd bin/syrupctl include/syrup/syrup.h include/syrup/policy.h include/syrup/abi.h \
+for f in sbin/syrupd sbin/syrup-agent bin/syrupctl include/syrup/syrup.h include/syrup/policy.h include/syrup/abi.h \
          share/syrup/kernel/include/syrup/policy.h share/syrup/kernel/hooks/socket_select/wrapper.bpf.h \
          share/syrup/policies/round_robin.c; do
   [ -e "$prefix/$f" ] || { echo "install_test: $f was not installed" >&2; exit 1; }
@@ -68,7 +68,7 @@ cleanup() {
 trap cleanup EXIT
 mkdir -p "$prefix/app"
 cp "$prefix/share/syrup/policies/scan_avoid.c" "$prefix/app/"
-"$prefix/bin/syrupd" --socket "$prefix/syrupd.sock" --bpffs_root "$bpffs" --cache_dir "$prefix/cache" \
+"$prefix/sbin/syrupd" --socket "$prefix/syrupd.sock" --bpffs_root "$bpffs" --cache_dir "$prefix/cache" \
   --state_file "$prefix/syrupd.state.json" --on_exit remove 2> "$prefix/syrupd.log" &
 syrupd_pid=$!
 for _ in $(seq 100); do

@@ -29,11 +29,12 @@ if ! nm -D --undefined-only "$build/bin/syrupd" | grep -qw sd_notifyf; then
   echo "systemd_unit_test: $build/bin/syrupd does not call sd_notifyf" >&2
   exit 1
 fi
-# The unit names the configured bindir (default /usr/local/bin) and verify checks that
-# its commands exist: point them at this build tree's binaries.
-bindir=$(sed -n 's|^ExecStart=\(.*\)/syrupd .*|\1|p' "$unit")
+# The unit names the configured sbindir and bindir (default /usr/local/sbin, /usr/local/bin)
+# and verify checks that its commands exist: point them at this build tree's binaries.
+sbindir=$(sed -n 's|^ExecStart=\(.*\)/syrupd .*|\1|p' "$unit")
+bindir=$(sed -n 's|^ExecReload=\(.*\)/syrupctl .*|\1|p' "$unit")
 mkdir -p "$prefix/verify"
-sed "s|$bindir/|$build/bin/|g" "$unit" > "$prefix/verify/syrupd.service"
+sed "s|$sbindir/syrupd |$build/bin/syrupd |; s|$bindir/syrupctl |$build/bin/syrupctl |" "$unit" > "$prefix/verify/syrupd.service"
 if ! out=$(systemd-analyze verify --man=no --recursive-errors=no "$prefix/verify/syrupd.service" 2>&1); then
   echo "systemd_unit_test: systemd-analyze verify failed:" >&2
   echo "$out" >&2

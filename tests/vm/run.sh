@@ -31,7 +31,8 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-TMO=${SYRUP_VM_TIMEOUT:-300}
+# The XDP suite runs three tests of ~1.5 min each in the emulated guest (~5 min in all).
+TMO=${SYRUP_VM_TIMEOUT:-$([ "$SUITE" = xdp ] && echo 480 || echo 300)}
 skip() { echo "SKIP: $*"; exit 77; }
 # One VM at a time per build tree (two ctest runs at once would each get half the
 # emulated cores), each run in its own directory; the last run's console is also at

@@ -402,7 +402,7 @@ std::string mac_str(const uint8_t* m) {
 
 }  // namespace
 
-int VethNet::create(int n) {
+int VethNet::create(int n, bool default_offloads) {
   if (n < 0 || n > 63) return -EINVAL;
   long pid = getpid();
   std::string tag = std::to_string(pid) + "x" + std::to_string(n);
@@ -428,8 +428,9 @@ int VethNet::create(int n) {
       " type veth peer name " + peer_if + " address " + mac_str(peer_mac) + " && ip link set " + peer_if +
       " netns " + ns + " && { " + v6off + host_if + ".disable_ipv6=1; ip netns exec " + ns + " " + v6off +
       peer_if + ".disable_ipv6=1; true; } && ip addr add " + host_ip + "/30 dev " + host_if +
-      " && ip -n " + ns + " addr add " + peer_ip + "/30 dev " + peer_if + " && ip netns exec " + ns +
-      " ethtool -K " + peer_if + " tx off >/dev/null && ip link set " + host_if + " up && ip -n " + ns +
+      " && ip -n " + ns + " addr add " + peer_ip + "/30 dev " + peer_if +
+      (default_offloads ? "" : " && ip netns exec " + ns + " ethtool -K " + peer_if + " tx off >/dev/null") +
+      " && ip link set " + host_if + " up && ip -n " + ns +
       " link set " + peer_if + " up && ip -n " + ns + " link set lo up && ip neigh replace " + peer_ip +
       " lladdr " + mac_str(peer_mac) + " dev " + host_if + " nud permanent && ip -n " + ns +
       " neigh replace " + host_ip + " lladdr " + mac_str(host_mac) + " dev " + peer_if + " nud permanent";

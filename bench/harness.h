@@ -53,7 +53,8 @@ struct Env {
   uint32_t xdp_rounds = 0;      // interleaved rounds of test runs
   uint32_t xdp_apps = 0;        // applications on the crowded interface (xdp-scale)
   double pps_seconds = 0;       // measured window per case (xdp-pps)
-  uint32_t pps_rounds = 0;      // interleaved rounds (xdp-pps)
+  uint32_t pps_rounds = 0;      // interleaved rounds (xdp-pps, xdp-veth)
+  uint64_t veth_datagrams = 0;  // the counted burst of xdp-veth
   std::string syrupctl;         // next to this executable (isolation)
   double isolation_seconds = 0; // of lists per case (isolation)
   uint32_t isolation_lists = 0; // per case (isolation)
@@ -189,7 +190,9 @@ class VethNet {
   VethNet(const VethNet&) = delete;
   VethNet& operator=(const VethNet&) = delete;
   ~VethNet() { destroy(); }
-  int create(int n);  // 0 or -errno (the failing command's output on stderr)
+  // 0 or -errno (the failing command's output on stderr). The peer's tx checksum offload
+  // is turned off unless `default_offloads` (veth's default is on: partial checksums).
+  int create(int n, bool default_offloads = false);
   void destroy();
   // A socket in the peer namespace (it stays there whichever thread uses it).
   int peer_socket(int domain, int type, int proto) const;
@@ -234,6 +237,7 @@ int run_deploy(const Env& env, nlohmann::json& out);
 int run_xdp_cost(const Env& env, nlohmann::json& out);
 int run_xdp_scale(const Env& env, nlohmann::json& out);
 int run_xdp_pps(const Env& env, nlohmann::json& out);
+int run_xdp_veth(const Env& env, nlohmann::json& out);
 int run_isolation(const Env& env, nlohmann::json& out);
 int run_socket_lookup(const Env& env, nlohmann::json& out);
 int run_recording(const Env& env, nlohmann::json& out);

@@ -1,6 +1,6 @@
 // syrup_bench: Syrup's benchmarks (see README.md).
 //
-//   syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|socket-lookup|config-swap|isolation|control-plane|live-upgrade] [--out PATH] [flags]
+//   syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|xdp-veth|socket-lookup|recording|replay|test|config-swap|isolation|control-plane|live-upgrade] [--out PATH] [flags]
 //
 // Design: runs as root. It starts a private syrupd found next to its own executable
 // (its own socket, bpffs root and cache under fresh temporary paths) and points libsyrup
@@ -45,8 +45,9 @@ DEFINE_string(policies, SYRUP_BENCH_POLICY_DIR, "directory of the shipped polici
 DEFINE_uint32(xdp_repeat, 1000000, "xdp-cost, xdp-scale: BPF_PROG_TEST_RUN repeat per measurement");
 DEFINE_uint32(xdp_rounds, 15, "xdp-cost, xdp-scale: interleaved rounds (medians are reported)");
 DEFINE_uint32(xdp_apps, 1000, "xdp-scale: applications on the crowded interface (2..1024)");
-DEFINE_double(pps_seconds, 1, "xdp-pps: measured seconds per case");
-DEFINE_uint32(pps_rounds, 7, "xdp-pps: interleaved rounds (medians are reported)");
+DEFINE_double(pps_seconds, 1, "xdp-pps, xdp-veth: measured seconds per case");
+DEFINE_uint32(pps_rounds, 7, "xdp-pps, xdp-veth: interleaved rounds (medians are reported)");
+DEFINE_uint64(veth_datagrams, 100000, "xdp-veth: datagrams of the counted burst (delivered / sent)");
 DEFINE_double(isolation_seconds, 10, "isolation: seconds of lists per case");
 DEFINE_uint32(isolation_lists, 200, "isolation: lists per case");
 DEFINE_uint32(config_tenants, 100, "config-swap: tenants of the --config file, one policy each");
@@ -76,6 +77,7 @@ constexpr Benchmark kBenchmarks[] = {
     {"xdp-cost", run_xdp_cost},
     {"xdp-scale", run_xdp_scale},
     {"xdp-pps", run_xdp_pps},
+    {"xdp-veth", run_xdp_veth},
     {"isolation", run_isolation},  // by name only: not part of "all"
     {"socket-lookup", run_socket_lookup},
     {"recording", run_recording},
@@ -146,7 +148,7 @@ int write_json(const std::string& path, const json& j) {
 int main(int argc, char** argv) {
   syrup::cli::parse_flags(&argc, &argv,
       "Syrup's benchmarks (bench/README.md).\n\n"
-      "Usage: syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|socket-lookup|recording|replay|test|config-swap|control-plane|live-upgrade] [flags]\n\n"
+      "Usage: syrup_bench [all|decision|hint|deploy|xdp|xdp-cost|xdp-scale|xdp-pps|xdp-veth|socket-lookup|recording|replay|test|config-swap|control-plane|live-upgrade] [flags]\n\n"
       "  decision   ns/decision of each shipped policy at the socket-select hook, and of a\n"
       "             hand-written sk_reuseport round robin (kernel BPF statistics)\n"
       "  hint       mmap'ed hint store vs bpf(BPF_MAP_UPDATE_ELEM)\n"
@@ -155,7 +157,9 @@ int main(int argc, char** argv) {
       "             standalone XDP programs (BPF_PROG_TEST_RUN)\n"
       "  xdp-scale  the same dispatch path with 1 and with --xdp_apps applications\n"
       "  xdp-pps    packets/s through a veth pair without XDP, hand-written, and Syrup\n"
-      "  xdp        the three XDP benchmarks\n"
+      "  xdp-veth   Syrup steering to cores on a veth at its default offloads: delivered/sent\n"
+      "             of --veth_datagrams, and packets/s beside the veth without XDP\n"
+      "  xdp        the four XDP benchmarks\n"
       "  socket-lookup  ns/decision of Syrup's socket-lookup wrapper + round_robin vs a hand-written\n"
       "             sk_lookup round robin (BPF_PROG_TEST_RUN, --xdp_repeat x --xdp_rounds)\n"
       "  recording  ns/decision of round_robin without the recording capture, with it off and\n"
@@ -173,7 +177,7 @@ int main(int argc, char** argv) {
       "             per hook (socket-select, socket-lookup, xdp)\n\n"
       "Runs as root; starts its own syrupd from the directory of this executable.");
   std::string what = argc > 1 ? argv[1] : "all";
-  // "xdp": the three XDP benchmarks.
+  // "xdp": the four XDP benchmarks.
   auto selected = [&](const std::string& name) {
     return (what == "all" && name != "isolation") || what == name || (what == "xdp" && name.starts_with("xdp-"));
   };
@@ -181,17 +185,17 @@ int main(int argc, char** argv) {
   for (auto& b : kBenchmarks) known |= what == b.name;
   if (argc > 2 || !known) {
     std::fprintf(stderr,
-                 "syrup_bench: expected one of all, decision, hint, deploy, xdp, xdp-cost, xdp-scale, xdp-pps, socket-lookup, recording, replay, test, config-swap, "
+                 "syrup_bench: expected one of all, decision, hint, deploy, xdp, xdp-cost, xdp-scale, xdp-pps, xdp-veth, socket-lookup, recording, replay, test, config-swap, "
                  "isolation, control-plane, live-upgrade "
                  "(see --help)\n");
     return 2;
   }
   if (!FLAGS_datagrams || !FLAGS_rounds || !FLAGS_hints || !FLAGS_syscalls || !FLAGS_deploys ||
-      !FLAGS_xdp_repeat || !FLAGS_xdp_rounds || !FLAGS_pps_rounds || !(FLAGS_pps_seconds > 0) ||
+      !FLAGS_xdp_repeat || !FLAGS_xdp_rounds || !FLAGS_pps_rounds || !(FLAGS_pps_seconds > 0) || !FLAGS_veth_datagrams ||
       !FLAGS_config_tenants || !FLAGS_config_rounds) {
     std::fprintf(stderr,
                  "syrup_bench: --datagrams, --rounds, --hints, --syscalls, --deploys, --xdp_repeat, "
-                 "--xdp_rounds, --pps_seconds, --pps_rounds, --config_tenants and --config_rounds must be > 0\n");
+                 "--xdp_rounds, --pps_seconds, --pps_rounds, --veth_datagrams, --config_tenants and --config_rounds must be > 0\n");
     return 2;
   }
   if (FLAGS_xdp_apps < 2 || FLAGS_xdp_apps > 1024) {
@@ -244,6 +248,7 @@ int main(int argc, char** argv) {
   env.xdp_apps = FLAGS_xdp_apps;
   env.pps_seconds = FLAGS_pps_seconds;
   env.pps_rounds = FLAGS_pps_rounds;
+  env.veth_datagrams = FLAGS_veth_datagrams;
   env.syrupctl = exe_dir / "syrupctl";
   env.isolation_seconds = FLAGS_isolation_seconds;
   env.isolation_lists = FLAGS_isolation_lists;
@@ -267,6 +272,7 @@ int main(int argc, char** argv) {
                    {"xdp_apps", env.xdp_apps},
                    {"pps_seconds", env.pps_seconds},
                    {"pps_rounds", env.pps_rounds},
+                   {"veth_datagrams", env.veth_datagrams},
                    {"cp_max", env.cp_max},
                    {"policies", env.policy_dir}}}};
   std::printf("syrup_bench: kernel %s, %ld CPUs; private syrupd on %s\n",

@@ -5,15 +5,21 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <linux/bpf.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <syrup/syrup.h>
 #include <syrup/xdp_abi.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 namespace syrup_bench::xdp {
 namespace {
@@ -193,6 +199,133 @@ bool bpf_stats_on() {
   int v = 0;
   in >> v;
   return v != 0;
+}
+
+Blast::Blast(int send_fd, int recv_fd, int send_cpu, int recv_cpu, uint64_t count, uint64_t window) {
+  sender_ = std::thread([=, this] { send_loop(send_fd, send_cpu, count, window); });
+  receiver_ = std::thread([=, this] { recv_loop(recv_fd, recv_cpu); });
+}
+
+void Blast::stop(int linger_ms) {
+  stop_send_ = true;
+  if (sender_.joinable()) sender_.join();
+  if (receiver_.joinable()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(linger_ms));  // what is in flight
+    stop_recv_ = true;
+    receiver_.join();
+  }
+}
+
+double Blast::sender_cpu_s() {
+  clockid_t c;
+  timespec t{};
+  if (pthread_getcpuclockid(sender_.native_handle(), &c) || clock_gettime(c, &t)) return 0;
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+void Blast::send_loop(int fd, int cpu, uint64_t count, uint64_t window) {
+  pin_to(cpu);
+  struct Payload {
+    uint32_t type, seq;
+    uint64_t pad;
+  } payload[kBatch];
+  iovec iov[kBatch];
+  mmsghdr msgs[kBatch] = {};
+  for (unsigned i = 0; i < kBatch; i++) {
+    payload[i] = {1, i, 0};
+    iov[i] = {&payload[i], sizeof payload[i]};
+    msgs[i].msg_hdr.msg_iov = &iov[i];
+    msgs[i].msg_hdr.msg_iovlen = 1;
+  }
+  while (!stop_send_.load(std::memory_order_relaxed)) {
+    uint64_t s = sent();
+    if (count && s >= count) break;
+    unsigned n = count ? static_cast<unsigned>(std::min<uint64_t>(kBatch, count - s)) : kBatch;
+    if (count) {
+      for (unsigned i = 0; i < n; i++) payload[i].seq = static_cast<uint32_t>(s + i);
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+      while (s + n > received() + window && std::chrono::steady_clock::now() < deadline &&
+             !stop_send_.load(std::memory_order_relaxed))
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    int r = sendmmsg(fd, msgs, n, 0);
+    if (r > 0) {
+      sent_.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
+    } else if (r < 0 && errno != EINTR && errno != ENOBUFS && errno != EAGAIN) {
+      error_ = -errno;
+      break;
+    }
+  }
+  done_ = true;
+}
+
+void Blast::recv_loop(int fd, int cpu) {
+  pin_to(cpu);
+  RecvBatch batch;
+  pollfd p{fd, POLLIN, 0};
+  while (!stop_recv_.load(std::memory_order_relaxed)) {
+    int r = batch.read(fd);
+    if (r > 0) received_.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
+    else poll(&p, 1, 10);
+  }
+}
+
+int udp_flow(const VethNet& net, uint16_t port, uint16_t src_port, UniqueFd& rx, UniqueFd& tx) {
+  rx.reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  int buf = 4 << 20;
+  sockaddr_in host{}, peer{};
+  host.sin_family = peer.sin_family = AF_INET;
+  inet_pton(AF_INET, net.host_ip.c_str(), &host.sin_addr);
+  inet_pton(AF_INET, net.peer_ip.c_str(), &peer.sin_addr);
+  host.sin_port = htons(port);
+  peer.sin_port = htons(src_port);
+  if (!rx || setsockopt(rx.get(), SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof buf) < 0 ||
+      bind(rx.get(), reinterpret_cast<sockaddr*>(&host), sizeof host) < 0) {
+    int e = errno;
+    std::fprintf(stderr, "syrup_bench: receiver socket on %s:%u: %s\n", net.host_ip.c_str(), port, std::strerror(e));
+    return -e;
+  }
+  int sfd = net.peer_socket(AF_INET, SOCK_DGRAM, 0);
+  if (sfd < 0) {
+    std::fprintf(stderr, "syrup_bench: sender socket in %s: %s\n", net.ns.c_str(), std::strerror(-sfd));
+    return sfd;
+  }
+  tx.reset(sfd);
+  if (bind(tx.get(), reinterpret_cast<sockaddr*>(&peer), sizeof peer) < 0 ||
+      connect(tx.get(), reinterpret_cast<sockaddr*>(&host), sizeof host) < 0) {
+    int e = errno;
+    std::fprintf(stderr, "syrup_bench: sender socket: %s\n", std::strerror(e));
+    return -e;
+  }
+  return 0;
+}
+
+void pin_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+uint64_t udp_counter(const char* name) {
+  std::ifstream in("/proc/net/snmp");
+  std::string header, values, line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Udp: ", 0) != 0) continue;
+    if (header.empty()) header = line;
+    else values = line;
+  }
+  std::istringstream h(header), v(values);
+  std::string n, val;
+  while (h >> n && v >> val)
+    if (n == name) return std::stoull(val);
+  return 0;
+}
+
+uint32_t attached_prog(int ifindex) {
+  LIBBPF_OPTS(bpf_xdp_query_opts, q);
+  if (bpf_xdp_query(ifindex, 0, &q)) return 0;
+  return q.prog_id;
 }
 
 }  // namespace syrup_bench::xdp

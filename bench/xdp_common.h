@@ -1,4 +1,4 @@
-// What the XDP benchmarks (xdp.cpp, xdp_pps.cpp) share: the hand-written standalone XDP
+// What the XDP benchmarks (xdp.cpp, xdp_pps.cpp, xdp_veth.cpp) share: the hand-written standalone XDP
 // programs, a realistic UDP frame, BPF_PROG_TEST_RUN timing, deploying a policy to an
 // interface through libsyrup, and reading the root program syrupd attached.
 //
@@ -7,8 +7,10 @@
 // process); nothing here pins anything.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "harness.h"
@@ -67,6 +69,51 @@ class Deployed {
 int open_root(const Env& env, const std::string& ifname, UniqueFd& out);
 // Sum over CPUs of one slot (SYR_XDP_ROOT_*) of the root's syr_xdp_root_stats.
 uint64_t root_stat(const Env& env, const std::string& ifname, uint32_t slot);
+
+constexpr unsigned kBatch = 64;  // datagrams per sendmmsg of a Blast
+
+// A sender thread (one connected UDP socket, 16-byte datagrams, sendmmsg of kBatch) and a
+// receiver thread (counting with recvmmsg), each pinned to its core, from construction to
+// stop(). `count` 0: the sender sends as fast as it can until stop(). `count` > 0: it
+// sends that many, paced so that at most `window` are in flight (sent, not yet received),
+// waiting at most 20 ms for the receiver each time: losses cannot stall it, so it ends
+// within count / kBatch x 20 ms at worst. Each datagram carries its sequence number.
+class Blast {
+ public:
+  Blast(int send_fd, int recv_fd, int send_cpu, int recv_cpu, uint64_t count = 0, uint64_t window = 1024);
+  ~Blast() { stop(); }
+  Blast(const Blast&) = delete;
+  Blast& operator=(const Blast&) = delete;
+  // Stops sending, waits `linger_ms` for what is in flight, stops receiving.
+  void stop(int linger_ms = 20);
+  // Whether a counted sender has sent everything (or failed).
+  bool done() const { return done_.load(); }
+  // CPU time the sender thread has had so far (its sends, and whatever softirq work ran
+  // in its context), in seconds.
+  double sender_cpu_s();
+  uint64_t sent() const { return sent_.load(std::memory_order_relaxed); }
+  uint64_t received() const { return received_.load(std::memory_order_relaxed); }
+  int error() const { return error_.load(); }
+
+ private:
+  void send_loop(int fd, int cpu, uint64_t count, uint64_t window);
+  void recv_loop(int fd, int cpu);
+
+  std::thread sender_, receiver_;
+  std::atomic<bool> stop_send_{false}, stop_recv_{false}, done_{false};
+  std::atomic<uint64_t> sent_{0}, received_{0};
+  std::atomic<int> error_{0};
+};
+
+// One UDP flow over `net`: `rx` bound to host_ip:`port` (4 MiB receive buffer), `tx` in the
+// peer namespace bound to peer_ip:`src_port` and connected to rx. 0 or -errno (on stderr).
+int udp_flow(const VethNet& net, uint16_t port, uint16_t src_port, UniqueFd& rx, UniqueFd& tx);
+void pin_to(int cpu);
+// A counter of the Udp: line of /proc/net/snmp in this network namespace (RcvbufErrors:
+// datagrams dropped at a full socket; InCsumErrors: dropped for a bad checksum).
+uint64_t udp_counter(const char* name);
+// The XDP program attached to `ifindex` (0: none).
+uint32_t attached_prog(int ifindex);
 
 // The online cores, 0..n-1.
 std::vector<int> all_cpus();

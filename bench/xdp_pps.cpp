@@ -54,112 +54,13 @@ using namespace std::chrono_literals;
 
 constexpr uint16_t kPort = 9100, kSrcPort = 40000;
 constexpr auto kWarmup = 300ms;
-constexpr unsigned kBatch = 64;
 constexpr double kStarved = 0.25;
-
-void pin_to(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-}
-
-// UDP RcvbufErrors of this network namespace (datagrams dropped at a full socket).
-uint64_t udp_rcvbuf_errors() {
-  std::ifstream in("/proc/net/snmp");
-  std::string header, values, line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Udp: ", 0) != 0) continue;
-    if (header.empty()) header = line;
-    else values = line;
-  }
-  std::istringstream h(header), v(values);
-  std::string name, val;
-  while (h >> name && v >> val)
-    if (name == "RcvbufErrors") return std::stoull(val);
-  return 0;
-}
-
-// The sender and the receiver of one case.
-class Blast {
- public:
-  Blast(int send_fd, int recv_fd, int send_cpu, int recv_cpu) {
-    sender_ = std::thread([=, this] { send_loop(send_fd, send_cpu); });
-    receiver_ = std::thread([=, this] { recv_loop(recv_fd, recv_cpu); });
-  }
-  ~Blast() { stop(); }
-  void stop() {
-    stop_send_ = true;
-    if (sender_.joinable()) sender_.join();
-    std::this_thread::sleep_for(20ms);  // what is in flight
-    stop_recv_ = true;
-    if (receiver_.joinable()) receiver_.join();
-  }
-  // CPU time the sender thread has had so far (its sends, and whatever softirq work ran
-  // in its context), in seconds.
-  double sender_cpu_s() {
-    clockid_t c;
-    timespec t{};
-    if (pthread_getcpuclockid(sender_.native_handle(), &c) || clock_gettime(c, &t)) return 0;
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
-  }
-  uint64_t sent() const { return sent_.load(std::memory_order_relaxed); }
-  uint64_t received() const { return received_.load(std::memory_order_relaxed); }
-  int error() const { return error_.load(); }
-
- private:
-  void send_loop(int fd, int cpu) {
-    pin_to(cpu);
-    struct Payload {
-      uint32_t type, seq;
-      uint64_t pad;
-    } payload[kBatch];
-    iovec iov[kBatch];
-    mmsghdr msgs[kBatch] = {};
-    for (unsigned i = 0; i < kBatch; i++) {
-      payload[i] = {1, i, 0};
-      iov[i] = {&payload[i], sizeof payload[i]};
-      msgs[i].msg_hdr.msg_iov = &iov[i];
-      msgs[i].msg_hdr.msg_iovlen = 1;
-    }
-    while (!stop_send_.load(std::memory_order_relaxed)) {
-      int r = sendmmsg(fd, msgs, kBatch, 0);
-      if (r > 0) {
-        sent_.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
-      } else if (r < 0 && errno != EINTR && errno != ENOBUFS && errno != EAGAIN) {
-        error_ = -errno;
-        return;
-      }
-    }
-  }
-  void recv_loop(int fd, int cpu) {
-    pin_to(cpu);
-    RecvBatch batch;
-    pollfd p{fd, POLLIN, 0};
-    while (!stop_recv_.load(std::memory_order_relaxed)) {
-      int r = batch.read(fd);
-      if (r > 0) received_.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
-      else poll(&p, 1, 10);
-    }
-  }
-
-  std::thread sender_, receiver_;
-  std::atomic<bool> stop_send_{false}, stop_recv_{false};
-  std::atomic<uint64_t> sent_{0}, received_{0};
-  std::atomic<int> error_{0};
-};
 
 struct CaseResult {
   double pps = 0, sent_pps = 0, dispatched_pps = 0;
   uint64_t rcvbuf_errors = 0;
   double sender_share = 0;  // the sender thread's CPU time / the window
 };
-
-uint32_t attached_prog(int ifindex) {
-  LIBBPF_OPTS(bpf_xdp_query_opts, q);
-  if (bpf_xdp_query(ifindex, 0, &q)) return 0;
-  return q.prog_id;
-}
 
 }  // namespace
 
@@ -171,33 +72,8 @@ int run_xdp_pps(const Env& env, json& out) {
   Handwritten hw;
   if (int r = hw.load(env.handwritten_xdp_obj, kPort, cpus)) return r;
 
-  // Receiver on the host end, sender in the peer namespace (one flow).
-  UniqueFd rx(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  int buf = 4 << 20;
-  sockaddr_in host{}, peer{};
-  host.sin_family = peer.sin_family = AF_INET;
-  inet_pton(AF_INET, net.host_ip.c_str(), &host.sin_addr);
-  inet_pton(AF_INET, net.peer_ip.c_str(), &peer.sin_addr);
-  host.sin_port = htons(kPort);
-  peer.sin_port = htons(kSrcPort);
-  if (!rx || setsockopt(rx.get(), SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof buf) < 0 ||
-      bind(rx.get(), reinterpret_cast<sockaddr*>(&host), sizeof host) < 0) {
-    int e = errno;
-    std::fprintf(stderr, "syrup_bench: receiver socket on %s:%u: %s\n", net.host_ip.c_str(), kPort, std::strerror(e));
-    return -e;
-  }
-  int sfd = net.peer_socket(AF_INET, SOCK_DGRAM, 0);
-  if (sfd < 0) {
-    std::fprintf(stderr, "syrup_bench: sender socket in %s: %s\n", net.ns.c_str(), std::strerror(-sfd));
-    return sfd;
-  }
-  UniqueFd tx(sfd);
-  if (bind(tx.get(), reinterpret_cast<sockaddr*>(&peer), sizeof peer) < 0 ||
-      connect(tx.get(), reinterpret_cast<sockaddr*>(&host), sizeof host) < 0) {
-    int e = errno;
-    std::fprintf(stderr, "syrup_bench: sender socket: %s\n", std::strerror(e));
-    return -e;
-  }
+  UniqueFd rx, tx;
+  if (int r = udp_flow(net, kPort, kSrcPort, rx, tx)) return r;
 
   std::string rr_path = env.policy_dir + "/round_robin.c", pass_path = env.policy_dir + "/pass.c";
   Deployed deployed;
@@ -262,10 +138,10 @@ int run_xdp_pps(const Env& env, json& out) {
         std::this_thread::sleep_for(kWarmup);
         auto t0 = std::chrono::steady_clock::now();
         double c0 = blast.sender_cpu_s();
-        uint64_t s0 = blast.sent(), r0 = blast.received(), e0 = udp_rcvbuf_errors();
+        uint64_t s0 = blast.sent(), r0 = blast.received(), e0 = udp_counter("RcvbufErrors");
         uint64_t d0 = c.syrup ? root_stat(env, net.host_if, SYR_XDP_ROOT_DISPATCHED) : 0;
         std::this_thread::sleep_for(std::chrono::duration<double>(env.pps_seconds));
-        uint64_t s1 = blast.sent(), r1 = blast.received(), e1 = udp_rcvbuf_errors();
+        uint64_t s1 = blast.sent(), r1 = blast.received(), e1 = udp_counter("RcvbufErrors");
         double c1 = blast.sender_cpu_s();
         uint64_t d1 = c.syrup ? root_stat(env, net.host_if, SYR_XDP_ROOT_DISPATCHED) : 0;
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -18,7 +18,7 @@ BIN = os.environ.get("SYRUP_BUILD_BIN", os.path.join(os.path.dirname(os.path.abs
 DATAGRAMS = 2000
 XDP_PASS, XDP_REDIRECT = 2, 4
 SMALL = ["--datagrams=%d" % DATAGRAMS, "--rounds=1", "--hints=10000", "--syscalls=10000", "--deploys=2",
-         "--pps_rounds=1", "--pps_seconds=0.2", "--xdp_apps=4", "--xdp_repeat=1000", "--xdp_rounds=1",
+         "--pps_rounds=1", "--pps_seconds=0.2", "--veth_datagrams=2000", "--xdp_apps=4", "--xdp_repeat=1000", "--xdp_rounds=1",
          "--config_tenants=4", "--config_rounds=1",
          "--cp_max=20", "--cp_samples=1", "--lu_replaces=2", "--lu_gap_us=100", "--replay_inputs=2000"]
 
@@ -41,7 +41,7 @@ class EveryBenchmarkRunsAndReports(unittest.TestCase):
 
     def test_exits_0_with_every_section(self):
         self.assertEqual(self.run_.returncode, 0, self.output())
-        for section in ["decision", "hint", "deploy", "xdp-cost", "xdp-scale", "xdp-pps", "socket-lookup", "recording", "replay", "test", "config-swap",
+        for section in ["decision", "hint", "deploy", "xdp-cost", "xdp-scale", "xdp-pps", "xdp-veth", "socket-lookup", "recording", "replay", "test", "config-swap",
                         "control-plane", "live-upgrade", "machine",
                         "command"]:
             self.assertIn(section, self.report, self.output())
@@ -108,6 +108,16 @@ class EveryBenchmarkRunsAndReports(unittest.TestCase):
         for name, c in cases.items():
             self.assertGreater(c["median_pps"], 0, name)
         self.assertGreater(cases["syr_rr"]["median_dispatched_pps"], 0, "Syrup's root dispatched nothing")
+
+    def test_xdp_veth_steering_at_default_offloads_delivered_every_datagram(self):
+        v = self.report.get("xdp-veth", {})
+        self.assertEqual(v.get("peer_tx_checksumming"), "on", self.output())
+        for name in ["none", "syr_rr"]:
+            b = v["delivered"][name]
+            self.assertEqual(b["sent"], 2000, name)
+            self.assertEqual(b["received"], b["sent"], name)
+            self.assertFalse(b["timed_out"], name)
+        self.assertGreater(v["pps"]["median_syr_rr"], 0, self.output())
 
     def test_recording_measured_all_three_and_accounted_for_every_input(self):
         rec = self.report.get("recording", {})

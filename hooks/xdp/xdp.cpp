@@ -43,6 +43,17 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kRootProg = "prog";
+
+// The policy wrapper's section (kernel/hooks/xdp/wrapper.bpf.h): XDP, expected attach type
+// 0. The kernel lets a program into a prog array only if its expected attach type is the
+// array's owner's; inside libxdp's dispatcher the root is an extension, which libxdp loads
+// with 0, while libbpf's own "xdp" section gives BPF_XDP. So the root (open_object) and its
+// policies are loaded with 0 wherever the root runs. Registered with libbpf before main(),
+// ahead of any policy's load.
+constexpr const char* kPolicySection = "syrup_xdp";
+constexpr auto kNoAttachType = static_cast<bpf_attach_type>(0);
+[[maybe_unused]] const int policy_section_registered =
+    libbpf_register_prog_handler(kPolicySection, BPF_PROG_TYPE_XDP, kNoAttachType, nullptr);
 constexpr const char* kRootMaps[] = {"syr_xdp_apps", "syr_xdp_ports", SYR_XDP_META_MAP,
                                      "syr_xdp_root_stats"};
 
@@ -329,6 +340,9 @@ class Root {
       }
     }
     prog_ = bpf_object__find_program_by_name(obj_, "syr_xdp_root");
+    // As inside libxdp's dispatcher (an extension's is 0) and as the policies' (kPolicySection):
+    // the kernel tail-calls only between programs of one expected attach type.
+    if (prog_) bpf_program__set_expected_attach_type(prog_, kNoAttachType);
     return 0;
   }
 
@@ -384,7 +398,9 @@ class Root {
       // dispatcher: before libxdp 1.5.5 the dispatcher's slots do not change packet data,
       // and newer kernels count the root's tail call as such a change (docs/xdp.md). The
       // root alone, then, loaded here (libxdp only attaches it).
-      log(LogLevel::kInfo, "libxdp's dispatcher cannot run the XDP root program on %s (%s): attaching it alone",
+      log(LogLevel::kInfo,
+          "libxdp's dispatcher cannot run the XDP root program on %s (%s): attaching it alone; other XDP programs "
+          "can share the interface with a libxdp 1.5.5 dispatcher object in LIBXDP_OBJECT_PATH (docs/xdp.md)",
           ifname_.c_str(), std::strerror(-r));
       if (int e = open_object(err)) return e;
       if (int e = bpf_object__load(obj_)) {
@@ -396,7 +412,9 @@ class Root {
     if (r && joining) {
       err = "cannot add the XDP root program to the libxdp dispatcher on " + ifname_ + ": " + std::strerror(-r) +
             " (libxdp's dispatcher takes a program that tail-calls, as the root does, from libxdp 1.5.5 on); "
-            "unload the other XDP programs first (e.g. xdp-loader unload " + ifname_ + " --all)";
+            "with an older libxdp, start syrupd with LIBXDP_OBJECT_PATH naming a directory that holds a 1.5.5 "
+            "dispatcher object (docs/xdp.md), or unload the other XDP programs first "
+            "(e.g. xdp-loader unload " + ifname_ + " --all)";
       return r;
     }
     if (r) {
@@ -805,6 +823,11 @@ int XdpHook::make_target(const Caller& caller, proto::Message& req, std::unique_
                          pid_t& owner, std::string& err) {
   static bool print_set = (libxdp_set_print(libxdp_print), true);
   (void)print_set;
+  if (policy_section_registered < 0) {
+    err = std::string("libbpf refused the XDP policy section ") + kPolicySection + ": " +
+          std::strerror(-policy_section_registered);
+    return policy_section_registered;
+  }
   XdpRequest r;
   if (Bad bad; !parse(hook_fields(req.body), r, bad)) {
     err = bad.str();

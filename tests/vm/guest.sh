@@ -25,6 +25,9 @@ suite=$(/bin/busybox sed -n 's/.*syrup.suite=\([^ ]*\).*/\1/p' /proc/cmdline)
 # The XDP suite runs iproute2's ip (veth pairs, ip netns), which busybox's sh would not:
 # it runs its own applet of a name whatever PATH says.
 [ "$suite" = xdp ] && [ -x /usr/bin/dash ] && /bin/busybox ln -sf /usr/bin/dash /bin/sh
+# libxdp's objects (its dispatcher) for syrupd and xdp-filter alike (tests/vm/run.sh).
+objs=$(/bin/busybox sed -n 's/.*syrup.libxdp_objects=\([^ ]*\).*/\1/p' /proc/cmdline)
+[ -n "$objs" ] && export LIBXDP_OBJECT_PATH=$objs && echo "SYRUP-VM: LIBXDP_OBJECT_PATH=$objs"
 # Loopback, for the cross-layer test's SO_REUSEPORT group on 127.0.0.1.
 /bin/busybox ip link set lo up || echo "SYRUP-VM: cannot bring up lo"
 S=${SYRUP_SRC:?set by init}

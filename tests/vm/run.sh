@@ -5,9 +5,14 @@
 # detects sched_ext, owns the root scheduler and compiles policies with clang in the
 # guest. Exit: 0 PASS, 1 FAIL, 77 SKIP (ctest SKIP_RETURN_CODE) with the reason.
 #   tests/vm/run.sh BUILD_DIR [--suite thread|xdp] [--bench] [--filter GTEST_FILTER]
+#                   [--libxdp-dispatcher 1.5.5|debian]
 #   --suite: the guest's test program: thread (default) syrup_thread_scx_tests; xdp
 #            syrup_xdp_vm_tests, Syrup's XDP root beside xdp-filter in libxdp's dispatcher
 #            (the kernel's BPF trampolines)
+#   --libxdp-dispatcher (xdp suite): 1.5.5 (default) the guest's libxdp (Debian 12's
+#            1.3.1) and xdp-filter use a dispatcher object with libxdp 1.5.5's slots
+#            (scripts/libxdp-dispatcher.py, through LIBXDP_OBJECT_PATH); debian: Debian's
+#            own, whose slots the kernel does not let Syrup's root replace
 #   --bench: also run the thread benchmarks in the guest (bench/thread/guest-bench.sh)
 set -uo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -16,15 +21,19 @@ shift || true
 BENCH=0
 FILTER=
 SUITE=thread
+DISPATCHER=1.5.5
 while [ $# -gt 0 ]; do
   case $1 in
     --bench) BENCH=1 ;;
     --suite) SUITE=$2; shift ;;
     --filter) FILTER=$2; shift ;;
+    --libxdp-dispatcher) DISPATCHER=$2; shift ;;
   esac
   shift
 done
-TMO=${SYRUP_VM_TIMEOUT:-360}
+# The XDP suite runs three tests of ~1.5 min each in the emulated guest (~5 min in all);
+# the thread suite ~4 min on a quiet host.
+TMO=${SYRUP_VM_TIMEOUT:-480}
 skip() { echo "SKIP: $*"; exit 77; }
 # One VM at a time per build tree (two ctest runs at once would each get half the
 # emulated cores), each run in its own directory; the last run's console is also at
@@ -62,6 +71,16 @@ t0=$(date +%s.%N)
 files=("$BUILD/bin/syrupd" "$BUILD/bin/syrupctl" "$BUILD/bin/$TESTS" "$BUILD"/lib/libsyrup.so*
        "$SRC/kernel" "$SRC/policies" "$SRC/tests/policies" "$SRC/tests/vm/guest.sh")
 [ -x "$BUILD/bin/syrup-agent" ] && files+=("$BUILD/bin/syrup-agent")
+LIBXDP_OBJS=
+if [ $SUITE = xdp ] && [ "$DISPATCHER" = 1.5.5 ]; then
+  # libxdp reads every BPF object (its dispatcher, xdp-filter's) from LIBXDP_OBJECT_PATH
+  # alone when it is set: the patched dispatcher beside links to Debian's other objects.
+  LIBXDP_OBJS=${SYRUP_VM_CACHE:-/var/cache/syrup-vm}/libxdp-1.5.5-objects
+  mkdir -p "$LIBXDP_OBJS" && ln -sf /usr/lib/x86_64-linux-gnu/bpf/*.o "$LIBXDP_OBJS/" && rm -f "$LIBXDP_OBJS/xdp-dispatcher.o" &&
+    python3 "$SRC/scripts/libxdp-dispatcher.py" /usr/lib/x86_64-linux-gnu/bpf/xdp-dispatcher.o \
+      "$LIBXDP_OBJS/xdp-dispatcher.o" || { echo "FAIL: no libxdp 1.5.5 dispatcher object (above)"; exit 1; }
+  files+=("$LIBXDP_OBJS")
+fi
 if [ $BENCH = 1 ]; then
   files+=("$SRC/bench/thread")
   for b in syrup_thread_bench scx_floor.bpf.o; do [ -e "$BUILD/bin/$b" ] && files+=("$BUILD/bin/$b"); done
@@ -84,6 +103,7 @@ append="console=ttyS0 quiet panic=-1 oops=panic syrup.suite=$SUITE"
 # SYRUP_VM_BENCH_ONLY=pingpong|cs: only that part of the thread benchmarks.
 [ -n "${SYRUP_VM_BENCH_ONLY:-}" ] && append+=" syrup.bench_only=$SYRUP_VM_BENCH_ONLY"
 [ -n "$FILTER" ] && append+=" syrup.filter=$FILTER"
+[ -n "$LIBXDP_OBJS" ] && append+=" syrup.libxdp_objects=$LIBXDP_OBJS"
 # Single-threaded TCG (thread=single): with one host thread per vCPU (the default), the
 # guest kernel now and then died of an int3 Oops while patching its own text (static
 # keys), at boot and when sched_ext was enabled -- a cross-vCPU self-modifying-code race

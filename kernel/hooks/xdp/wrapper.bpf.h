@@ -88,7 +88,11 @@ static __always_inline int syr_counted(__u32 slot, int action)
 		(int)(action);                                                         \
 	})
 
-SEC("xdp")
+/* An XDP program loaded with expected attach type 0, as the root is inside libxdp's
+ * dispatcher (an extension must have 0): the kernel lets a program into the root's
+ * prog array only if their expected attach types match, and libbpf's "xdp" section would
+ * give BPF_XDP. syrupd registers the section (hooks/xdp/xdp.cpp). */
+SEC("syrup_xdp")
 int syr_xdp(struct xdp_md *ctx)
 {
 	struct syr_xdp_meta *meta = bpf_map_lookup_elem(&syr_xdp_meta, syr_key(0));

@@ -41,7 +41,7 @@ struct CompilerConfig {
   std::string kernel_dir;  // holds include/syrup/*.h and hooks/*.bpf.h
   std::string cache_dir = "/var/cache/syrup";
   std::string multiarch_include = "/usr/include/x86_64-linux-gnu";
-  int timeout_ms = 60000;
+  int timeout_ms = 60000;              // --compile_timeout_s
   uint64_t cache_max_bytes = 256ull << 20;  // of objects under <cache_dir>/obj; 0: no bound
   // The compiler sandbox (sandbox.h, docs/security/compiler.md).
   uid_t uid = 65534;                   // --compiler_uid: the compiler's uid and gid

@@ -50,8 +50,10 @@ DEFINE_uint32(compiler_uid, 65534,
               "(docs/security/compiler.md); not 0");
 DEFINE_uint64(compile_memory_mb, 1024, "address space of one policy compile, in MiB (clang needs about 300)");
 DEFINE_uint32(compile_cpu_seconds, 30,
-              "CPU time of one policy compile, in seconds; a compile over it is stopped (the wall-clock "
-              "bound is 60 s)");
+              "CPU time of one policy compile, in seconds; a compile over it is stopped");
+DEFINE_uint32(compile_timeout_s, 60,
+              "wall-clock time of one policy compile, in seconds (1 to 3600); a compile over it is stopped. "
+              "Raise it where the compiler's CPU is slow or shared (an emulated machine, a loaded host)");
 DEFINE_bool(allow_unconfined_compiler, false,
             "start even when the policy compiler cannot be confined to the headers by Landlock (no "
             "Landlock, or --clang is a script): tenants' compiles can then read every file the "
@@ -225,6 +227,10 @@ int compiler_from_flags(syrup::DaemonConfig& cfg) {
     std::fprintf(stderr, "syrupd: --compile_cpu_seconds must be 1 to 3600\n");
     return -EINVAL;
   }
+  if (FLAGS_compile_timeout_s < 1 || FLAGS_compile_timeout_s > 3600) {
+    std::fprintf(stderr, "syrupd: --compile_timeout_s must be 1 to 3600\n");
+    return -EINVAL;
+  }
   if (FLAGS_load_timeout_s < 1) {
     std::fprintf(stderr, "syrupd: --load_timeout_s must be at least 1\n");
     return -EINVAL;
@@ -268,6 +274,7 @@ int compiler_from_flags(syrup::DaemonConfig& cfg) {
   cfg.compiler.uid = FLAGS_compiler_uid;
   cfg.compiler.memory_bytes = FLAGS_compile_memory_mb << 20;
   cfg.compiler.cpu_seconds = FLAGS_compile_cpu_seconds;
+  cfg.compiler.timeout_ms = static_cast<int>(FLAGS_compile_timeout_s) * 1000;
   cfg.compiler.allow_unconfined = FLAGS_allow_unconfined_compiler;
   return 0;
 }

@@ -50,6 +50,10 @@ void Daemon::start(const std::string& bpffs_root, const std::vector<std::string>
   // Landlock rules (it runs an interpreter): syrupd starts with it only when told to accept
   // an unconfined compiler. The uid, limits and death signal still apply to it.
   std::vector<std::string> extra = extra_args;
+  // Where compiles are slow (the emulated VM guest, tests/vm/guest.sh), the suite asks for
+  // a longer wall-clock bound than syrupd's default; a test's own flag comes later and wins.
+  if (const char* t = getenv("SYRUP_TEST_COMPILE_TIMEOUT_S"); t && atoi(t) > 0)
+    extra.insert(extra.begin(), std::string("--compile_timeout_s=") + t);
   for (auto& a : extra_args)
     if (a.starts_with("--clang=") && read_text(a.substr(8)).starts_with("#!"))
       extra.push_back("--allow_unconfined_compiler");

@@ -354,6 +354,26 @@ TEST(CompilerQuota, OneUserCannotOccupyEveryCompileWorker) {
       << d.log();
 }
 
+// A compile's wall-clock bound is --compile_timeout_s: a compiler that sleeps past it is
+// stopped and the user told the bound; a bound
+// of 0 stops syrupd at start with the range.
+TEST(CompilerTimeout, ACompileOverItsWallClockBoundIsStoppedNamingIt) {
+  SYRUP_REQUIRE_ROOT();
+  TempDir dir;
+  std::string out;
+  EXPECT_EQ(run_cmd(build_bin("syrupd") + " --compile_timeout_s=0 2>&1", out), 2) << out;
+  EXPECT_NE(out.find("--compile_timeout_s must be 1 to 3600"), std::string::npos) << out;
+  Daemon d;
+  d.start("", {"--clang=" + slow_clang(dir.path(), 6), "--compile_timeout_s=2"});
+  ASSERT_EQ(d.answers(), "");
+  auto t0 = std::chrono::steady_clock::now();
+  json r = deploy_as(kMallory, uncached_source("policies/pass.c"), "slow.c");
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(r.value("r", 0), 0) << r.dump();
+  EXPECT_NE(r.dump().find("did not finish in 2 s and was stopped"), std::string::npos) << r.dump();
+  EXPECT_LT(secs, 5.5) << "the compile was not stopped at its 2 s bound";
+}
+
 // Fail closed: a compiler the sandbox cannot confine (here a script, which runs an
 // interpreter) stops syrupd at start with the reason, unless the operator accepts it
 // with --allow_unconfined_compiler; and the compiler never runs as root.

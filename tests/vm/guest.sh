@@ -35,6 +35,8 @@ B=${SYRUP_BUILD:?set by init}
 export PATH=$B/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin
 # Emulated cores are ~50x slower than the host's: a syrupd restart takes seconds here.
 export SYRUP_TEST_DAEMON_START_S=60
+# ... and a compile, at 1 s on the host, took over syrupd's default 60 s when the host was loaded.
+export SYRUP_TEST_COMPILE_TIMEOUT_S=300
 cd /tmp
 echo "SYRUP-VM: in the guest root at uptime $(cut -d' ' -f1 /proc/uptime) s, sched_ext state '$(cat /sys/kernel/sched_ext/state)'"
 t0=$(cut -d' ' -f1 /proc/uptime)

@@ -56,18 +56,9 @@ struct sched_ext_entity {
 	__u64 dsq_vtime;
 } __attribute__((preserve_access_index));
 
-/* A task's cgroup v2 and user, for policies deployed by cgroup (syr_scx_slot_of). */
-struct kernfs_node {
-	__u64 id;
-} __attribute__((preserve_access_index));
-
-struct cgroup {
-	struct kernfs_node *kn;
-} __attribute__((preserve_access_index));
-
-struct css_set {
-	struct cgroup *dfl_cgrp;
-} __attribute__((preserve_access_index));
+/* A task's cgroup v2 (task_cgroup.bpf.h) and user, for policies deployed by cgroup
+ * (syr_scx_slot_of). */
+#include "thread/task_cgroup.bpf.h"
 
 typedef struct {
 	__u32 val;
@@ -239,7 +230,7 @@ static __always_inline __u32 syr_scx_slot_of(const struct task_struct *p)
 		return *s;
 	/* Only threads of cgroup policies (and strays) get here: a process's own policy
 	 * costs no more than before. */
-	cgid = p->cgroups->dfl_cgrp->kn->id;
+	cgid = SYR_TASK_CGROUP_ID(p);
 	cg = bpf_map_lookup_elem(&syr_scx_cgroups, &cgid);
 	if (!cg || p->cred->euid.val != cg->uid)
 		return SYR_SCX_NO_SLOT;

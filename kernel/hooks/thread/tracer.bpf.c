@@ -22,17 +22,7 @@
 
 #define SYR_MAX_EXECUTORS 256
 
-struct kernfs_node {
-	__u64 id;
-} __attribute__((preserve_access_index));
-
-struct cgroup {
-	struct kernfs_node *kn;
-} __attribute__((preserve_access_index));
-
-struct css_set {
-	struct cgroup *dfl_cgrp;
-} __attribute__((preserve_access_index));
+#include "thread/task_cgroup.bpf.h"
 
 struct task_struct {
 	int pid;
@@ -78,7 +68,7 @@ static __always_inline int traced(struct task_struct *p)
 {
 	if (!target_cgid)
 		return p->tgid == target_tgid;
-	return p->cgroups->dfl_cgrp->kn->id == target_cgid;
+	return SYR_TASK_CGROUP_ID(p) == target_cgid;
 }
 
 static __always_inline void count(__u32 slot)

@@ -25,7 +25,9 @@ if grep -q '^NotifyAccess=' "$unit"; then
   exit 1
 fi
 # Type=notify without sd_notify in the binary would time out every start.
-if ! nm -D --undefined-only "$build/bin/syrupd" | grep -qw sd_notifyf; then
+# grep reads all of nm's output: with -q it could exit first, and under pipefail nm's SIGPIPE
+# would read as a missing symbol.
+if ! nm -D --undefined-only "$build/bin/syrupd" | grep -w sd_notifyf > /dev/null; then
   echo "systemd_unit_test: $build/bin/syrupd does not call sd_notifyf" >&2
   exit 1
 fi

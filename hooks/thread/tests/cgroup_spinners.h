@@ -49,17 +49,28 @@ inline void spin(Shared* s) {
 // A process (of `uid`, dumpable so that /proc/PID is that user's) spinning `n` threads; its
 // main thread waits. With `first`, it starts one more thread and forks a child spinning one
 // once s->more is set. Killed by the test.
+// Each process dies with its parent (PR_SET_PDEATHSIG, set after the change of uid, which
+// clears it, and checked against a parent that died first): a spinner the test did not
+// reap (a ctest timeout) would otherwise take a core for the rest of the suite.
+inline void die_with(pid_t parent) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(0);
+}
+
 inline pid_t spinner(Shared* s, uid_t uid, int n, bool first = false) {
+  pid_t test = getpid();
   pid_t pid = fork();
   if (pid != 0) return pid;
   if (uid && (setgroups(0, nullptr) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid))) _exit(1);
+  die_with(test);
   prctl(PR_SET_DUMPABLE, 1);
   for (int i = 0; i < n; i++) std::thread(spin, s).detach();
   while (first && !s->more) usleep(1000);
   if (first) {
     std::thread(spin, s).detach();
+    pid_t self = getpid();
     if (fork() == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      die_with(self);
       std::thread(spin, s).detach();
       for (;;) pause();
     }

@@ -33,7 +33,12 @@ void CompilePool::submit(uint64_t ticket, uid_t uid, CompileJob job) {
   std::string name = job.display_name;
   {
     std::lock_guard lk(mu_);
-    held = !may_run_locked(uid);
+    // Held if as many of the uid's compiles are ahead of it as it may run, queued ones
+    // included: one not yet taken by a worker is not counted as running.
+    auto r = running_.find(uid);
+    auto q = queued_.find(uid);
+    size_t ahead = (r == running_.end() ? 0 : r->second) + (q == queued_.end() ? 0 : q->second.size());
+    held = uid != 0 && ahead >= per_uid_;
     queued_[uid].push_back({ticket, uid, std::move(job), {}, std::chrono::steady_clock::now()});
   }
   if (held)

@@ -27,6 +27,7 @@
 
 #include "client.h"
 #include "harness.h"
+#include "record_refusals.h"
 #include "security/security.h"
 #include "syrup/recording.h"
 #include "syrup/syrup.h"
@@ -188,29 +189,9 @@ TEST_F(ThreadRecording, AnotherUsersThreadPolicyCannotBeRecorded) {
   Workers w(1);
   ASSERT_EQ(w.reg_result(0), 0) << syr_last_error();
   std::string sock = daemon_->socket();
-  json got = as_user(security::kMallory, [&] {
-    json res = json::object();
-    for (const char* op : {"record", "record_stop"})
-      for (int target : {id, 999999}) {
-        syrup::Client c;
-        syrup::Message resp;
-        if (c.connect(sock) || c.call({{"op", op}, {"id", target}, {"seconds", 1}}, resp))
-          return json{{"error", c.error()}};
-        std::string err = resp.body.value("error", std::string());
-        if (size_t at = err.find(std::to_string(target)); at != std::string::npos)
-          err.replace(at, std::to_string(target).size(), "N");
-        res[std::string(op) + (target == id ? "_victim" : "_missing")] = {
-            {"errno", resp.body.value("errno", 0)}, {"error", err}, {"fds", resp.fds.size()}};
-      }
-    return res;
-  });
-  ASSERT_FALSE(got.contains("error")) << got.dump();
-  for (const char* op : {"record", "record_stop"}) {
-    json v = got[std::string(op) + "_victim"], m = got[std::string(op) + "_missing"];
-    EXPECT_EQ(v["errno"], ENOENT) << v.dump();
-    EXPECT_EQ(v, m) << "another's policy must read as a missing one";
-    EXPECT_EQ(v["fds"], 0);
-  }
+  json got = record_refusals_as(security::kMallory, sock, id);
+  expect_refused_as_missing(got);
+  if (HasFatalFailure()) return;
   // The owner still can.
   int rc;
   std::string out = ctl("record " + std::to_string(id) + " --seconds 1 -o " + dir_.path() + "/own.rec", rc);

@@ -173,7 +173,7 @@ void PrivateDaemon::stop() {
     pid_ = 0;
   }
   std::error_code ec;
-  if (!state_file_.empty()) fs::remove(state_file_, ec);
+  if (!state_file_.empty()) fs::remove(state_file_, ec), fs::remove(state_file_ + ".journal", ec);
   if (!tmp_dir_.empty()) fs::remove_all(tmp_dir_, ec);
   if (!bpffs_root_.empty()) fs::remove_all(bpffs_root_, ec);
   tmp_dir_.clear();

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """The control-plane curves of a syrup_bench report (`syrup_bench control-plane --out R`)
-as one PNG: per policy count (log scale), list and stats latency, restart after SIGKILL,
+as one PNG: per policy count (log scale), list and stats latency and syrupd's CPU per
+policy for them, restart after SIGKILL,
 deploy p50/p99, syrupd's RSS and descriptors. Usage:
   bench/plot_control_plane.py REPORT.json bench/control_plane.png"""
 import json
@@ -18,6 +19,7 @@ def main(report_path, out_path):
     n = [p["policies"] for p in curve]
     panels = [
         ("list and stats of everything, ms", [("list", "list_ms"), ("stats", "stats_ms")]),
+        ("syrupd CPU per list / stats, us per policy", [("list", "list_cpu_us"), ("stats", "stats_cpu_us")]),
         ("restart after SIGKILL (adopts all), ms", [("restart", "restart_ms")]),
         ("deploy since the last point, ms", [("p50", "deploy_p50_ms"), ("p99", "deploy_p99_ms")]),
         ("syrupd RSS, MiB", [("RSS", "rss_mib")]),
@@ -25,6 +27,9 @@ def main(report_path, out_path):
     ]
     for p in curve:
         p["rss_mib"] = p["rss_kib"] / 1024
+        cpu = p.get("cpu_per_request", {})
+        for k in ("list", "stats"):
+            p[k + "_cpu_us"] = max(cpu.get(k + "_syrupd_ms", 0) * 1000 / p["policies"], 1e-3)
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))
     for ax, (title, series) in zip(axes, panels):
         for label, key in series:

@@ -92,6 +92,11 @@ struct Policy {
   // Its list entry's fields that never change, serialised without the closing brace;
   // made by the first list after record(), which clears it (Daemon::list_entry).
   mutable std::string list_json;
+  // Its stats entry's fixed fields (Daemon::stats_entry), and its program's run counts as
+  // last read; `runs_final`: read while kernel.bpf_stats_enabled was off (they stand).
+  mutable std::string stats_json;
+  mutable uint64_t run_cnt = 0, run_time_ns = 0;
+  mutable bool runs_final = false;
   std::string key;  // target->key() as the registry's index has it (Daemon::index)
   // The loaded program's kernel id and instruction count, read once (Daemon::record):
   // list and the quota checks need them for every policy, and they never change.
@@ -375,9 +380,23 @@ class Daemon {
   void end_policy(int id, const std::string& why);
   // The hook whose event_fd() `fd` is, or null.
   Hook* hook_watching(int fd) const;
-  // The state file: written after every change; read once at start to adopt.
+  // The state file (state_store.cpp): a snapshot, and a journal of the changes since it,
+  // one record appended per change; compacted into a new snapshot when the journal
+  // outgrows it. Read once at start to adopt.
   void save_state();
   void adopt_state();
+  int compact_state();
+  struct StateJournal {
+    bool held = true;           // until adoption is done: nothing is written
+    UniqueFd fd;                // the journal, O_APPEND; none: the next change compacts
+    std::string generation;     // the snapshot's, which the journal's first line names
+    uint64_t bytes = 0, snapshot_bytes = 0;
+    // What changed since the last record: policies (entry or removal, whichever
+    // policies_ shows when the record is written), removed ids, application owners.
+    std::set<int> policies, gone;
+    std::set<std::string> apps;
+  };
+  StateJournal journal_;
   int adopt_entry(const nlohmann::json& s, const nlohmann::json& apps, Policy& pol, std::string& err,
                   std::string& malformed);
   int adopt_gone(const nlohmann::json& gone);
@@ -410,6 +429,10 @@ class Daemon {
   void gc_app(const std::string& app);
   nlohmann::json describe(const Policy& p) const;
   nlohmann::json policy_stats(const Policy& p) const;
+  // Appends `p`'s stats entry, serialised; `runs_counted`: bpf_stats_enabled().
+  void stats_entry(const Policy& p, bool runs_counted, std::string& out) const;
+  // kernel.bpf_stats_enabled: whether the kernel counts programs' runs now (unknown: true).
+  static bool bpf_stats_enabled();
   // "" if `caller` may act on application `app`, else why not.
   std::string may_use_app(const Caller& caller, const std::string& app) const;
   // "" if deploying `fp` for `app` stays within the application's quotas and those of the

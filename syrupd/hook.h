@@ -121,6 +121,16 @@ class Target {
   virtual void uninstall(LoadedPolicy& p) = 0;
   // Hook-specific fields for `list`.
   virtual nlohmann::json describe() const = 0;
+  // For list and stats at thousands of policies, describe() in two parts: the fields
+  // that change while the policy runs (live_keys(), e.g. the executors still open),
+  // appended to `out` as `,"key":value` pairs by describe_live(), and the others, which
+  // syrupd serialises once per policy. A target that returns false from describe_live()
+  // has all its fields serialised at every request.
+  virtual std::vector<std::string> live_keys() const { return {}; }
+  virtual bool describe_live(std::string& out) const {
+    (void)out;
+    return false;
+  }
   // What a later syrupd needs to adopt this attachment (Hook::adopt); null: it cannot.
   virtual nlohmann::json save() const { return nullptr; }
   // Why the kernel no longer runs this attachment although no one removed the policy (an

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -78,6 +79,7 @@ void Daemon::remember_gone(int id, Gone g) {
   json entry{{"id", id}, {"uid", g.uid}, {"app", g.app}, {"name", g.name}, {"why", g.why}};
   if (g.ended) entry["ended"] = true;
   g.state_json = state_entry(entry);
+  journal_.gone.insert(id);
   gone_[id] = std::move(g);
   if (gone_.size() > kGoneKept) gone_.erase(gone_.begin());
 }
@@ -205,6 +207,7 @@ void Daemon::remove_policy(int id, bool detach_hook, const char* why, bool ended
   log(LogLevel::kInfo, "removed policy %d (%s) of app '%s': %s", id, p.name.c_str(), app.c_str(), why);
   remember_gone(id, Gone{p.uid, app, p.name, why, {}, ended});
   unindex(p);
+  journal_.policies.insert(id);
   policies_.erase(it);
   gc_app(app);
   totals_.removals++;
@@ -330,14 +333,22 @@ static constexpr const char* kFixedFields[] = {"id",     "app",       "hook",   
 
 void Daemon::list_entry(const Policy& p, std::string& out) const {
   if (p.list_json.empty()) {
+    // Of the target's fields, the live ones (all, for a target that does not split) are
+    // left out, to be serialised per request.
     json fixed = describe(p), own = p.target->describe();
-    for (auto& [k, v] : own.items())
-      if (std::ranges::find_if(kFixedFields, [&](const char* f) { return k == f; }) == std::end(kFixedFields))
-        fixed.erase(k);
+    std::vector<std::string> live = p.target->live_keys();
+    for (auto& [k, v] : own.items()) {
+      bool policy_field = std::ranges::find_if(kFixedFields, [&](const char* f) { return k == f; }) != std::end(kFixedFields);
+      if (live.empty() ? !policy_field : std::ranges::count(live, k) > 0) fixed.erase(k);
+    }
     p.list_json = state_entry(fixed);
     p.list_json.pop_back();  // '}'
   }
   out += p.list_json;
+  if (p.target->describe_live(out)) {
+    out += '}';
+    return;
+  }
   json live = p.target->describe();
   for (const char* f : kFixedFields) live.erase(f);
   if (live.empty()) {
@@ -389,30 +400,71 @@ static std::vector<uint64_t> stat_slots(int fd, uint32_t executors) {
   return sums;
 }
 
-json Daemon::policy_stats(const Policy& p) const {
+// Appends `v` in decimal.
+static void append_number(std::string& out, uint64_t v) {
+  char buf[24];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, end);
+}
+
+bool Daemon::bpf_stats_enabled() {
+  char c = '0';
+  UniqueFd fd(open("/proc/sys/kernel/bpf_stats_enabled", O_RDONLY | O_CLOEXEC));
+  return !fd || read(fd.get(), &c, 1) != 1 || c != '0';  // unknown: read the counts
+}
+
+void Daemon::stats_entry(const Policy& p, bool runs_counted, std::string& out) const {
+  if (p.stats_json.empty())
+    p.stats_json = state_entry(json{{"id", p.id}, {"app", p.app}, {"name", p.name}, {"hook", p.hook}});
   std::vector<uint64_t> slots = stat_slots(p.loaded->map_fd(SYR_STATS_MAP), p.target->num_executors());
-  auto slot = [&](uint32_t k) { return slots[k]; };
-  json execs = json::array();
+  p.loaded->close_reopened();
+  // The program's run counts, which the kernel keeps only while kernel.bpf_stats_enabled
+  // is on: read while it is, and once more after it went off (they stopped there); else
+  // the last read stands, without reopening the program (3 syscalls per policy).
+  if (runs_counted || !p.runs_final) {
+    bpf_prog_info info{};
+    if (p.loaded->prog_info(info) == 0) {
+      p.run_cnt = info.run_cnt;
+      p.run_time_ns = info.run_time_ns;
+    }
+    p.runs_final = !runs_counted;
+  }
+  out.append(p.stats_json, 0, p.stats_json.size() - 1);  // without its '}'
+  out += ",\"executors\":[";
   uint64_t total = 0;
   for (uint32_t i = 0; i < p.target->num_executors(); i++) {
-    uint64_t v = slot(SYR_STAT_EXECUTOR_BASE + i);
-    execs.push_back(v);
+    uint64_t v = slots[SYR_STAT_EXECUTOR_BASE + i];
+    if (i) out += ',';
+    append_number(out, v);
     total += v;
   }
-  uint64_t pass = slot(SYR_STAT_PASS), drop = slot(SYR_STAT_DROP), fb = slot(SYR_STAT_FALLBACK);
-  p.loaded->close_reopened();
-  bpf_prog_info info{};
-  p.loaded->prog_info(info);
-  json st = {{"id", p.id},           {"app", p.app},      {"name", p.name},     {"hook", p.hook},
-             {"executors", execs},   {"pass", pass},      {"drop", drop},
-             {"fallback", fb},       {"decisions", total + pass + drop + fb},
-             {"run_cnt", info.run_cnt}, {"run_time_ns", info.run_time_ns}};
+  uint64_t pass = slots[SYR_STAT_PASS], drop = slots[SYR_STAT_DROP], fb = slots[SYR_STAT_FALLBACK];
+  std::pair<const char*, uint64_t> counters[] = {{"],\"pass\":", pass},
+                                                 {",\"drop\":", drop},
+                                                 {",\"fallback\":", fb},
+                                                 {",\"decisions\":", total + pass + drop + fb},
+                                                 {",\"run_cnt\":", p.run_cnt},
+                                                 {",\"run_time_ns\":", p.run_time_ns}};
+  for (auto [k, v] : counters) {
+    out += k;
+    append_number(out, v);
+  }
   // What `list` shows of the executors' state: a hook's health (a thread policy the kernel
   // ejected, a socket-select group that ended) and the socket-select executors still open.
-  json d = p.target->describe();
-  for (const char* k : {"status", "open_executors"})
-    if (d.is_object() && d.contains(k)) st[k] = d[k];
-  return st;
+  std::string live;
+  if (!p.target->describe_live(live)) {
+    json d = p.target->describe();
+    for (const char* k : {"status", "open_executors"})
+      if (d.is_object() && d.contains(k)) live += ",\"" + std::string(k) + "\":" + state_entry(d[k]);
+  }
+  out += live;
+  out += '}';
+}
+
+json Daemon::policy_stats(const Policy& p) const {
+  std::string text;
+  stats_entry(p, bpf_stats_enabled(), text);
+  return json::parse(text);
 }
 
 }  // namespace syrup

@@ -560,6 +560,16 @@ class GroupTarget : public Target {
     return d;
   }
 
+  std::vector<std::string> live_keys() const override { return {"open_executors", "status"}; }
+  bool describe_live(std::string& out) const override {
+    if (!map_) return true;
+    uint32_t open = open_executors();
+    out += ",\"open_executors\":" + std::to_string(open);
+    if (open == 0)
+      out += ",\"status\":" + nlohmann::json("ended: " + ended()).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    return true;
+  }
+
   // The sockets themselves cannot be saved: their identity (inodes, in executor order)
   // and a process that holds them can, and a later syrupd takes them again from there.
   nlohmann::json save() const override {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -22,6 +23,39 @@
 
 namespace syrup::test {
 namespace {
+
+// The state journal beside a syrupd's state file (syrupd/state_store.cpp).
+std::string journal_file(const Daemon& d) { return d.state_file() + ".journal"; }
+
+// What a syrupd left in its state files: the snapshot, and the journal's records after
+// its first line (which names the snapshot's generation), each line parsed.
+struct StateFiles {
+  nlohmann::json snapshot;
+  nlohmann::json head;
+  std::vector<nlohmann::json> records;
+};
+StateFiles read_state_files(const Daemon& d) {
+  StateFiles f;
+  f.snapshot = nlohmann::json::parse(read_text(d.state_file()), nullptr, false);
+  std::istringstream journal(read_text(journal_file(d)));
+  std::string line;
+  if (std::getline(journal, line)) f.head = nlohmann::json::parse(line, nullptr, false);
+  while (std::getline(journal, line)) f.records.push_back(nlohmann::json::parse(line, nullptr, false));
+  return f;
+}
+
+// The journal's lines, each with its newline.
+std::vector<std::string> journal_lines(const Daemon& d) {
+  std::vector<std::string> lines;
+  std::istringstream journal(read_text(journal_file(d)));
+  for (std::string line; std::getline(journal, line);) lines.push_back(line + "\n");
+  return lines;
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc | std::ios::binary);
+  out << text;
+}
 
 // Deploys drop_all.c on `g` through a syrupd that then dies and loses its state file,
 // so that the syrupd started next finds the policy as a leftover: it must detach it, and
@@ -304,7 +338,16 @@ TEST(SocketSelectRestart, AMalformedStateFileEntryCostsThatPolicyNotTheStart) {
   ASSERT_GT(kept_id, 0) << syr_last_error();
   ASSERT_GT(spoiled_id, 0) << syr_last_error();
   d.crash();
-  nlohmann::json state = nlohmann::json::parse(read_text(d.state_file()));
+  // The snapshot was written at start, before the deploys: they are in the journal, one
+  // record each. Edited as one file, the two merged (as a compaction would) and the
+  // journal removed: its records would otherwise be applied over the edits.
+  StateFiles files = read_state_files(d);
+  ASSERT_EQ(files.snapshot["policies"].size(), 0u) << files.snapshot.dump();
+  ASSERT_EQ(files.records.size(), 2u) << read_text(journal_file(d));
+  nlohmann::json state = files.snapshot;
+  for (auto& r : files.records)
+    for (auto& p : r["put"]) state["policies"].push_back(p);
+  ASSERT_EQ(unlink(journal_file(d).c_str()), 0) << strerror(errno);
   ASSERT_EQ(state["policies"].size(), 2u) << state.dump();
   for (auto& p : state["policies"])
     if (p["id"] == spoiled_id) p["uid"] = "root";
@@ -357,6 +400,141 @@ TEST(SocketSelectRestart, AMalformedStateFileEntryCostsThatPolicyNotTheStart) {
   EXPECT_EQ(syr_remove_policy(kept_id), 0) << syr_last_error();
   // Ids are never handed out twice, whatever the file said.
   EXPECT_GT(deploy_on(spoiled, by_key, "statefile"), spoiled_id) << syr_last_error();
+  EXPECT_EQ(d.stop(), 0);
+}
+
+// syrupd killed with SIGKILL after deploys, a replacement and a removal, all since the
+// state was last compacted (at start): the journal alone records them, and the next
+// syrupd adopts exactly what was running -- the replacement, not the policy it replaced,
+// not the removed one -- and still says what became of those two.
+TEST(SocketSelectRestart, ARestartAfterSigkillAdoptsWhatTheJournalRecorded) {
+  SYRUP_REQUIRE_ROOT();
+  Daemon d;
+  d.start();
+  UdpGroup a(2), b(2), c(2);
+  UdpClient to_a(a.port()), to_b(b.port()), to_c(c.port());
+  int ia = deploy_on(a, "tests/policies/drop_all.c", "journal");
+  int ib = deploy_on(b, "policies/pass.c", "journal");
+  int ic = deploy_on(c, "tests/policies/drop_all.c", "journal");
+  ASSERT_GT(ia, 0) << syr_last_error();
+  ASSERT_GT(ib, 0) << syr_last_error();
+  ASSERT_GT(ic, 0) << syr_last_error();
+  int ib2 = deploy_on(b, "tests/policies/drop_all.c", "journal");  // replaces ib
+  ASSERT_GT(ib2, 0) << syr_last_error();
+  ASSERT_EQ(syr_remove_policy(ic), 0) << syr_last_error();
+  d.crash();
+  StateFiles files = read_state_files(d);
+  ASSERT_EQ(files.snapshot["policies"].size(), 0u) << "compacted since the start: " << files.snapshot.dump();
+  EXPECT_EQ(files.head["generation"], files.snapshot["generation"]) << files.head.dump();
+  ASSERT_EQ(files.records.size(), 5u) << read_text(journal_file(d));  // 4 deploys, 1 removal
+
+  d.start(d.bpffs_root());
+  ASSERT_EQ(d.answers(), "");
+  EXPECT_NE(d.log().find("applied 5 records of the state journal"), std::string::npos) << d.log();
+  EXPECT_NE(d.log().find("adopted 2 policies"), std::string::npos) << d.log();
+  EXPECT_EQ(d.log().find("found 1 policies of a previous syrupd"), std::string::npos) << d.log();
+  auto listed = list_policies();
+  ASSERT_EQ(listed.size(), 2u) << listed.dump();
+  EXPECT_EQ(listed[0]["id"], ia);
+  EXPECT_EQ(listed[1]["id"], ib2);
+  EXPECT_EQ(delivered(a, to_a), 0) << "the adopted policy must still drop";
+  EXPECT_EQ(delivered(b, to_b), 0) << "the replacement (drop_all) must run, not pass.c";
+  EXPECT_EQ(delivered(c, to_c), 10) << "the removed policy must stay removed";
+  EXPECT_EQ(syr_remove_policy(ib), -ENOENT);
+  EXPECT_NE(std::string(syr_last_error()).find("replaced by policy " + std::to_string(ib2)), std::string::npos)
+      << syr_last_error();
+  EXPECT_EQ(syr_remove_policy(ic), -ENOENT);
+  EXPECT_NE(std::string(syr_last_error()).find("removed by pid " + std::to_string(getpid())), std::string::npos)
+      << syr_last_error();
+  // The start compacted: the snapshot has both, the journal only its first line.
+  files = read_state_files(d);
+  EXPECT_EQ(files.snapshot["policies"].size(), 2u) << files.snapshot.dump();
+  EXPECT_EQ(files.records.size(), 0u) << read_text(journal_file(d));
+  EXPECT_GT(deploy_on(c, "tests/policies/drop_all.c", "journal"), ib2) << syr_last_error();
+  EXPECT_EQ(d.stop(), 0);
+}
+
+// A journal whose last record is torn (a crash in its write) and with a record of garbage
+// before it: each costs its own policy, whose pins are then released as leftovers (its
+// group back on the kernel's hash); the other records are applied, syrupd starts, and the
+// lost policies' ids are not handed out again.
+TEST(SocketSelectRestart, ATornOrGarbageJournalRecordCostsOnlyThatRecord) {
+  SYRUP_REQUIRE_ROOT();
+  Daemon d;
+  d.start();
+  UdpGroup a(2), b(2), c(2);
+  UdpClient to_a(a.port()), to_b(b.port()), to_c(c.port());
+  int ia = deploy_on(a, "tests/policies/drop_all.c", "torn");
+  int ib = deploy_on(b, "tests/policies/drop_all.c", "torn");
+  int ic = deploy_on(c, "tests/policies/drop_all.c", "torn");
+  ASSERT_GT(ia, 0) << syr_last_error();
+  ASSERT_GT(ib, 0) << syr_last_error();
+  ASSERT_GT(ic, 0) << syr_last_error();
+  d.crash();
+  std::vector<std::string> lines = journal_lines(d);
+  ASSERT_EQ(lines.size(), 4u) << read_text(journal_file(d));  // its head, then a record per deploy
+  lines[2] = "{\"put\":[{\"id\":" + std::to_string(ib) + ",garbage\n";  // b's record
+  lines[3] = lines[3].substr(0, lines[3].size() / 2);             // c's, torn: no newline
+  write_text(journal_file(d), lines[0] + lines[1] + lines[2] + lines[3]);
+
+  d.start(d.bpffs_root());
+  ASSERT_EQ(d.answers(), "");
+  EXPECT_NE(d.log().find("ignoring record 3 of the state journal"), std::string::npos) << d.log();
+  EXPECT_NE(d.log().find("ignoring the last record of the state journal"), std::string::npos) << d.log();
+  EXPECT_NE(d.log().find("applied 1 records of the state journal"), std::string::npos) << d.log();
+  EXPECT_NE(d.log().find("adopted 1 policies"), std::string::npos) << d.log();
+  EXPECT_NE(d.log().find("found 2 policies of a previous syrupd"), std::string::npos) << d.log();
+  auto listed = list_policies();
+  ASSERT_EQ(listed.size(), 1u) << listed.dump();
+  EXPECT_EQ(listed[0]["id"], ia);
+  EXPECT_EQ(delivered(a, to_a), 0) << "the adopted policy must still drop";
+  EXPECT_EQ(delivered(b, to_b), 10) << "the policy of the garbage record must be released";
+  EXPECT_EQ(delivered(c, to_c), 10) << "the policy of the torn record must be released";
+  EXPECT_GT(deploy_on(b, "tests/policies/drop_all.c", "torn"), ic) << syr_last_error();
+  EXPECT_EQ(d.stop(), 0);
+}
+
+// A state file or journal another user could have written is never read: it would make
+// syrupd (root) take sockets from whichever processes and inodes it names. The policies
+// it records are then not adopted (released as leftovers), and syrupd starts.
+TEST(SocketSelectRestart, AStateFileAnotherUserCouldWriteIsNotRead) {
+  SYRUP_REQUIRE_ROOT();
+  Daemon d;
+  d.start();
+  UdpGroup g(2);
+  UdpClient to_g(g.port());
+  ASSERT_GT(deploy_on(g, "tests/policies/drop_all.c", "foreign"), 0) << syr_last_error();
+  d.crash();
+  ASSERT_EQ(chmod(journal_file(d).c_str(), 0622), 0) << strerror(errno);
+  d.start(d.bpffs_root());
+  ASSERT_EQ(d.answers(), "");
+  EXPECT_NE(d.log().find("ignoring the state journal " + journal_file(d) + ": writable by its group or by others"),
+            std::string::npos)
+      << d.log();
+  EXPECT_NE(d.log().find("adopted 0 policies"), std::string::npos) << d.log();
+  EXPECT_EQ(delivered(g, to_g), 10) << "the policy only the ignored journal recorded must be released";
+
+  ASSERT_GT(deploy_on(g, "tests/policies/drop_all.c", "foreign"), 0) << syr_last_error();
+  d.crash();
+  // Another user's file: the journal that records the deploy, and the snapshot (whose
+  // generation it names) made that user's.
+  for (const std::string& f : {d.state_file(), journal_file(d)})
+    ASSERT_EQ(chown(f.c_str(), 65534, 65534), 0) << f << ": " << strerror(errno);
+  d.start(d.bpffs_root());
+  ASSERT_EQ(d.answers(), "");
+  EXPECT_NE(d.log().find("ignoring the state file " + d.state_file() + ": owned by uid 65534, not syrupd's"),
+            std::string::npos)
+      << d.log();
+  EXPECT_NE(d.log().find("found 1 policies of a previous syrupd"), std::string::npos) << d.log();
+  EXPECT_EQ(delivered(g, to_g), 10);
+  EXPECT_TRUE(none_listed()) << list_policies().dump();
+  // syrupd's own files again, 0600, replacing the foreign ones.
+  struct stat st;
+  for (const std::string& f : {d.state_file(), journal_file(d)}) {
+    ASSERT_EQ(stat(f.c_str(), &st), 0) << f;
+    EXPECT_EQ(st.st_uid, 0u) << f;
+    EXPECT_EQ(st.st_mode & 07777, 0600u) << f;
+  }
   EXPECT_EQ(d.stop(), 0);
 }
 

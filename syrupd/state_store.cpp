@@ -174,15 +174,18 @@ struct StateImage {
   std::vector<bool> dropped;
   std::map<int64_t, size_t> at_id;
 
-  void put(json e) {
+  // An entry of the snapshot: appended, a second one of an id too (adoption refuses it).
+  void add(json e) {
     int64_t id = e.is_object() && e.contains("id") && e["id"].is_number_integer() ? e["id"].get<int64_t>() : 0;
-    if (auto it = at_id.find(id); id && it != at_id.end()) {
-      entries[it->second] = std::move(e);
-      return;
-    }
-    if (id) at_id.emplace(id, entries.size());
+    if (id) at_id.emplace(id, entries.size());  // the first of its id
     entries.push_back(std::move(e));
     dropped.push_back(false);
+  }
+  // An entry of the journal: it replaces the one of its id.
+  void put(json e) {
+    int64_t id = e.is_object() && e.contains("id") && e["id"].is_number_integer() ? e["id"].get<int64_t>() : 0;
+    if (auto it = at_id.find(id); id && it != at_id.end()) entries[it->second] = std::move(e);
+    else add(std::move(e));
   }
   void drop(int64_t id) {
     if (auto it = at_id.find(id); it != at_id.end()) {
@@ -368,7 +371,7 @@ void Daemon::adopt_state() {
     return;
   }
   if (field(state, "policies", json::value_t::array))
-    for (auto& e : state["policies"]) img.put(std::move(e));
+    for (auto& e : state["policies"]) img.add(std::move(e));
   read_journal(journal_path(cfg_.state_file), img);
   auto read_took = std::chrono::steady_clock::now() - read_at;
   if (state.contains("next_id") && state["next_id"].is_number_integer())

@@ -470,9 +470,10 @@ class GroupTarget : public Target {
 
   // The executors still open, as the kernel shows them: it empties a socket's slot in the
   // executor map when the socket closes (a lookup gives the socket's cookie).
-  uint32_t open_executors() const {
+  // `any`: stop at the first open one (1 or 0).
+  uint32_t open_executors(bool any = false) const {
     uint32_t n = 0;
-    for (uint32_t i = 0; i < ex_.size(); i++) {
+    for (uint32_t i = 0; i < ex_.size() && !(any && n); i++) {
       uint64_t cookie;
       n += bpf_map_lookup_elem(map_.get(), &i, &cookie) == 0;
     }
@@ -482,7 +483,7 @@ class GroupTarget : public Target {
   // With every executor closed the group this policy was attached to has ended (a group
   // bound to the same address since is another one, without the program): it schedules
   // nothing, and it must not keep another deploy off that address.
-  std::string gone() const override { return map_ && open_executors() == 0 ? ended() : std::string(); }
+  std::string gone() const override { return map_ && open_executors(true) == 0 ? ended() : std::string(); }
   std::string ended() const { return "every socket of its group " + key() + " was closed"; }
   // A socket closing tells no one outside its process.
   bool ends_unannounced() const override { return true; }

@@ -17,6 +17,7 @@
 // Invariants: the bench holds every socket for as long as its policy lives (the policies'
 // owner is this process); syrupd is root's caller here, so the per-application and
 // per-uid quotas do not bind, and --cp_per_app only shapes the applications.
+#include <bpf/bpf.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <syrup/syrup.h>
@@ -172,6 +173,28 @@ struct Run {
     process_usage(env.daemon->pid(), rss, fds);
     double restart_ms = 0;
     if (int r = env.daemon->restart_after_kill(std::chrono::seconds(300), restart_ms)) return r;
+    // Of the restart's wall time, what the new syrupd's main thread ran and what it
+    // waited for a CPU (schedstat: ns on the CPU, ns runnable but waiting): on a shared
+    // machine the second is the load's, and the phases syrupd logs say where the first went.
+    double restart_cpu_ms = 0, restart_wait_ms = 0;
+    {
+      std::ifstream sched("/proc/" + std::to_string(env.daemon->pid()) + "/schedstat");
+      unsigned long long on = 0, waited = 0;
+      if (sched >> on >> waited) restart_cpu_ms = static_cast<double>(on) / 1e6, restart_wait_ms = static_cast<double>(waited) / 1e6;
+    }
+    // The phases the new syrupd logged (the last of each kind in its log: this start's).
+    std::string phases;
+    {
+      std::ifstream log(env.daemon->dir() + "/syrupd.log");
+      // (Its "serving on" line comes after it listens: maybe not written yet.)
+      std::string last[2];
+      const char* kinds[2] = {"policies of the previous syrupd from", "start: pin tree"};
+      for (std::string line; std::getline(log, line);)
+        for (int k = 0; k < 2; k++)
+          if (line.find(kinds[k]) != std::string::npos) last[k] = line.substr(line.find("syrupd: ") + 8);
+      for (auto& l : last)
+        if (!l.empty()) phases += "      " + l + "\n";
+    }
     std::vector<double> after;
     if (int r = time_requests("list", "policies", 1, after, listed)) return r;
     if (listed != n) {
@@ -186,6 +209,9 @@ struct Run {
              {"stats_ms", median(stats_ms)},
              {"cpu_per_request", cpu},
              {"restart_ms", restart_ms},
+             {"restart_cpu_ms", restart_cpu_ms},
+             {"restart_wait_ms", restart_wait_ms},
+             {"restart_phases", phases},
              {"rss_kib", rss},
              {"fds", fds}};
     std::printf("%8zu %9.2f %9.2f %10.2f %10.2f %11.1f %9.1f %8lu   list cpu %.2f+%.2f, stats cpu %.2f+%.2f\n", n,
@@ -193,6 +219,8 @@ struct Run {
                 median(stats_ms), restart_ms, rss / 1024.0, static_cast<unsigned long>(fds),
                 cpu["list_syrupd_ms"].get<double>(), cpu["list_client_ms"].get<double>(),
                 cpu["stats_syrupd_ms"].get<double>(), cpu["stats_client_ms"].get<double>());
+    std::printf("      restart: %.0f ms on a CPU, %.0f ms waiting for one\n%s", restart_cpu_ms, restart_wait_ms,
+                phases.c_str());
     std::fflush(stdout);
     return 0;
   }
@@ -211,6 +239,35 @@ struct Run {
     return 0;
   }
 };
+
+// The floor of a list and a stats entry, measured alone: what one syscall that each entry
+// makes costs this thread, in us of CPU (mean of `n`). A reuseport array with one socket:
+// one lookup per executor is how `list` reads the executors still open; a map reopened by
+// id, its identity read and closed is how `stats` reaches a released policy's counters.
+json syscall_floor(int n = 20000) {
+  UniqueFd s;  // a socket of its own: one can be in one reuseport array only
+  if (reuseport_socket(0xfffe, s)) return json::object();
+  int sock = s.get();
+  UniqueFd m(bpf_map_create(BPF_MAP_TYPE_REUSEPORT_SOCKARRAY, "cp_floor", 4, 8, 1, nullptr));
+  uint32_t k = 0;
+  uint64_t v = static_cast<uint64_t>(sock), cookie;
+  if (!m || bpf_map_update_elem(m.get(), &k, &v, 0)) return json::object();
+  bpf_map_info info{};
+  uint32_t len = sizeof info;
+  bpf_map_get_info_by_fd(m.get(), &info, &len);
+  double t0 = thread_cpu_ms();
+  for (int i = 0; i < n; i++) bpf_map_lookup_elem(m.get(), &k, &cookie);
+  double t1 = thread_cpu_ms();
+  for (int i = 0; i < n; i++) {
+    int fd = bpf_map_get_fd_by_id(info.id);
+    bpf_map_info now{};
+    len = sizeof now;
+    bpf_map_get_info_by_fd(fd, &now, &len);
+    close(fd);
+  }
+  double t2 = thread_cpu_ms();
+  return {{"lookup_us", (t1 - t0) * 1000 / n}, {"reopen_by_id_us", (t2 - t1) * 1000 / n}};
+}
 
 // Per policy over (a, b] of the curve: (value at b - value at a) / (b - a).
 double slope(const json& a, const json& b, const char* key) {
@@ -249,6 +306,11 @@ int run_control_plane(const Env& env, json& out) {
     if (int r = run.measure(p)) return r;
     curve.push_back(p);
   }
+  json floor = syscall_floor();
+  if (!floor.empty())
+    std::printf("\nfloor, CPU of one syscall measured alone: executor-map lookup %.2f us (list: one per executor), "
+                "map reopened by id + identity + close %.2f us (stats)\n",
+                floor["lookup_us"].get<double>(), floor["reopen_by_id_us"].get<double>());
   std::vector<double> remove_ms;
   if (int r = run.remove_all(remove_ms)) return r;
 
@@ -276,6 +338,7 @@ int run_control_plane(const Env& env, json& out) {
          {"per_app", env.cp_per_app},
          {"curve", curve},
          {"growth_per_policy", growth},
+         {"syscall_floor", floor},
          {"remove_p50_ms", median(remove_ms)},
          {"remove_p99_ms", percentile(remove_ms, 99)},
          {"targets",

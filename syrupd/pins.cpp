@@ -37,7 +37,11 @@ bool relative(const std::string& path, std::string& rel) {
 }
 
 UniqueFd open_root() { return UniqueFd(open(g_root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC)); }
+UniqueFd g_held_root;  // RootHeld's (main thread only, like adoption)
 }  // namespace
+
+RootHeld::RootHeld() { g_held_root = open_root(); }
+RootHeld::~RootHeld() { g_held_root.reset(); }
 
 void set_root(std::string root) {
   // "/sys/fs/bpf/syrup/" names the same root: every path is made from it and checked
@@ -93,12 +97,17 @@ std::string thread_scx_obj(std::string_view obj) { return thread_scx_dir() + "/"
 int obj_get(const std::string& path) {
   std::string rel;
   if (!relative(path, rel) || rel.empty()) return -EINVAL;
-  UniqueFd r = open_root();
-  if (!r) return -errno;
+  UniqueFd own;
+  int r = g_held_root.get();
+  if (r < 0) {
+    own = open_root();
+    if (!own) return -errno;
+    r = own.get();
+  }
   open_how how{};
   how.flags = O_PATH | O_NOFOLLOW | O_CLOEXEC;
   how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_BENEATH | RESOLVE_NO_XDEV;
-  UniqueFd f(static_cast<int>(syscall(SYS_openat2, r.get(), rel.c_str(), &how, sizeof how)));
+  UniqueFd f(static_cast<int>(syscall(SYS_openat2, r, rel.c_str(), &how, sizeof how)));
   if (!f) return errno == ELOOP ? -ENOENT : -errno;
   struct stat st;
   if (fstat(f.get(), &st) < 0) return -errno;

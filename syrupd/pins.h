@@ -62,6 +62,14 @@ std::string thread_scx_obj(std::string_view obj);
 // a root-owned pin with one name counts: a link, a hard link or anything else is -ENOENT,
 // as a missing pin is. A new descriptor or -errno.
 int obj_get(const std::string& path);
+// While one lives, obj_get() resolves from one descriptor of <root> opened here, not from
+// one of its own each call: a restart opens two pins of each of 10,000 policies.
+struct RootHeld {
+  RootHeld();
+  ~RootHeld();
+  RootHeld(const RootHeld&) = delete;
+  RootHeld& operator=(const RootHeld&) = delete;
+};
 
 // mkdir -p of a path under <root>: <root> itself as given (the operator's), every
 // directory below it created root's, mode 0700, no link followed. 0 or -errno.

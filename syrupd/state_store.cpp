@@ -391,6 +391,7 @@ void Daemon::adopt_state() {
     t = now;
   };
   std::map<pid_t, uint64_t> start_times;  // an owner's start time, read once per owner
+  pins::RootHeld root;  // two pins of each policy opened from one descriptor of the root
   for (size_t i = 0; i < img.entries.size(); i++) {
     if (img.dropped[i]) continue;
     const json& s = img.entries[i];

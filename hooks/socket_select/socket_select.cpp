@@ -335,6 +335,7 @@ using Listing = std::unordered_map<uint64_t, int>;  // socket inode -> its lowes
 // took): then that holder is listed again. Main thread only, like adoption.
 bool g_adopting = false;
 std::map<pid_t, Listing> g_listings;
+std::map<pid_t, UniqueFd> g_pidfds;  // and each holder's pidfd, opened once
 
 int list_sockets(pid_t pid, Listing& out) {
   std::vector<std::pair<int, uint64_t>> fds;
@@ -348,7 +349,9 @@ int list_sockets(pid_t pid, Listing& out) {
 // Adds to `held` the number taken; the first failure other than a descriptor closed
 // meanwhile goes to `failed` and `err`. -ESRCH if the process is gone.
 int take_from(pid_t pid, Executors& ex, size_t& held, int& failed, std::string& err) {
-  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+  UniqueFd own_pidfd;
+  UniqueFd& pidfd = g_adopting ? g_pidfds[pid] : own_pidfd;
+  if (!pidfd) pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
   if (!pidfd) return -ESRCH;
   Listing own;
   bool cached = g_adopting && g_listings.count(pid);
@@ -577,6 +580,7 @@ class GroupTarget : public Target {
     nlohmann::json s = {{"protocol", ex_.protocol}, {"port", ex_.port},
                         {"address", ex_.address},   {"holder", ex_.holder}, {"inodes", ex_.inodes}};
     if (anchor_.pid) describe_anchor(anchor_, s);
+    if (ex_.netns) s["netns"] = ex_.netns;
     return s;
   }
 
@@ -700,8 +704,12 @@ int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::u
   // Some process (the holder, else any) must still have a socket of the policy; one closed
   // meanwhile has left the group, and its slot in the executor map is empty.
   if (int r = retake(ex, err)) return r;
-  // The group's network namespace (part of its name) is read from a socket of it.
+  // The group's network namespace (part of its name): as saved (a socket's namespace
+  // never changes, and take() checked each socket's inode), else read from a socket of it
+  // (8 syscalls: at 10,000 policies a tenth of a restart).
+  ex.netns = saved.value("netns", uint64_t{0});
   for (const auto& s : ex.sockets) {
+    if (ex.netns) break;
     SockInfo si;
     if (s && describe(s.get(), si) == 0) {
       ex.netns = si.netns;
@@ -719,6 +727,7 @@ int SocketSelectHook::adopt(const nlohmann::json& saved, LoadedPolicy& p, std::u
 void SocketSelectHook::recover() {
   g_adopting = false;
   g_listings.clear();
+  g_pidfds.clear();
 }
 
 void SocketSelectHook::release_leftover(std::string_view, const std::string& policy_dir) {

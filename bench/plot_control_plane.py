@@ -20,7 +20,7 @@ def main(report_path, out_path):
     panels = [
         ("list and stats of everything, ms", [("list", "list_ms"), ("stats", "stats_ms")]),
         ("syrupd CPU per list / stats, us per policy", [("list", "list_cpu_us"), ("stats", "stats_cpu_us")]),
-        ("restart after SIGKILL (adopts all), ms", [("restart", "restart_ms")]),
+        ("restart after SIGKILL (adopts all), ms", [("wall", "restart_ms"), ("on a CPU", "restart_cpu_ms")]),
         ("deploy since the last point, ms", [("p50", "deploy_p50_ms"), ("p99", "deploy_p99_ms")]),
         ("syrupd RSS, MiB", [("RSS", "rss_mib")]),
         ("syrupd open descriptors", [("fds", "fds")]),
@@ -33,7 +33,8 @@ def main(report_path, out_path):
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))
     for ax, (title, series) in zip(axes, panels):
         for label, key in series:
-            ax.plot(n, [p[key] for p in curve], marker="o", label=label)
+            if all(key in p for p in curve):  # a report of an older bench may lack one
+                ax.plot(n, [p[key] for p in curve], marker="o", label=label)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("policies")

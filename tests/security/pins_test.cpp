@@ -274,14 +274,16 @@ TEST_F(Pins, MapOpenAndDumpOfALinkGiveNoMap) {
 // Everything syrupd writes is its own: the state file (every tenant's policies and
 // parameters) 0600, nothing else it wrote readable by group or others.
 TEST_F(Pins, TheStateFileAndSyrupdsOtherFilesAreNotReadableByOthers) {
-  // A temporary an older syrupd left world-readable is not reused.
-  std::string tmp = d_.state_file() + ".tmp";
-  {
+  // Temporaries an older syrupd left world-readable are not reused: the next start, which
+  // writes the state file and its journal whole, makes them anew.
+  for (const std::string& tmp : {d_.state_file() + ".tmp", d_.state_file() + ".journal.tmp"}) {
     int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ASSERT_GE(fd, 0);
     fchmod(fd, 0644);
     close(fd);
   }
+  d_.crash();
+  d_.start(d_.bpffs_root());
   Tenant alice(kAlice, "alice-app");
   ASSERT_GT(alice.id(), 0) << alice.err();
   struct stat st;

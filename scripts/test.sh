@@ -30,6 +30,7 @@ run_ctest() {
   shift
   left=$((deadline - $(date +%s)))
   [ $left -gt 0 ] || { echo "test.sh: no time left for the $name tests (SYRUP_SUITE_LIMIT_S)" >&2; rc=1; return; }
+  rm -f Testing/Temporary/LastTest.log "Testing/Temporary/LastTest-$name.log"  # no earlier run's
   timeout --kill-after=30 "$left" ctest --output-on-failure --timeout 300 "$@" || r=$?
   [ $r -eq 124 ] && echo "test.sh: ctest stopped at the suite's limit (SYRUP_SUITE_LIMIT_S=${SYRUP_SUITE_LIMIT_S:-2700} s)" >&2
   [ $r -eq 0 ] || rc=$r

@@ -54,6 +54,9 @@ void Daemon::start(const std::string& bpffs_root, const std::vector<std::string>
   // a longer wall-clock bound than syrupd's default; a test's own flag comes later and wins.
   if (const char* t = getenv("SYRUP_TEST_COMPILE_TIMEOUT_S"); t && atoi(t) > 0)
     extra.insert(extra.begin(), std::string("--compile_timeout_s=") + t);
+  // ... and for test runs (a replay there ran 613 of 1487 inputs in syrupd's default 10 s).
+  if (const char* t = getenv("SYRUP_TEST_RUN_MAX_MS"); t && atoi(t) > 0)
+    extra.insert(extra.begin(), std::string("--test_run_max_ms=") + t);
   for (auto& a : extra_args)
     if (a.starts_with("--clang=") && read_text(a.substr(8)).starts_with("#!"))
       extra.push_back("--allow_unconfined_compiler");

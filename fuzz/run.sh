@@ -56,10 +56,13 @@ if ! "$probe/p" -runs=1 > "$probe/run" 2>&1; then
   skip "a fuzzer cannot run here (ASan needs to map its shadow memory): $(tail -1 "$probe/run")"
 fi
 
-# Build, one at a time (ctest may start both targets at once).
+# Build, one at a time (ctest may start both targets at once). The main build builds the
+# fuzzers into build/fuzz already (tests/CMakeLists.txt): then this finds them up to date.
+# A tree configured before is not configured again (its build re-runs CMake when needed).
 exec 9> "$build/.lock"
-flock 9
-if ! { cmake -S "$src/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE= > "$build/configure.log" 2>&1 &&
+flock -w 900 9 || { echo "fuzz/run.sh: another build of $build held its lock for 15 minutes" >&2; exit 1; }
+if ! { { [ -f "$build/build.ninja" ] ||
+         cmake -S "$src/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE= > "$build/configure.log" 2>&1; } &&
        cmake --build "$build" > "$build/build.log" 2>&1; }; then
   echo "fuzz/run.sh: building the fuzzers failed:" >&2
   tail -n 30 "$build/configure.log" "$build/build.log" >&2

@@ -49,7 +49,7 @@ install_pypi() {
     return 0
   fi
   /usr/bin/python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements"
+  "$venv/bin/pip" install -q --disable-pip-version-check --timeout 30 --retries 3 -r "$requirements"
 }
 
 if [ ${#missing[@]} -eq 0 ] && [ $need_libbpf -eq 0 ]; then
@@ -60,12 +60,14 @@ fi
 
 # Third-party sources on some images are unreachable; an index that fails to download
 # must not stop the install of Debian's own packages.
-apt-get update -o Acquire::Retries=3 || echo "setup-deps: apt-get update reported errors (continuing)" >&2
+# Every download is bounded (an unreachable mirror must not hold a CI job until its limit).
+APT_NET=(-o Acquire::Retries=3 -o Acquire::http::Timeout=30 -o Acquire::https::Timeout=30)
+apt-get update "${APT_NET[@]}" || echo "setup-deps: apt-get update reported errors (continuing)" >&2
 if [ $need_libbpf -eq 1 ]; then
-  apt-get install -y -q -t bookworm-backports "${BACKPORTS_PKGS[@]}"
+  apt-get install -y -q "${APT_NET[@]}" -t bookworm-backports "${BACKPORTS_PKGS[@]}"
 fi
 if [ ${#missing[@]} -gt 0 ]; then
-  apt-get install -y -q -t bookworm "${missing[@]}"
+  apt-get install -y -q "${APT_NET[@]}" -t bookworm "${missing[@]}"
 fi
 install_pypi
 echo "setup-deps: done"

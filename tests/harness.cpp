@@ -54,6 +54,9 @@ void Daemon::start(const std::string& bpffs_root, const std::vector<std::string>
   // a longer wall-clock bound than syrupd's default; a test's own flag comes later and wins.
   if (const char* t = getenv("SYRUP_TEST_COMPILE_TIMEOUT_S"); t && atoi(t) > 0)
     extra.insert(extra.begin(), std::string("--compile_timeout_s=") + t);
+  // ... and for test runs (a replay there ran 613 of 1487 inputs in syrupd's default 10 s).
+  if (const char* t = getenv("SYRUP_TEST_RUN_MAX_MS"); t && atoi(t) > 0)
+    extra.insert(extra.begin(), std::string("--test_run_max_ms=") + t);
   for (auto& a : extra_args)
     if (a.starts_with("--clang=") && read_text(a.substr(8)).starts_with("#!"))
       extra.push_back("--allow_unconfined_compiler");
@@ -73,7 +76,7 @@ void Daemon::start(const std::string& bpffs_root, const std::vector<std::string>
     (void)f;
     std::string bin = build_bin("syrupd");
     std::string a1 = "--socket=" + socket_, a2 = "--bpffs_root=" + bpffs_root_,
-                a3 = "--cache_dir=" + dir_ + "/cache", a4 = "--log_level=debug",
+                a3 = "--cache_dir=" + cache_dir(dir_), a4 = "--log_level=debug",
                 a5 = "--on_exit=remove";
     std::vector<std::string> args = launcher;
     args.insert(args.end(), {bin, a1, a2, a3, a4, a5});
@@ -90,6 +93,16 @@ void Daemon::start(const std::string& bpffs_root, const std::vector<std::string>
     return;
   }
   FAIL() << why;
+}
+
+// The compile cache a test's syrupd uses: its own, unless SYRUP_TEST_CACHE_DIR names one
+// that every syrupd of the run shares. The emulated VM guest shares one
+// (tests/vm/guest.sh), so that a policy source, and the sched_ext root scheduler, is
+// compiled once per guest run rather than once per test suite (a compile there takes tens
+// of seconds); no test of the guest's asserts on what is or is not cached.
+std::string Daemon::cache_dir(const std::string& dir) {
+  const char* shared = getenv("SYRUP_TEST_CACHE_DIR");
+  return shared && *shared ? std::string(shared) : dir + "/cache";
 }
 
 // Ready when it answers a ping, within SYRUP_TEST_DAEMON_START_S (default 15 s: a
@@ -118,12 +131,26 @@ std::string Daemon::answers() {
   return "syrupd did not answer within " + std::to_string(limit_s) + " s:\n" + log();
 }
 
+// SIGTERM, and syrupd's exit status once it exits (-1 for a signal). A syrupd that does not
+// exit within 180 s is killed and -1 returned, so a test never waits for it without end.
+// Its shutdown waits for a verify still in the kernel: one of tests/security's heavy
+// policies, timed out after 30 s, held it 60 more on a host at load 11.
+static int terminate_and_wait(pid_t pid) {
+  kill(pid, SIGTERM);
+  int st = 0;
+  if (wait_for([&] { return waitpid(pid, &st, WNOHANG) == pid; }, 180000) < 0) {
+    std::fprintf(stderr, "harness: syrupd %d did not exit within 180 s of SIGTERM: killing it\n", pid);
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return -1;
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 int Daemon::stop() {
   int status = -1;
   if (pid_ > 0) {
-    kill(pid_, SIGTERM);
-    int st = 0;
-    if (waitpid(pid_, &st, 0) == pid_) status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    status = terminate_and_wait(pid_);
     pid_ = -1;
   }
   if (!dir_.empty()) {
@@ -137,9 +164,7 @@ int Daemon::stop() {
 
 int Daemon::terminate() {
   if (pid_ <= 0) return -1;
-  kill(pid_, SIGTERM);
-  int st = 0, status = -1;
-  if (waitpid(pid_, &st, 0) == pid_) status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  int status = terminate_and_wait(pid_);
   pid_ = -1;
   return status;
 }

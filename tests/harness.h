@@ -61,6 +61,7 @@ class Daemon {
   std::vector<std::string> launcher;
 
  private:
+  static std::string cache_dir(const std::string& dir);
   pid_t pid_ = -1;
   std::string dir_, socket_, bpffs_root_;
 };

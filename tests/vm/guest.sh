@@ -37,6 +37,12 @@ export PATH=$B/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin
 export SYRUP_TEST_DAEMON_START_S=60
 # ... and a compile, at 1 s on the host, took over syrupd's default 60 s when the host was loaded.
 export SYRUP_TEST_COMPILE_TIMEOUT_S=300
+# ... and a replay of a 2 s recording (1487 inputs) took over syrupd's default 10 s.
+export SYRUP_TEST_RUN_MAX_MS=60000
+# One compile cache for every syrupd of the run (tests/harness.cpp): each policy source
+# and the sched_ext root scheduler compile once per guest run, not once per test suite.
+export SYRUP_TEST_CACHE_DIR=/tmp/syrup-vm-cache
+/bin/busybox mkdir -p -m 0700 $SYRUP_TEST_CACHE_DIR
 cd /tmp
 echo "SYRUP-VM: in the guest root at uptime $(cut -d' ' -f1 /proc/uptime) s, sched_ext state '$(cat /sys/kernel/sched_ext/state)'"
 t0=$(cut -d' ' -f1 /proc/uptime)

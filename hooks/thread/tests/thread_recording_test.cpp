@@ -182,7 +182,11 @@ TEST_F(ThreadRecording, ReplayGivesTheRecordedDecisionsAndAChangeMovesItsInputs)
 }
 
 // Another user's thread policy reads as missing to record and record_stop, in the same
-// words as a policy that does not exist, and hands over no pipe.
+// words as a policy that does not exist, and hands over no pipe. The refusal is syrupd's
+// (the ownership check comes before the hook's backend is asked anything), so it runs
+// on the host only: the emulated guest (SYRUP_SCX_GUEST) spent a syrupd start and a
+// compile on it for nothing the agent run does not show.
+#ifndef SYRUP_SCX_GUEST
 TEST_F(ThreadRecording, AnotherUsersThreadPolicyCannotBeRecorded) {
   ASSERT_GT(deploy("policies/locality.c", "threc-victim"), 0) << syr_last_error();  // compiled already
   int id = ids_.back();
@@ -197,6 +201,7 @@ TEST_F(ThreadRecording, AnotherUsersThreadPolicyCannotBeRecorded) {
   std::string out = ctl("record " + std::to_string(id) + " --seconds 1 -o " + dir_.path() + "/own.rec", rc);
   EXPECT_EQ(rc, 0) << out;
 }
+#endif
 
 }  // namespace
 }  // namespace syrup::test

@@ -49,12 +49,12 @@ class EveryBenchmarkRunsAndReports(unittest.TestCase):
     def test_decision_every_program_decided_and_the_round_robins_spread_evenly(self):
         d = self.report.get("decision", {})
         programs = d.get("programs", {})
-        self.assertEqual(sorted(programs), sorted(["pass", "round_robin", "handwritten_rr", "scan_avoid", "sita",
-                                                   "least_loaded"]), self.output())
+        self.assertEqual(sorted(programs), sorted(["pass", "round_robin", "handwritten_rr", "handwritten_rr_alike",
+                                                   "scan_avoid", "sita", "least_loaded"]), self.output())
         for name, p in programs.items():
             self.assertEqual(p["run_cnt"], [DATAGRAMS], name)
             self.assertGreater(p["median_ns_per_decision"], 0, name)
-        for name in ["round_robin", "handwritten_rr"]:
+        for name in ["round_robin", "handwritten_rr", "handwritten_rr_alike"]:
             got = programs[name]["received_per_socket_last_run"]
             self.assertEqual(len(got), d["sockets"], name)
             total = sum(got)

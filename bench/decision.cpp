@@ -1,5 +1,9 @@
 // Benchmark 1: the per-decision cost of each shipped policy at the socket-select hook,
-// next to a hand-written sk_reuseport round robin (handwritten_rr.bpf.c).
+// next to a hand-written sk_reuseport round robin (handwritten_rr.bpf.c), loaded twice:
+// as root (handwritten_rr) and with the capabilities syrupd verifies a tenant's policy
+// with (handwritten_rr_alike: CAP_BPF and CAP_NET_ADMIN, so the verifier adds the same
+// Spectre mitigations). The first ratio is what Syrup costs against a program one would
+// load as root; the second what Syrup's wrapper costs, privilege aside.
 //
 // A run gives one program a fresh group of kSockets SO_REUSEPORT UDP sockets: a shipped
 // policy deployed through libsyrup, or the hand-written program loaded with libbpf and
@@ -33,10 +37,11 @@ constexpr uint32_t kWarmup = 2000;
 constexpr double kTargetRoundRobinNs = 100;
 constexpr double kTargetRatio = 1.1;
 const std::string kHandwritten = "handwritten_rr";
+const std::string kHandwrittenAlike = "handwritten_rr_alike";
 // Every program measured, in the order of a round (round_robin and handwritten_rr swap
-// places every other round).
-const std::vector<std::string> kPrograms = {"pass", "round_robin", kHandwritten, "scan_avoid",
-                                            "sita", "least_loaded"};
+// places every other round; handwritten_rr_alike runs right after them).
+const std::vector<std::string> kPrograms = {"pass", "round_robin", kHandwritten, kHandwrittenAlike,
+                                            "scan_avoid", "sita", "least_loaded"};
 
 struct Run {
   double ns_per_decision = 0;
@@ -90,7 +95,7 @@ int run_policy(const Env& env, const std::string& policy, Run& out) {
   return r;
 }
 
-int run_handwritten(const Env& env, const HandwrittenObject& hw, Run& out) {
+int run_handwritten(const Env& env, const HandwrittenObject& hw, const std::string& label, Run& out) {
   UdpGroup group;
   if (int r = group.open(kSockets)) return r;
   const std::vector<int>& fds = group.member_fds();
@@ -105,8 +110,7 @@ int run_handwritten(const Env& env, const HandwrittenObject& hw, Run& out) {
   int prog_fd = hw.prog_fd(kHandwritten.c_str());
   if (setsockopt(fds[0], SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, &prog_fd, sizeof prog_fd) < 0) {
     int e = errno;
-    std::fprintf(stderr, "syrup_bench: attaching %s failed: %s\n", kHandwritten.c_str(),
-                 std::strerror(e));
+    std::fprintf(stderr, "syrup_bench: attaching %s failed: %s\n", label.c_str(), std::strerror(e));
     return -e;
   }
   return measure(group, prog_fd, env.datagrams, out);  // closing the group detaches it
@@ -115,9 +119,10 @@ int run_handwritten(const Env& env, const HandwrittenObject& hw, Run& out) {
 }  // namespace
 
 int run_decision(const Env& env, json& out) {
-  // The hand-written program, loaded once for all its runs.
-  HandwrittenObject hw;
+  // The hand-written program, loaded once for all its runs, as root and as syrupd loads.
+  HandwrittenObject hw, hw_alike;
   if (int r = hw.load(env.handwritten_obj, {{"num_socks", kSockets}})) return r;
+  if (int r = hw_alike.load(env.handwritten_obj, {{"num_socks", kSockets}}, true)) return r;
 
   std::printf("\n== Per-decision cost at the socket-select hook ==\n"
               "%zu SO_REUSEPORT UDP sockets on 127.0.0.1, %u datagrams of 16 bytes per run, %u "
@@ -128,17 +133,20 @@ int run_decision(const Env& env, json& out) {
   for (auto& c : kPrograms) {
     std::printf(" %*s", static_cast<int>(c.size()), c.c_str());
     if (c == kHandwritten) std::printf(" %7s", "rr/hw");
+    if (c == kHandwrittenAlike) std::printf(" %7s", "rr/alk");
   }
   std::printf("\n");
 
   std::map<std::string, std::vector<Run>> runs;
-  std::vector<double> ratios;
+  std::vector<double> ratios, ratios_alike;
   for (uint32_t round = 0; round < env.rounds; round++) {
     std::vector<std::string> order = kPrograms;
     if (round % 2) std::swap(order[1], order[2]);  // round_robin <-> handwritten_rr
     for (auto& name : order) {
       Run run;
-      int r = name == kHandwritten ? run_handwritten(env, hw, run) : run_policy(env, name, run);
+      int r = name == kHandwritten        ? run_handwritten(env, hw, name, run)
+              : name == kHandwrittenAlike ? run_handwritten(env, hw_alike, name, run)
+                                          : run_policy(env, name, run);
       if (r) return r;
       if (run.run_cnt != env.datagrams)
         std::fprintf(stderr, "syrup_bench: note: %s ran %llu times for %u datagrams\n", name.c_str(),
@@ -147,10 +155,13 @@ int run_decision(const Env& env, json& out) {
     }
     double ratio = runs["round_robin"].back().ns_per_decision / runs[kHandwritten].back().ns_per_decision;
     ratios.push_back(ratio);
+    double ratio_alike = runs["round_robin"].back().ns_per_decision / runs[kHandwrittenAlike].back().ns_per_decision;
+    ratios_alike.push_back(ratio_alike);
     std::printf("%-7u", round + 1);
     for (auto& c : kPrograms) {
       std::printf(" %*.1f", static_cast<int>(c.size()), runs[c].back().ns_per_decision);
       if (c == kHandwritten) std::printf(" %6.2fx", ratio);
+      if (c == kHandwrittenAlike) std::printf(" %6.2fx", ratio_alike);
     }
     std::printf("\n");
     std::fflush(stdout);
@@ -173,14 +184,18 @@ int run_decision(const Env& env, json& out) {
   }
   double rr = medians["round_robin"], ratio = rr / medians[kHandwritten];
   double paired = median(ratios);
+  double ratio_alike = rr / medians[kHandwrittenAlike], paired_alike = median(ratios_alike);
   std::printf("%-7s", "median");
   for (auto& c : kPrograms) {
     std::printf(" %*.1f", static_cast<int>(c.size()), medians[c]);
     if (c == kHandwritten) std::printf(" %6.2fx", ratio);
+    if (c == kHandwrittenAlike) std::printf(" %6.2fx", ratio_alike);
   }
   std::printf("\n\nrr/hw: %.2fx as the ratio of the medians, %.2fx as the median of the per-round\n"
-              "ratios (each pairs two back-to-back runs; the target is checked on it).\n",
-              ratio, paired);
+              "ratios (each pairs two back-to-back runs; the target is checked on it).\n"
+              "rr/alk (against the hand-written program verified with syrupd's capabilities): %.2fx,\n"
+              "%.2fx per round.\n",
+              ratio, paired, ratio_alike, paired_alike);
   std::printf("\ntargets:\n");
   print_target("round_robin", rr, "ns/decision", "<= 100 ns", rr <= kTargetRoundRobinNs);
   print_target("round_robin / handwritten_rr", paired, "x", "<= 1.1x", paired <= kTargetRatio);
@@ -192,6 +207,8 @@ int run_decision(const Env& env, json& out) {
          {"programs", programs},
          {"round_robin_vs_handwritten",
           {{"ratio_of_medians", ratio}, {"per_round", ratios}, {"median_per_round", paired}}},
+         {"round_robin_vs_handwritten_alike",
+          {{"ratio_of_medians", ratio_alike}, {"per_round", ratios_alike}, {"median_per_round", paired_alike}}},
          {"targets",
           {{"round_robin_ns_max", kTargetRoundRobinNs},
            {"round_robin_ns_met", rr <= kTargetRoundRobinNs},

@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 
@@ -201,7 +202,22 @@ int prog_stats(int prog_fd, ProgStats& out) {
 
 HandwrittenObject::~HandwrittenObject() { bpf_object__close(obj_); }
 
-int HandwrittenObject::load(const std::string& path, std::initializer_list<Var> rodata) {
+AsSyrupLoads::AsSyrupLoads() {
+  __user_cap_data_struct* saved = saved_;
+  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+  if (syscall(SYS_capget, &h, saved)) return;
+  __user_cap_data_struct low[2] = {saved[0], saved[1]};
+  low[0].effective = (1u << CAP_NET_ADMIN);
+  low[1].effective = (1u << (CAP_BPF - 32));
+  ok_ = syscall(SYS_capset, &h, low) == 0;
+}
+
+AsSyrupLoads::~AsSyrupLoads() {
+  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+  if (ok_) syscall(SYS_capset, &h, saved_);
+}
+
+int HandwrittenObject::load(const std::string& path, std::initializer_list<Var> rodata, bool as_syrup_loads) {
   obj_ = bpf_object__open_file(path.c_str(), nullptr);
   if (!obj_) {
     int e = errno;
@@ -214,8 +230,16 @@ int HandwrittenObject::load(const std::string& path, std::initializer_list<Var> 
                    path.c_str(), static_cast<unsigned long long>(v.value), std::strerror(-r));
       return r;
     }
-  if (int r = bpf_object__load(obj_)) {
-    std::fprintf(stderr, "syrup_bench: cannot load %s: %s\n", path.c_str(), std::strerror(-r));
+  int r;
+  if (as_syrup_loads) {
+    AsSyrupLoads caps;
+    r = caps.ok() ? bpf_object__load(obj_) : -EPERM;
+  } else {
+    r = bpf_object__load(obj_);
+  }
+  if (r) {
+    std::fprintf(stderr, "syrup_bench: cannot load %s%s: %s\n", path.c_str(),
+                 as_syrup_loads ? " with syrupd's capabilities" : "", std::strerror(-r));
     return r;
   }
   return 0;

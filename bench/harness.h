@@ -12,6 +12,7 @@
 // stderr.
 #pragma once
 
+#include <linux/capability.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -109,6 +110,23 @@ int prog_stats(int prog_fd, ProgStats& out);
 // A hand-written BPF object (bench/handwritten_*.bpf.c), the yardstick Syrup's policies
 // are measured against: opened, its `const volatile` variables set, loaded; closed with
 // this object.
+// While one lives, the calling thread's effective capabilities are CAP_BPF and
+// CAP_NET_ADMIN alone: what syrupd loads a socket hook's policy with (syrupd/loader.cpp),
+// so the verifier applies the same Spectre mitigations to a hand-written program loaded
+// meanwhile as to a policy.
+class AsSyrupLoads {
+ public:
+  AsSyrupLoads();
+  ~AsSyrupLoads();
+  AsSyrupLoads(const AsSyrupLoads&) = delete;
+  AsSyrupLoads& operator=(const AsSyrupLoads&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  __user_cap_data_struct saved_[2] = {};
+  bool ok_ = false;
+};
+
 class HandwrittenObject {
  public:
   struct Var {
@@ -120,8 +138,9 @@ class HandwrittenObject {
   HandwrittenObject& operator=(const HandwrittenObject&) = delete;
   ~HandwrittenObject();
 
-  // Once per object. 0 or -errno (and why on stderr).
-  int load(const std::string& path, std::initializer_list<Var> rodata);
+  // Once per object. 0 or -errno (and why on stderr). With `as_syrup_loads`, verified
+  // with the capabilities syrupd gives a tenant's policy (AsSyrupLoads).
+  int load(const std::string& path, std::initializer_list<Var> rodata, bool as_syrup_loads = false);
   int prog_fd(const char* name) const;  // -ENOENT when there is none
   int map_fd(const char* name) const;   // -ENOENT when there is none
 

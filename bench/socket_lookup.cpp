@@ -69,30 +69,6 @@ int listeners(std::vector<UniqueFd>& out) {
   return 0;
 }
 
-// While one lives, the calling thread's effective capabilities are CAP_BPF and
-// CAP_NET_ADMIN alone: what syrupd loads a policy with (syrupd/loader.cpp), so the
-// verifier applies the same Spectre mitigations to the hand-written program.
-class AsSyrupLoads {
- public:
-  AsSyrupLoads() {
-    __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
-    if (syscall(SYS_capget, &h, saved_)) return;
-    __user_cap_data_struct low[2] = {saved_[0], saved_[1]};
-    low[0].effective = (1u << CAP_NET_ADMIN);
-    low[1].effective = (1u << (CAP_BPF - 32));
-    ok_ = syscall(SYS_capset, &h, low) == 0;
-  }
-  ~AsSyrupLoads() {
-    __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
-    if (ok_) syscall(SYS_capset, &h, saved_);
-  }
-  bool ok() const { return ok_; }
-
- private:
-  __user_cap_data_struct saved_[2] = {};
-  bool ok_ = false;
-};
-
 // The hand-written program, loaded with its constants and its SOCKMAP filled; with
 // `lowered`, verified with the capabilities syrupd gives a policy.
 struct Handwritten {

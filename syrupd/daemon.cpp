@@ -485,8 +485,9 @@ void Daemon::publish_metrics() {
     return;
   }
   std::map<std::string, metrics::TenantSample> tenants;
+  bool runs_counted = bpf_stats_enabled();  // once per publish, not once per policy
   for (auto& [id, p] : policies_) {
-    s.policies.push_back(metrics::policy_sample(policy_stats(*p), p->hook, p->target->key()));
+    s.policies.push_back(metrics::policy_sample(policy_stats(*p, runs_counted), p->hook, p->target->key()));
     auto& t = tenants[p->app];
     t.tenant = p->app;
     t.policies++;

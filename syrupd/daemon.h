@@ -428,7 +428,9 @@ class Daemon {
   config::Quotas quotas_for(const std::string& app) const;
   void gc_app(const std::string& app);
   nlohmann::json describe(const Policy& p) const;
-  nlohmann::json policy_stats(const Policy& p) const;
+  // `p`'s stats entry as JSON; `runs_counted`: bpf_stats_enabled(), read once by a caller
+  // that asks for many policies.
+  nlohmann::json policy_stats(const Policy& p, bool runs_counted) const;
   // Appends `p`'s stats entry, serialised; `runs_counted`: bpf_stats_enabled().
   void stats_entry(const Policy& p, bool runs_counted, std::string& out) const;
   // kernel.bpf_stats_enabled: whether the kernel counts programs' runs now (unknown: true).

@@ -472,9 +472,9 @@ void Daemon::stats_entry(const Policy& p, bool runs_counted, std::string& out) c
   out += '}';
 }
 
-json Daemon::policy_stats(const Policy& p) const {
+json Daemon::policy_stats(const Policy& p, bool runs_counted) const {
   std::string text;
-  stats_entry(p, bpf_stats_enabled(), text);
+  stats_entry(p, runs_counted, text);
   return json::parse(text);
 }
 
